@@ -1,0 +1,775 @@
+"""The reverse process: sampling from a masked diffusion language model.
+
+One implementation serves ``model.generate`` (through ``MaskedDiffusionGenerationMixin``) and the free function
+``diffusion_generate(model, input_ids, ...)``, which works with any model whose output has ``.logits``
+(hf_mdm's own models, LLaDA and Dream loaded natively or with ``trust_remote_code``, the exact-posterior
+``OracleDenoiser``).
+
+A run, top to bottom:
+
+1. the canvas is the prompt followed by ``max_new_tokens`` [MASK] tokens; masks already inside the prompt are
+   generated too (infilling). Padding (2-D ``attention_mask``, left or right) is never attended to nor generated;
+2. the generation region (from the first masked column to the end) is cut into blocks of ``block_length``
+   columns, denoised left to right (semi-autoregressive); ``steps`` are split over the blocks in proportion to
+   their masked counts, each block at least one;
+3. within a block of S steps, step i goes from time t = 1 - i/S to s = 1 - (i+1)/S. The model sees the canvas
+   once (classifier-free guidance: twice, batched), the LM head runs only on the block's masked positions,
+   a token is proposed at each of them (argmax at temperature 0, else sampled after the temperature / top-k /
+   top-p processors; [MASK] itself is never proposed), the *transfer* rule decides how many positions each row
+   reveals and the *strategy* which ones. Revealed tokens stay (no remasking);
+4. between blocks, rows that produced EOS (or met a stopping criterion) finish early; at the end tokens after
+   the first generated EOS become padding when ``stop_at_eos``.
+
+This module is exported with the model as remote code, so it imports only torch, transformers and
+``.schedules``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+from transformers.utils import ModelOutput
+
+from .schedules import get_schedule
+
+TRANSFERS = ("stochastic", "deterministic", "threshold")
+STRATEGIES = ("random", "confidence", "margin", "entropy", "left_to_right")
+STRATEGY_ALIASES = {
+    "low_confidence": "confidence",
+    "maskgit_plus": "confidence",
+    "topk_margin": "margin",
+    "origin": "random",
+}
+
+_DIFFUSION_DEFAULTS: dict[str, Any] = {
+    "steps": None,
+    "block_length": None,
+    "schedule": "linear",
+    "schedule_kwargs": None,
+    "transfer": "deterministic",
+    "strategy": "confidence",
+    "threshold": None,
+    "cfg_scale": 0.0,
+    "mask_token_id": None,
+    "stop_at_eos": True,
+    "output_history": False,
+    "logits_shift": None,
+}
+
+
+class MaskedDiffusionGenerationConfig(GenerationConfig):
+    r"""Generation settings of the reverse (denoising) process of a masked diffusion LM.
+
+    Besides the usual `transformers.GenerationConfig` fields (``max_new_tokens``, ``temperature``, ``top_k``,
+    ``top_p``, ``eos_token_id``, ``pad_token_id``, ``return_dict_in_generate``), it holds:
+
+    Args:
+        steps (`int`, *optional*): denoising steps in total (default: one per masked token). Split over blocks in
+            proportion to their masked counts, each block at least one, so fewer steps than blocks runs one step
+            per block. More steps than masked tokens is allowed: steps that would reveal nothing are skipped.
+        block_length (`int`, *optional*): semi-autoregressive block size in columns (default: one block). It need
+            not divide the generation length (the last block is shorter).
+        schedule (`str` or schedule object, defaults to ``"linear"``), schedule_kwargs (`dict`): alpha(t), see
+            `hf_mdm.schedules`.
+        transfer (`str`, defaults to ``"deterministic"``): how many positions a step reveals:
+            ``"stochastic"``: Binomial(m, (alpha(s) - alpha(t)) / (1 - alpha(t))) of the m still-masked positions
+            (with ``strategy="random"`` this is the paper's sampler: each masked position revealed independently);
+            ``"deterministic"``: floor(m0 (alpha(s) - alpha(t))) with the remainder given to the earliest steps
+            (m0 = masked count at block start; LLaDA's split for the linear schedule);
+            ``"threshold"``: every position whose confidence >= ``threshold``, at least one, and at least what the
+            remaining steps need to finish the block, so a block never takes more than its steps.
+        strategy (`str`, defaults to ``"confidence"``): which positions: ``"random"``, ``"confidence"`` (probability
+            of the proposed token), ``"margin"`` (top-1 minus top-2 probability), ``"entropy"`` (lowest entropy
+            first) or ``"left_to_right"``. Aliases: ``low_confidence``, ``maskgit_plus`` (confidence),
+            ``topk_margin`` (margin), ``origin`` (random).
+        threshold (`float`, *optional*): in (0, 1], for ``transfer="threshold"``.
+        cfg_scale (`float`, defaults to 0): classifier-free guidance; the unconditional input is the canvas with
+            the prompt masked, and logits = u + (cfg_scale + 1)(c - u). Costs a second forward per step.
+        mask_token_id (`int`, *optional*): [MASK] id (default: the model config's).
+        stop_at_eos (`bool`, defaults to `True`): tokens after the first generated EOS become ``pad_token_id``
+            (EOS if unset) and rows that finished stop between blocks.
+        output_history (`bool`, defaults to `False`): keep the canvas after every step (returned with
+            ``return_dict_in_generate``).
+        logits_shift (`int`, *optional*): 1 if position i is predicted from hidden state i-1 (Dream); default from
+            the model config.
+
+    Confidence, margin and entropy are computed from the softmax of the processed logits over the whole vocabulary
+    ([MASK] included in the normalisation, as LLaDA and Dream do), before [MASK] is excluded from the proposal.
+    """
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("temperature", 0.0)
+        for key, default in _DIFFUSION_DEFAULTS.items():
+            value = kwargs.pop(key, default)
+            setattr(self, key, copy.deepcopy(value) if isinstance(value, dict) else value)
+        if self.schedule_kwargs is None:
+            self.schedule_kwargs = {}
+        super().__init__(**kwargs)
+
+    def validate(self, strict: bool = False, user_set_attributes: Optional[set] = None) -> None:
+        # GenerationConfig rejects max_new_tokens == 0, which is legal here (pure infilling).
+        max_new_tokens = self.max_new_tokens
+        if max_new_tokens is not None and max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        # Hidden from transformers' checks: max_new_tokens == 0 is legal here (pure infilling), temperature 0 means
+        # argmax and top-k/top-p apply whenever temperature > 0, so its do_sample consistency rules do not apply.
+        hidden = {"max_new_tokens": max_new_tokens or None, "temperature": None, "top_k": None, "top_p": None}
+        saved = {name: getattr(self, name) for name in hidden}
+        try:
+            for name, value in hidden.items():
+                setattr(self, name, value)
+            super().validate(strict=strict, user_set_attributes=user_set_attributes)
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+        self.validate_diffusion()
+
+    def validate_diffusion(self) -> None:
+        """Raise a ValueError naming the field for every diffusion setting that cannot run."""
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
+        if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
+            raise ValueError(f"block_length must be an integer >= 1 (or None for one block), got {self.block_length!r}")
+        if self.transfer not in TRANSFERS:
+            raise ValueError(f"unknown transfer {self.transfer!r}: use one of {list(TRANSFERS)}")
+        canonical_strategy(self.strategy)
+        get_schedule(self.schedule, **(self.schedule_kwargs or {}))
+        if self.transfer == "threshold":
+            if self.threshold is None or not 0 < float(self.threshold) <= 1:
+                raise ValueError(f"transfer='threshold' needs threshold in (0, 1], got {self.threshold!r}")
+        elif self.threshold is not None and not 0 < float(self.threshold) <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
+        if self.cfg_scale is None or self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.logits_shift not in (None, 0, 1):
+            raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        config = super().to_dict()
+        # An auto-created config would be reloaded by transformers with its custom keys dropped: never mark it so.
+        config.pop("_from_model_config", None)
+        if not isinstance(config.get("schedule"), (str, type(None))):
+            schedule = config["schedule"]
+            config["schedule"] = schedule.to_dict() if hasattr(schedule, "to_dict") else repr(schedule)
+        return config
+
+    @classmethod
+    def from_any(cls, config: Optional[GenerationConfig]) -> "MaskedDiffusionGenerationConfig":
+        """A copy as `MaskedDiffusionGenerationConfig` of any generation config (custom keys of a plain one kept)."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return copy.deepcopy(config)
+        values = {k: v for k, v in config.to_dict().items() if k != "_from_model_config"}
+        return cls(**values)
+
+
+def canonical_strategy(name: str) -> str:
+    name = STRATEGY_ALIASES.get(name, name)
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"unknown strategy {name!r}: use one of {list(STRATEGIES)} or an alias {sorted(STRATEGY_ALIASES)}"
+        )
+    return name
+
+
+@dataclass
+class MaskedDiffusionGenerateOutput(ModelOutput):
+    """Result of a reverse-diffusion run.
+
+    Args:
+        sequences: (B, P + max_new_tokens) prompt and generated tokens.
+        steps: denoising steps run (summed over blocks).
+        nfe: forward passes of the network (classifier-free guidance counts two per step).
+        elapsed_s: wall-clock seconds of the run, device synchronised.
+        num_generated_tokens: (B,) generated tokens per row (prompt and post-EOS padding excluded).
+        tokens_per_forward: generated tokens of the batch per forward pass.
+        history: canvases (B, P + max_new_tokens) after each step, with ``output_history``.
+    """
+
+    sequences: Optional[torch.LongTensor] = None
+    steps: Optional[int] = None
+    nfe: Optional[int] = None
+    elapsed_s: Optional[float] = None
+    num_generated_tokens: Optional[torch.LongTensor] = None
+    tokens_per_forward: Optional[float] = None
+    history: Optional[tuple[torch.LongTensor, ...]] = None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Transfer counts
+
+
+def time_grid(num_steps: int) -> torch.Tensor:
+    """(num_steps + 1,) times 1 = t_0 > t_1 > ... > t_S = 0, float64."""
+    return 1.0 - torch.arange(num_steps + 1, dtype=torch.float64) / num_steps
+
+
+def deterministic_counts(num_masked: torch.Tensor, num_steps: int, schedule: Any) -> torch.Tensor:
+    """Tokens revealed at each step of a block: (B, S) from masked counts (B,) at block start.
+
+    floor(m0 * (alpha(s) - alpha(t))) per step, the remainder m0 - sum given one each to the earliest steps.
+    For the linear schedule this is LLaDA's rule: m0 // S per step plus one on the first m0 % S steps.
+    """
+    alphas = schedule.alpha(time_grid(num_steps)).to(torch.float64)
+    delta = alphas[1:] - alphas[:-1]
+    delta = delta / delta.sum()  # schedules whose alpha(1) is not exactly 0 still reveal everything
+    m0 = num_masked.to(torch.float64).cpu()
+    base = torch.floor(m0[:, None] * delta[None, :] + 1e-9).long()
+    remainder = num_masked.cpu().long() - base.sum(1)
+    steps = torch.arange(num_steps)
+    extra = (steps[None, :] < (remainder % num_steps)[:, None]).long() + (remainder // num_steps)[:, None]
+    return (base + extra).to(num_masked.device)
+
+
+def reveal_probability(schedule: Any, t: float, s: float) -> float:
+    """(alpha(s) - alpha(t)) / (1 - alpha(t)): chance that a position masked at time t is revealed by time s."""
+    alpha_t, alpha_s = float(schedule.alpha(t)), float(schedule.alpha(s))
+    if s <= 0 or alpha_t >= 1:
+        return 1.0
+    return min(max((alpha_s - alpha_t) / (1.0 - alpha_t), 0.0), 1.0)
+
+
+def split_steps(steps: Optional[int], block_counts: list[int]) -> list[int]:
+    """Steps per block, proportional to the blocks' masked counts (largest remainder), each non-empty block >= 1.
+
+    ``steps=None`` gives every block as many steps as its count (one token per step).
+    """
+    if steps is None:
+        return list(block_counts)
+    nonempty = [i for i, c in enumerate(block_counts) if c > 0]
+    out = [0] * len(block_counts)
+    if not nonempty:
+        return out
+    if steps <= len(nonempty):
+        for i in nonempty:
+            out[i] = 1
+        return out
+    total = sum(block_counts)
+    quotas = {i: steps * block_counts[i] / total for i in nonempty}
+    for i in nonempty:
+        out[i] = max(1, int(math.floor(quotas[i] + 1e-9)))
+    left = steps - sum(out)
+    by_remainder = sorted(nonempty, key=lambda i: (-(quotas[i] - math.floor(quotas[i] + 1e-9)), i))
+    while left > 0:
+        for i in by_remainder[:left]:
+            out[i] += 1
+        left = steps - sum(out)
+    while left < 0:  # the at-least-one rule overshot: take from the largest blocks
+        i = max(nonempty, key=lambda j: (out[j], -j))
+        out[i] -= 1
+        left += 1
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The sampler
+
+
+@dataclass
+class _Run:
+    """State shared by the steps of one generate call."""
+
+    model: Any
+    config: MaskedDiffusionGenerationConfig
+    mask_id: int
+    shift: int
+    schedule: Any
+    strategy: str
+    processors: LogitsProcessorList
+    warpers: LogitsProcessorList
+    generator: Optional[torch.Generator]
+    pass_logits_to_keep: bool
+    prompt_mask: torch.Tensor  # (B, L) True at prompt tokens (for CFG's unconditional input)
+    nfe: int = 0
+    steps: int = 0
+
+
+def _accepts(model: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _model_logits(run: _Run, x: torch.Tensor, attn: Optional[torch.Tensor], keep: torch.Tensor, prompt_mask):
+    """Logits (B, K, V) predicting the tokens at positions ``keep`` (K,), shift and guidance applied."""
+    query = (keep - 1).clamp(min=0) if run.shift else keep
+    inputs, mask = x, attn
+    if run.config.cfg_scale > 0:
+        uncond = x.masked_fill(prompt_mask, run.mask_id)
+        inputs = torch.cat([x, uncond])
+        mask = None if attn is None else torch.cat([attn, attn])
+    kwargs: dict[str, Any] = {}
+    if mask is not None:
+        kwargs["attention_mask"] = mask
+    if run.pass_logits_to_keep:
+        kwargs["logits_to_keep"] = query
+    logits = run.model(inputs, **kwargs).logits
+    if logits.shape[1] != query.shape[0] or not run.pass_logits_to_keep:
+        logits = logits[:, query]
+    run.nfe += 2 if run.config.cfg_scale > 0 else 1
+    if run.config.cfg_scale > 0:
+        cond, uncond = logits.chunk(2)
+        logits = uncond + (run.config.cfg_scale + 1.0) * (cond - uncond)
+    return logits
+
+
+def _propose(run: _Run, logits: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Proposed tokens x0 (B, K) and their probabilities (B, K, V) from logits (B, K, V)."""
+    bsz, k, vocab = logits.shape
+    if len(run.processors) or len(run.warpers):
+        flat = logits.reshape(bsz * k, vocab)
+        ids = x.repeat_interleave(k, dim=0)
+        flat = run.processors(ids, flat)
+        flat = run.warpers(ids, flat)
+        logits = flat.view(bsz, k, vocab)
+    probs = torch.softmax(logits, dim=-1)
+    if run.config.temperature:
+        sample_probs = probs.clone()
+        sample_probs[..., run.mask_id] = 0.0
+        x0 = torch.multinomial(sample_probs.view(bsz * k, vocab), 1, generator=run.generator).view(bsz, k)
+    else:
+        logits[..., run.mask_id] = -float("inf")
+        x0 = logits.argmax(-1)
+    return x0, probs
+
+
+def _scores(run: _Run, probs: torch.Tensor, x0: torch.Tensor, keep: torch.Tensor, length: int) -> torch.Tensor:
+    """Ranking scores (B, L) of every position (higher = reveal first); only ``keep`` columns are meaningful."""
+    bsz = x0.shape[0]
+    full = torch.full((bsz, length), -float("inf"), dtype=probs.dtype, device=probs.device)
+    if run.strategy == "random":
+        return torch.rand((bsz, length), generator=run.generator, device=probs.device).to(probs.dtype)
+    if run.strategy == "left_to_right":
+        full[:, keep] = -keep.to(probs.dtype)[None, :].expand(bsz, -1)
+        return full
+    if run.strategy == "confidence":
+        score = probs.gather(-1, x0[..., None]).squeeze(-1)
+    elif run.strategy == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        score = top2[..., 0] - top2[..., 1]
+    else:  # entropy: negative entropy, higher = more certain
+        score = (probs * torch.log(probs + 1e-10)).sum(-1)
+    full[:, keep] = score
+    return full
+
+
+def _reveal(x: torch.Tensor, scores: torch.Tensor, candidates: torch.Tensor, proposal: torch.Tensor, counts):
+    """Write ``proposal`` at the ``counts`` (B,) best-scored candidate positions of each row (in place)."""
+    kmax = int(counts.max())
+    if kmax == 0:
+        return
+    scores = scores.masked_fill(~candidates, -float("inf"))
+    idx = torch.topk(scores, kmax, dim=-1).indices
+    take = torch.arange(kmax, device=x.device)[None, :] < counts[:, None]
+    take &= candidates.gather(1, idx)
+    x.scatter_(1, idx, torch.where(take, proposal.gather(1, idx), x.gather(1, idx)))
+
+
+def _step(run: _Run, x, attn, block_mask, keep, counts, prompt_mask, steps_left: int) -> None:
+    """One denoising step on rows ``x`` (B, L), in place. ``block_mask`` (B, L) marks the current block's masked
+    positions, ``keep`` (K,) the columns where any row is masked, ``counts`` (B,) the tokens each row reveals
+    (None for the threshold transfer, which decides from the confidences)."""
+    logits = _model_logits(run, x, attn, keep, prompt_mask)
+    x0, probs = _propose(run, logits, x)
+    scores = _scores(run, probs, x0, keep, x.shape[1])
+    remaining = block_mask.sum(1)
+    if counts is None:
+        confidence = torch.zeros(x.shape, dtype=probs.dtype, device=x.device)
+        confidence[:, keep] = probs.gather(-1, x0[..., None]).squeeze(-1)
+        confident = ((confidence >= float(run.config.threshold)) & block_mask).sum(1)
+        needed = (remaining + steps_left - 1) // steps_left
+        counts = torch.maximum(torch.maximum(confident, needed), (remaining > 0).long())
+    proposal = x.clone()
+    proposal[:, keep] = x0
+    _reveal(x, scores, block_mask, proposal, torch.minimum(counts, remaining))
+
+
+def _transfer_counts(run: _Run, num_steps: int, m0: torch.Tensor):
+    """``counts(i, block_mask)`` -> (B,) tokens to reveal at step i of a block with masked counts m0 (B,) at
+    its start; None for the threshold transfer (decided inside the step)."""
+    transfer = run.config.transfer
+    if transfer == "deterministic":
+        table = deterministic_counts(m0, num_steps, run.schedule)
+        return lambda i, block_mask: table[:, i]
+    if transfer == "threshold":
+        return lambda i, block_mask: None
+    grid = time_grid(num_steps).tolist()
+
+    def stochastic(i: int, block_mask: torch.Tensor) -> torch.Tensor:
+        remaining = block_mask.sum(1)
+        p = reveal_probability(run.schedule, grid[i], grid[i + 1])
+        if p >= 1.0:
+            return remaining
+        probs = torch.full(remaining.shape, p, dtype=torch.float64, device=remaining.device)
+        return torch.binomial(remaining.double(), probs, generator=run.generator).long()
+
+    return stochastic
+
+
+def _prepare_canvas(input_ids, attention_mask, config, mask_id):
+    if input_ids is None or input_ids.dim() != 2:
+        shape = None if input_ids is None else tuple(input_ids.shape)
+        raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got shape {shape}")
+    bsz, prompt_len = input_ids.shape
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != (bsz, prompt_len):
+            raise ValueError(
+                f"attention_mask must be 2-D (batch, prompt_length) = {(bsz, prompt_len)} like input_ids, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        attention_mask = attention_mask.to(input_ids.device).bool()
+    max_new = config.max_new_tokens
+    if max_new is None:
+        if config.max_length is not None and config.max_length > prompt_len:
+            max_new = config.max_length - prompt_len
+        else:
+            max_new = 0
+    if max_new < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new}")
+    x = torch.cat([input_ids, input_ids.new_full((bsz, max_new), mask_id)], dim=1)
+    attn = None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        attn = torch.cat([attention_mask, attention_mask.new_ones((bsz, max_new))], dim=1)
+    gen_mask = x == mask_id
+    if attn is not None:
+        gen_mask &= attn
+    return x, attn, gen_mask
+
+
+def _blocks(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tuple[int, int]]:
+    columns = gen_mask.any(0).nonzero().flatten()
+    if columns.numel() == 0:
+        return []
+    start, end = int(columns[0]), gen_mask.shape[1]
+    size = end - start if block_length is None else block_length
+    return [(b, min(b + size, end)) for b in range(start, end, size)]
+
+
+def _finished_rows(x, gen_mask0, upto, eos_ids, stopping_criteria, still_masked):
+    """Rows whose revealed prefix up to column ``upto`` contains EOS or meets a stopping criterion."""
+    done = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    if eos_ids is not None:
+        region = gen_mask0[:, :upto]
+        is_eos = torch.isin(x[:, :upto], eos_ids) & region
+        first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full_like(done, upto, dtype=torch.long))
+        cols = torch.arange(upto, device=x.device)[None, :]
+        masked_before = (still_masked[:, :upto] & (cols < first_eos[:, None])).any(1)
+        done |= is_eos.any(1) & ~masked_before
+    if stopping_criteria is not None and len(stopping_criteria):
+        done |= stopping_criteria(x[:, :upto], None).to(done.device).bool()
+    return done
+
+
+def _finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled):
+    """Tokens after the first generated EOS become ``pad_id`` (in place); returns generated-token counts (B,),
+    not counting ``unfilled`` positions (masks of rows that stopped early, set to padding)."""
+    keep = gen_mask0 & ~unfilled
+    if eos_ids is not None:
+        is_eos = torch.isin(x, eos_ids) & gen_mask0
+        after = (is_eos.long().cumsum(1) - is_eos.long()) > 0
+        after &= gen_mask0
+        x.masked_fill_(after, pad_id)
+        keep &= ~after
+    return keep.sum(1)
+
+
+class _Streamer:
+    """Feeds a transformers streamer with tokens as the leftmost generated prefix of row 0 becomes final."""
+
+    def __init__(self, streamer, x, gen_mask0, mask_id):
+        self.streamer, self.mask_id = streamer, mask_id
+        if streamer is not None and x.shape[0] != 1:
+            raise ValueError("streamer supports batch size 1 only, as in transformers")
+        cols = gen_mask0[0].nonzero().flatten() if streamer is not None else None
+        self.pos = int(cols[0]) if cols is not None and cols.numel() else x.shape[1]
+        if streamer is not None:
+            streamer.put(x[0, : self.pos].cpu())
+
+    def update(self, x):
+        if self.streamer is None:
+            return
+        row = x[0, self.pos :]
+        masked = (row == self.mask_id).nonzero()
+        stop = int(masked[0]) if masked.numel() else row.shape[0]
+        if stop > 0:
+            self.streamer.put(row[:stop].cpu())
+            self.pos += stop
+
+    def end(self, x):
+        if self.streamer is not None:
+            self.update(x)
+            self.streamer.end()
+
+
+def _resolve_config(model, generation_config, kwargs) -> MaskedDiffusionGenerationConfig:
+    base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    config = MaskedDiffusionGenerationConfig.from_any(base)
+    unknown = [k for k in kwargs if not hasattr(config, k)]
+    if unknown:
+        raise ValueError(
+            f"unknown generation argument(s) {unknown}: see MaskedDiffusionGenerationConfig for the accepted fields"
+        )
+    config.update(**kwargs)
+    model_config = getattr(model, "config", None)
+    if config.mask_token_id is None:
+        config.mask_token_id = getattr(model_config, "mask_token_id", None)
+    if config.mask_token_id is None:
+        raise ValueError(
+            "no mask token id: pass mask_token_id=... or set config.mask_token_id on the model "
+            "(e.g. 126336 for LLaDA, 151666 for Dream)"
+        )
+    for name in ("eos_token_id", "pad_token_id"):
+        if getattr(config, name) is None:
+            setattr(config, name, getattr(model_config, name, None))
+    config.validate_diffusion()
+    return config
+
+
+def _logits_shift(model, config) -> int:
+    if config.logits_shift is not None:
+        return int(config.logits_shift)
+    model_config = getattr(model, "config", None)
+    shift = getattr(model_config, "logits_shift", None)
+    if shift is None:
+        shift = 1 if getattr(model_config, "model_type", None) == "Dream" else 0
+    return int(shift)
+
+
+def _eos_tensor(config, device) -> Optional[torch.Tensor]:
+    eos = config.eos_token_id
+    if eos is None or not config.stop_at_eos:
+        return None
+    eos = [eos] if isinstance(eos, int) else list(eos)
+    return torch.tensor(eos, device=device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def diffusion_generate(
+    model: Any,
+    input_ids: torch.LongTensor,
+    attention_mask: Optional[torch.Tensor] = None,
+    generation_config: Optional[GenerationConfig] = None,
+    logits_processor: Optional[LogitsProcessorList] = None,
+    stopping_criteria: Optional[StoppingCriteriaList] = None,
+    streamer: Any = None,
+    generator: Optional[torch.Generator] = None,
+    seed: Optional[int] = None,
+    **kwargs: Any,
+) -> Union[torch.LongTensor, MaskedDiffusionGenerateOutput]:
+    r"""Sample from a masked diffusion LM by reverse diffusion (see the module docstring for the algorithm).
+
+    Args:
+        model: any module returning an output with ``.logits`` (B, L, V); ``logits_to_keep`` is used when its
+            ``forward`` names it. ``model.config`` supplies ``mask_token_id``, ``eos_token_id``, ``pad_token_id``,
+            ``logits_shift`` and ``max_position_embeddings`` unless given here.
+        input_ids: (B, P) prompt ids, possibly containing [MASK] tokens to infill.
+        attention_mask: (B, P), 0 at padding (left or right); padding is never attended to nor generated.
+        generation_config: a `MaskedDiffusionGenerationConfig` (a plain `GenerationConfig` is converted, custom
+            keys kept); default ``model.generation_config``. ``**kwargs`` override its fields.
+        logits_processor, stopping_criteria: as in transformers; processors see ``input_ids`` = the canvas row
+            repeated for every scored position and ``scores`` (B*K, V); stopping criteria are checked between blocks
+            on the revealed prefix.
+        streamer: a transformers streamer (batch size 1): receives the prompt, then tokens as the leftmost
+            generated prefix becomes final.
+        generator / seed: randomness for sampling, stochastic transfer and the random strategy.
+
+    Returns:
+        (B, P + max_new_tokens) LongTensor, or `MaskedDiffusionGenerateOutput` with ``return_dict_in_generate``.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+    >>> from hf_mdm.generation import diffusion_generate
+    >>> model = MDMForMaskedDiffusion(MDMConfig(vocab_size=17, mask_token_id=16, hidden_size=32,
+    ...                                         num_attention_heads=2, intermediate_size=64))
+    >>> out = diffusion_generate(model, torch.tensor([[1, 2, 3]]), max_new_tokens=8, steps=4, block_length=4,
+    ...                          return_dict_in_generate=True)
+    >>> out.sequences.shape, out.nfe
+    (torch.Size([1, 11]), 4)
+    ```
+    """
+    config = _resolve_config(model, generation_config, kwargs)
+    if generator is None and seed is not None:
+        generator = torch.Generator(device=input_ids.device).manual_seed(int(seed))
+    mask_id = int(config.mask_token_id)
+    x, attn, gen_mask0 = _prepare_canvas(input_ids, attention_mask, config, mask_id)
+    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if max_positions is not None and x.shape[1] > max_positions:
+        raise ValueError(
+            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({x.shape[1] - input_ids.shape[1]}) = {x.shape[1]} "
+            f"exceeds the model's max_position_embeddings={max_positions}: shorten one of them"
+        )
+    warpers = LogitsProcessorList()
+    if config.temperature:
+        warpers.append(TemperatureLogitsWarper(float(config.temperature)))
+        if config.top_k is not None and config.top_k > 0:
+            warpers.append(TopKLogitsWarper(int(config.top_k)))
+        if config.top_p is not None and config.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(float(config.top_p)))
+    run = _Run(
+        model=model,
+        config=config,
+        mask_id=mask_id,
+        shift=_logits_shift(model, config),
+        schedule=get_schedule(config.schedule, **(config.schedule_kwargs or {})),
+        strategy=canonical_strategy(config.strategy),
+        processors=logits_processor if logits_processor is not None else LogitsProcessorList(),
+        warpers=warpers,
+        generator=generator,
+        pass_logits_to_keep=_accepts(model, "logits_to_keep"),
+        prompt_mask=~gen_mask0,
+    )
+    eos_ids = _eos_tensor(config, x.device)
+    pad_id = config.pad_token_id if config.pad_token_id is not None else (int(eos_ids[0]) if eos_ids is not None else mask_id)
+    history: list[torch.Tensor] = []
+    stream = _Streamer(streamer, x, gen_mask0, mask_id)
+    blocks = _blocks(gen_mask0, config.block_length)
+    block_counts = [int(gen_mask0[:, s:e].sum(1).max()) for s, e in blocks]
+    steps_per_block = split_steps(config.steps, block_counts)
+    finished = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+
+    _sync(x.device)
+    start_time = time.perf_counter()
+    for (start, end), num_steps in zip(blocks, steps_per_block):
+        if num_steps == 0:
+            continue
+        rows = (~finished).nonzero().flatten()
+        all_rows = rows.numel() == x.shape[0]
+        xs = x if all_rows else x[rows]
+        attn_s = attn if (attn is None or all_rows) else attn[rows]
+        prompt_s = run.prompt_mask if all_rows else run.prompt_mask[rows]
+        in_block = torch.zeros_like(gen_mask0[:1])
+        in_block[:, start:end] = True
+        m0 = ((xs == mask_id) & in_block & (gen_mask0 if all_rows else gen_mask0[rows])).sum(1)
+        counts_at = _transfer_counts(run, num_steps, m0)
+        gen_s = gen_mask0 if all_rows else gen_mask0[rows]
+        for i in range(num_steps):
+            block_mask = (xs == mask_id) & in_block & gen_s
+            keep = block_mask.any(0).nonzero().flatten()
+            if keep.numel() == 0:
+                break
+            counts = counts_at(i, block_mask)
+            if counts is not None and int(counts.max()) == 0:
+                continue  # nothing to reveal: skipping the forward changes no token
+            _step(run, xs, attn_s, block_mask, keep, counts, prompt_s, num_steps - i)
+            run.steps += 1
+            if not all_rows and (config.output_history or streamer is not None):
+                x[rows] = xs
+            if config.output_history:
+                history.append(x.clone())
+            stream.update(x)
+        if not all_rows:
+            x[rows] = xs
+        finished |= _finished_rows(x, gen_mask0, end, eos_ids, stopping_criteria, x == mask_id)
+        if bool(finished.all()):
+            break
+    unfilled = (x == mask_id) & gen_mask0 & finished[:, None]
+    x.masked_fill_(unfilled, pad_id)
+    num_generated = _finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled)
+    _sync(x.device)
+    elapsed = time.perf_counter() - start_time
+    stream.end(x)
+
+    if not config.return_dict_in_generate:
+        return x
+    return MaskedDiffusionGenerateOutput(
+        sequences=x,
+        steps=run.steps,
+        nfe=run.nfe,
+        elapsed_s=elapsed,
+        num_generated_tokens=num_generated,
+        tokens_per_forward=float(num_generated.sum()) / max(run.nfe, 1),
+        history=tuple(history) if config.output_history else None,
+    )
+
+
+class MaskedDiffusionGenerationMixin:
+    """Gives a model ``generate`` by reverse diffusion (see `diffusion_generate`).
+
+    ``from_pretrained`` loads ``generation_config.json`` as a `MaskedDiffusionGenerationConfig` (transformers'
+    own loader would read a plain `GenerationConfig` here and drop the diffusion fields).
+    """
+
+    generation_config_class = MaskedDiffusionGenerationConfig
+
+    def adjust_generation_fn(self, generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path,
+                             *args: Any, **kwargs: Any) -> None:
+        """Called by ``PreTrainedModel.from_pretrained``: load the checkpoint's generation config, if any."""
+        if generation_config is not None:
+            self.generation_config = MaskedDiffusionGenerationConfig.from_any(generation_config)
+            return
+        if pretrained_model_name_or_path is None:
+            return
+        names = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
+        loading = dict(zip(names, args))
+        loading.update({k: kwargs[k] for k in names if k in kwargs})
+        try:
+            self.generation_config = MaskedDiffusionGenerationConfig.from_pretrained(
+                pretrained_model_name_or_path, **{k: v for k, v in loading.items() if v is not None}
+            )
+        except OSError:  # no generation_config.json: keep the one built from the model config
+            pass
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        generation_config: Optional[GenerationConfig] = None,
+        logits_processor: Optional[LogitsProcessorList] = None,
+        stopping_criteria: Optional[StoppingCriteriaList] = None,
+        streamer: Any = None,
+        generator: Optional[torch.Generator] = None,
+        seed: Optional[int] = None,
+        **kwargs: Any,
+    ) -> Union[torch.LongTensor, MaskedDiffusionGenerateOutput]:
+        r"""Generate by reverse diffusion. Arguments as in `hf_mdm.generation.diffusion_generate`.
+
+        Example:
+
+        ```python
+        >>> import torch
+        >>> from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+        >>> model = MDMForMaskedDiffusion(MDMConfig(vocab_size=17, mask_token_id=16, hidden_size=32,
+        ...                                         num_attention_heads=2, intermediate_size=64))
+        >>> model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, steps=2).shape
+        torch.Size([1, 7])
+        ```
+        """
+        return diffusion_generate(
+            self,
+            input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            streamer=streamer,
+            generator=generator,
+            seed=seed,
+            **kwargs,
+        )

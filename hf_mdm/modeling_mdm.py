@@ -1,0 +1,300 @@
+"""``MDMForMaskedDiffusion``: a Llama-style transformer with bidirectional attention and the MDM ELBO loss.
+
+Self-contained (relative imports of single files only), so that ``save_pretrained`` exports this file,
+``configuration_mdm.py``, ``schedules.py`` and ``generation.py`` as remote code that loads with
+``trust_remote_code=True`` on a machine without hf_mdm. Parameter names follow Llama
+(``model.embed_tokens``, ``model.layers.N.self_attn.q_proj``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+
+from .configuration_mdm import MDMConfig
+from .generation import MaskedDiffusionGenerationMixin
+from .schedules import get_schedule
+
+
+class MDMRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        hidden_states = hidden_states.float()
+        hidden_states = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * hidden_states.to(dtype)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos and sin of RoPE angles, each (B, L, head_dim), computed from positions (no stored buffers)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    angles = position_ids.float()[..., None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, heads, L, head_dim); cos, sin: (B, L, head_dim)."""
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class MDMAttention(nn.Module):
+    """Multi-head (optionally grouped-query) self-attention without a causal mask."""
+
+    def __init__(self, config: MDMConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: Optional[torch.Tensor]):
+        bsz, length, _ = hidden_states.shape
+        q = self.q_proj(hidden_states).view(bsz, length, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden_states).view(bsz, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden_states).view(bsz, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=key_mask, is_causal=False, enable_gqa=self.num_kv_heads != self.num_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(bsz, length, -1))
+
+
+class MDMMLP(nn.Module):
+    def __init__(self, config: MDMConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MDMDecoderLayer(nn.Module):
+    def __init__(self, config: MDMConfig):
+        super().__init__()
+        self.input_layernorm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = MDMAttention(config)
+        self.post_attention_layernorm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MDMMLP(config)
+
+    def forward(self, hidden_states, cos, sin, key_mask):
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, key_mask)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class MDMPreTrainedModel(PreTrainedModel):
+    config_class = MDMConfig
+    config: MDMConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["MDMDecoderLayer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, MDMRMSNorm):
+            nn.init.ones_(module.weight)
+
+
+def check_attention_mask(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> None:
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must be 2-D (batch, length) like input_ids {tuple(input_ids.shape)}, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+
+
+class MDMModel(MDMPreTrainedModel):
+    """The bare transformer: embeddings, bidirectional blocks, final norm. Returns hidden states (B, L, hidden)."""
+
+    def __init__(self, config: MDMConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(MDMDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        inputs_embeds: Optional[torch.FloatTensor] = None,
+        output_hidden_states: bool = False,
+        **kwargs: Any,
+    ) -> BaseModelOutput:
+        """
+        Args:
+            input_ids: (B, L) token ids, [MASK] included.
+            attention_mask: (B, L), 1 for real tokens and 0 for padding; padding is never attended to.
+            position_ids: (B, L); default ``cumsum(attention_mask) - 1`` so left and right padding give the
+                same result as no padding, else ``0..L-1``.
+            inputs_embeds: (B, L, hidden) instead of ``input_ids``.
+        """
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        bsz, length = inputs_embeds.shape[:2]
+        if length > self.config.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {length} exceeds max_position_embeddings={self.config.max_position_embeddings}: "
+                "shorten the prompt or max_new_tokens"
+            )
+        key_mask = None
+        if attention_mask is not None:
+            if attention_mask.shape != (bsz, length):
+                raise ValueError(
+                    f"attention_mask must be 2-D (batch, length) = {(bsz, length)}, got {tuple(attention_mask.shape)}"
+                )
+            attention_mask = attention_mask.bool()
+            if position_ids is None:
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            if not bool(attention_mask.all()):
+                key_mask = attention_mask[:, None, None, :]
+        if position_ids is None:
+            position_ids = torch.arange(length, device=inputs_embeds.device).expand(bsz, length)
+        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, inputs_embeds.dtype)
+        hidden_states = inputs_embeds
+        all_hidden = [hidden_states] if output_hidden_states else None
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, cos, sin, key_mask)
+            if all_hidden is not None:
+                all_hidden.append(hidden_states)
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=tuple(all_hidden) if all_hidden else None)
+
+
+class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
+    """A masked diffusion LM: bidirectional transformer + LM head, ELBO loss, and ``generate`` by reverse diffusion.
+
+    Example:
+
+    ```python
+    >>> import torch
+    >>> from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+    >>> model = MDMForMaskedDiffusion(MDMConfig(vocab_size=17, mask_token_id=16, hidden_size=32,
+    ...                                         num_attention_heads=2, intermediate_size=64))
+    >>> out = model.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=8, steps=4)
+    >>> out.shape
+    torch.Size([1, 11])
+    ```
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: MDMConfig):
+        super().__init__(config)
+        self.model = MDMModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        labels: Optional[torch.LongTensor] = None,
+        t: Optional[torch.Tensor] = None,
+        logits_to_keep: Union[int, torch.Tensor] = 0,
+        inputs_embeds: Optional[torch.FloatTensor] = None,
+        output_hidden_states: bool = False,
+        **kwargs: Any,
+    ) -> MaskedLMOutput:
+        r"""
+        Args:
+            input_ids: (B, L) partly masked token ids x_t.
+            attention_mask: (B, L), 1 = token, 0 = padding.
+            position_ids: (B, L), see `MDMModel.forward`.
+            labels: (B, L) original ids x_0 at masked positions and -100 elsewhere.
+            t: (B,) diffusion time of each sequence, in (0, 1]. With ``labels`` the loss is the MDM ELBO:
+                cross-entropy at masked positions weighted by ``-alpha'(t) / (1 - alpha(t))`` (``1/t`` for the linear
+                schedule), summed and divided by the number of tokens (non-padding positions). Without ``t`` the
+                loss is the plain mean cross-entropy over labelled positions.
+            logits_to_keep: ``0`` = logits at every position; an int ``k`` = the last ``k`` positions; a 1-D index
+                tensor = those positions (the LM head runs only there).
+
+        Returns:
+            `MaskedLMOutput` with ``logits`` (B, L or K, vocab_size) and ``loss`` when ``labels`` is given.
+            With ``config.logits_shift == 1`` the logits at index i are those computed from hidden state i, which
+            predict token i+1; the sampler and the loss apply the shift.
+        """
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            inputs_embeds=inputs_embeds,
+            output_hidden_states=output_hidden_states,
+        )
+        hidden_states = outputs.last_hidden_state
+        if labels is not None:
+            logits = self.lm_head(hidden_states)
+            loss = self.elbo_loss(logits, labels, t, attention_mask)
+            return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        if isinstance(logits_to_keep, int):
+            hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        else:
+            hidden_states = hidden_states[:, logits_to_keep]
+        return MaskedLMOutput(logits=self.lm_head(hidden_states), hidden_states=outputs.hidden_states)
+
+    def elbo_loss(
+        self,
+        logits: torch.Tensor,
+        labels: torch.LongTensor,
+        t: Optional[torch.Tensor],
+        attention_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """MDM ELBO (per token) from full logits (B, L, V), labels (B, L) and times t (B,)."""
+        if self.config.logits_shift:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        ce = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
+        if t is None:
+            return ce.sum() / (labels != -100).sum().clamp(min=1)
+        t = torch.as_tensor(t, device=logits.device, dtype=torch.float32).reshape(-1)
+        if t.shape[0] != labels.shape[0] or bool((t <= 0).any()) or bool((t > 1).any()):
+            raise ValueError(f"t must hold one time in (0, 1] per sequence ({labels.shape[0]}), got {tuple(t.shape)}")
+        weight = get_schedule(self.config.schedule).weight(t).float()
+        num_tokens = attention_mask.sum() if attention_mask is not None else labels.numel()
+        return (weight[:, None] * ce).sum() / num_tokens
+
+
+MDMConfig.register_for_auto_class()
+MDMForMaskedDiffusion.register_for_auto_class("AutoModelForMaskedLM")
