@@ -47,6 +47,7 @@ def _register_auto_classes() -> None:
     AutoConfig.register(MDMConfig.model_type, MDMConfig, exist_ok=True)
     AutoModel.register(MDMConfig, MDMModel, exist_ok=True)
     AutoModelForMaskedLM.register(MDMConfig, MDMForMaskedDiffusion, exist_ok=True)
+    from . import models  # noqa: F401  (registers the native LLaDA and Dream classes)
 
 
 _register_auto_classes()

@@ -618,7 +618,8 @@ def diffusion_generate(
         generator = torch.Generator(device=input_ids.device).manual_seed(int(seed))
     mask_id = int(config.mask_token_id)
     x, attn, gen_mask0 = _prepare_canvas(input_ids, attention_mask, config, mask_id)
-    max_positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    model_config = getattr(model, "config", None)
+    max_positions = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "max_sequence_length", None)
     if max_positions is not None and x.shape[1] > max_positions:
         raise ValueError(
             f"prompt ({input_ids.shape[1]}) + max_new_tokens ({x.shape[1] - input_ids.shape[1]}) = {x.shape[1]} "

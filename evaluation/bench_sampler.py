@@ -1,0 +1,126 @@
+"""Sampler speed: two ratios, each measured within one run (medians of repeated timings).
+
+1. Overhead: generate wall time / (NFE x one forward of the full sequence), batch 8, prompt 32, 128 new
+   tokens, 128 steps, tiny model, CPU. Target <= 1.05. Also printed: the same against a forward that computes the LM
+   head only on one block (what generate's forwards actually cost), i.e. the sampler's own share.
+2. LM head on the revealable positions only: LLaDA's vocabulary (126,464) on a tiny network, 128 new tokens,
+   block 32, 128 steps: generate / the same sampler computing full-sequence logits. Target <= 0.5.
+
+Run: ``python evaluation/bench_sampler.py [--repeats 5] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+from hf_mdm.generation import diffusion_generate
+
+
+class FullLogitsOnly(torch.nn.Module):
+    """Hides ``logits_to_keep`` from the sampler, so it computes full-sequence logits (the naive sampler)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.model(input_ids, attention_mask=attention_mask)
+
+
+def median_time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def tiny_model(vocab_size: int, hidden: int, layers: int, seed: int = 0) -> MDMForMaskedDiffusion:
+    torch.manual_seed(seed)
+    config = MDMConfig(
+        vocab_size=vocab_size, mask_token_id=vocab_size - 1, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=4, intermediate_size=4 * hidden, max_position_embeddings=512,
+    )
+    return MDMForMaskedDiffusion(config).eval()
+
+
+@torch.no_grad()
+def overhead(repeats: int) -> dict:
+    model = tiny_model(vocab_size=1024, hidden=128, layers=2)
+    bsz, plen, new, steps = 8, 32, 128, 128
+    x = torch.randint(0, 1000, (bsz, plen), generator=torch.Generator().manual_seed(0))
+    full = torch.randint(0, 1000, (bsz, plen + new))
+    out = diffusion_generate(model, x, max_new_tokens=new, steps=steps, block_length=32, return_dict_in_generate=True)
+    nfe = out.nfe
+    t_gen = median_time(lambda: diffusion_generate(model, x, max_new_tokens=new, steps=steps, block_length=32), repeats)
+    t_fwd = median_time(lambda: model(full), repeats * 5)
+    t_fwd_block = median_time(lambda: model(full, logits_to_keep=torch.arange(plen, plen + 32)), repeats * 5)
+    return {
+        "setting": f"batch {bsz}, prompt {plen}, {new} new tokens, {steps} steps, block 32, hidden 128, 2 layers, vocab 1024",
+        "nfe": nfe,
+        "generate_s": t_gen,
+        "forward_full_s": t_fwd,
+        "forward_block_head_s": t_fwd_block,
+        "ratio_vs_full_forward": t_gen / (nfe * t_fwd),
+        "ratio_vs_block_head_forward": t_gen / (nfe * t_fwd_block),
+    }
+
+
+@torch.no_grad()
+def lm_head(repeats: int) -> dict:
+    model = tiny_model(vocab_size=126464, hidden=64, layers=2)
+    bsz, plen, new, steps = 1, 32, 128, 128
+    x = torch.randint(0, 1000, (bsz, plen), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(max_new_tokens=new, steps=steps, block_length=32)
+    ours = diffusion_generate(model, x, **kwargs)
+    naive = diffusion_generate(FullLogitsOnly(model), x, **kwargs)
+    assert torch.equal(ours, naive), "restricting the LM head must not change the tokens"
+    t_ours = median_time(lambda: diffusion_generate(model, x, **kwargs), repeats)
+    t_naive = median_time(lambda: diffusion_generate(FullLogitsOnly(model), x, **kwargs), repeats)
+    return {
+        "setting": f"batch {bsz}, prompt {plen}, {new} new tokens, {steps} steps, block 32, hidden 64, vocab 126464",
+        "generate_s": t_ours,
+        "full_logits_generate_s": t_naive,
+        "ratio": t_ours / t_naive,
+        "same_tokens": True,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}",
+        "overhead": overhead(args.repeats),
+        "lm_head": lm_head(args.repeats),
+    }
+    o, h = results["overhead"], results["lm_head"]
+    print(f"[1] {o['setting']}")
+    print(f"    generate {o['generate_s']:.3f} s, NFE {o['nfe']}, full forward {o['forward_full_s'] * 1e3:.2f} ms, "
+          f"block-head forward {o['forward_block_head_s'] * 1e3:.2f} ms")
+    print(f"    generate / (NFE x full forward)       = {o['ratio_vs_full_forward']:.3f}   (target <= 1.05)")
+    print(f"    generate / (NFE x block-head forward) = {o['ratio_vs_block_head_forward']:.3f}   (sampler's own share)")
+    print(f"[2] {h['setting']}")
+    print(f"    generate {h['generate_s']:.3f} s vs full-logits sampler {h['full_logits_generate_s']:.3f} s")
+    print(f"    ratio = {h['ratio']:.3f}   (target <= 0.5; identical tokens)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
