@@ -1,0 +1,154 @@
+"""Model cards and Hub uploads for trained MDMs and their AR baselines.
+
+Cards are rendered from the templates in ``model_cards/`` with huggingface_hub's card tools; TER/SER results
+become ``model-index`` eval results in the card metadata, so the Hub shows them. ``push_model`` uploads the
+model (weights, config, generation config and, for hf_mdm models, the exported remote code), the language
+definition when given, and the card, in one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence, Union
+
+from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
+
+MODEL_CARDS_DIR = Path(__file__).resolve().parent.parent / "model_cards"
+MDM_MODEL_TYPES = ("hf_mdm", "llada", "Dream")
+ARCHITECTURE_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "intermediate_size", "max_position_embeddings", "mask_token_id", "bos_token_id", "schedule",
+)
+
+
+@dataclass
+class CardResult:
+    """One evaluation number for a card: ``metric`` ("ter", "ser", "relative_increase", ...), the sampler or
+    decoding ``setting`` it was measured with, and the evaluation data set."""
+
+    metric: str
+    value: float
+    setting: str = ""
+    dataset_name: str = "synthetic language"
+    dataset_type: str = "synthetic"
+
+    def eval_result(self) -> EvalResult:
+        return EvalResult(
+            task_type="text-generation",
+            dataset_type=self.dataset_type,
+            dataset_name=self.dataset_name,
+            metric_type=self.metric,
+            metric_value=float(self.value),
+            metric_config=self.setting or None,
+        )
+
+
+def is_mdm(model: Any) -> bool:
+    return getattr(model.config, "model_type", None) in MDM_MODEL_TYPES
+
+
+def describe_language(language: Any) -> str:
+    """One paragraph about the training language from a language object or its ``to_config()`` dict."""
+    if language is None:
+        return "Not recorded."
+    config = language if isinstance(language, dict) else language.to_config()
+    params = ", ".join(f"{k}={v}" for k, v in sorted(config.items()) if k not in ("class", "format_version"))
+    kind = config.get("class", type(language).__name__)
+    return (
+        f"Sequences sampled from a synthetic `{kind}` ({params}). The language's definition is uploaded with the "
+        "model as `language/` and loads with `hf_mdm.languages.load_language`."
+    )
+
+
+def model_card(
+    model: Any,
+    repo_id: str,
+    language: Any = None,
+    training_config: Optional[dict] = None,
+    results: Sequence[Union[CardResult, dict]] = (),
+    license: str = "apache-2.0",
+) -> ModelCard:
+    """Render the MDM or AR-baseline card for ``model`` (picked from its model type)."""
+    results = [r if isinstance(r, CardResult) else CardResult(**r) for r in results]
+    mdm = is_mdm(model)
+    model_name = repo_id.split("/")[-1]
+    card_data = ModelCardData(
+        license=license,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["hf_mdm", "masked-diffusion" if mdm else "autoregressive-baseline", "synthetic-language"],
+        model_name=model_name,
+        eval_results=[r.eval_result() for r in results] or None,
+    )
+    config = model.config
+    architecture = {k: getattr(config, k) for k in ARCHITECTURE_FIELDS if getattr(config, k, None) is not None}
+    vocab = int(getattr(config, "vocab_size", 2))
+    template = MODEL_CARDS_DIR / ("mdm.md" if mdm else "ar_baseline.md")
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(template),
+        model_name=model_name,
+        repo_id=repo_id,
+        num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
+        architecture=architecture,
+        schedule=getattr(config, "schedule", "linear"),
+        bos_token_id=getattr(config, "bos_token_id", None),
+        data_description=describe_language(language),
+        training_config=dict(training_config or {}),
+        results=[r.__dict__ for r in results],
+        example_prompt=", ".join(str(i % max(vocab - 1, 1)) for i in range(3)),
+        example_new_tokens=32,
+        example_steps=32,
+    )
+
+
+def save_for_hub(
+    model: Any,
+    folder: Union[str, Path],
+    repo_id: str,
+    language: Any = None,
+    training_config: Optional[dict] = None,
+    results: Sequence[Union[CardResult, dict]] = (),
+) -> Path:
+    """Write everything ``push_model`` uploads into ``folder``: model files, ``language/``, ``README.md``."""
+    folder = Path(folder)
+    model.save_pretrained(folder)
+    if language is not None and not isinstance(language, dict):
+        language.save_pretrained(folder / "language")
+    if training_config:
+        (folder / "training_config.json").write_text(json.dumps(training_config, indent=2, default=str))
+    model_card(model, repo_id, language, training_config, results).save(folder / "README.md")
+    return folder
+
+
+def push_model(
+    model: Any,
+    repo_id: str,
+    language: Any = None,
+    training_config: Optional[dict] = None,
+    results: Sequence[Union[CardResult, dict]] = (),
+    token: Optional[str] = None,
+    private: bool = False,
+    commit_message: Optional[str] = None,
+    api: Optional[HfApi] = None,
+):
+    """Upload a trained MDM or AR baseline with its card (and language definition) to the Hub in one commit.
+
+    No tokenizer is uploaded: synthetic-language models read token ids directly.
+    """
+    api = api or HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    with tempfile.TemporaryDirectory() as tmp:
+        save_for_hub(model, tmp, repo_id, language, training_config, results)
+        operations = [
+            CommitOperationAdd(path_in_repo=path.relative_to(tmp).as_posix(), path_or_fileobj=str(path))
+            for path in sorted(Path(tmp).rglob("*"))
+            if path.is_file()
+        ]
+        return api.create_commit(
+            repo_id=repo_id, operations=operations, repo_type="model",
+            commit_message=commit_message or f"Upload {'MDM' if is_mdm(model) else 'AR baseline'} with hf_mdm",
+        )

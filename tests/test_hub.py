@@ -1,0 +1,74 @@
+"""Model cards and the Hub push: the exact files and card metadata that would be uploaded (network mocked)."""
+
+from unittest import mock
+
+import pytest
+import torch
+import yaml
+from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
+from transformers import LlamaForCausalLM
+
+from hf_mdm import MDMForMaskedDiffusion
+from hf_mdm.hub import CardResult, model_card, push_model
+from hf_mdm.training import ar_config_for, mdm_config_for
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    return MDMForMaskedDiffusion(mdm_config_for(8, 16)), LlamaForCausalLM(ar_config_for(8, 16))
+
+
+def card_metadata(card: ModelCard) -> dict:
+    return yaml.safe_load(str(card).split("---")[1])
+
+
+def test_mdm_card_carries_results_as_model_index(models):
+    mdm, _ = models
+    results = [CardResult("ter", 3.21, "steps=64, stochastic, random"), CardResult("ser", 0.12, "steps=64")]
+    card = model_card(mdm, "org/mdm-2gram", training_config={"learning_rate": 3e-4, "epochs": 1}, results=results)
+    meta = card_metadata(card)
+    assert meta["license"] == "apache-2.0" and "masked-diffusion" in meta["tags"]
+    index = meta["model-index"][0]
+    assert index["name"] == "mdm-2gram"
+    metrics = {m["type"]: m for r in index["results"] for m in r["metrics"]}
+    assert metrics["ter"]["value"] == 3.21 and metrics["ser"]["value"] == 0.12
+    assert metrics["ter"]["config"] == "steps=64, stochastic, random"
+    text = str(card)
+    assert "| learning_rate | 0.0003 |" in text and "| ter | steps=64, stochastic, random | 3.21 |" in text
+    assert "mask_token_id | 8" in text and "schedule `linear`" in text
+
+
+def test_ar_card(models):
+    _, ar = models
+    card = model_card(ar, "org/ar-2gram")
+    meta = card_metadata(card)
+    assert "autoregressive-baseline" in meta["tags"] and "model-index" not in meta
+    assert "BOS token, id 8" in str(card) and "No evaluation recorded." in str(card)
+
+
+def test_push_uploads_exact_files(models):
+    mdm, _ = models
+    captured = {}
+
+    def fake_create_commit(self, repo_id, operations, **kwargs):
+        captured["repo_id"] = repo_id
+        captured["files"] = {
+            op.path_in_repo: (op.path_or_fileobj if isinstance(op.path_or_fileobj, bytes) else open(op.path_or_fileobj, "rb").read())
+            for op in operations if isinstance(op, CommitOperationAdd)
+        }
+        captured["message"] = kwargs.get("commit_message")
+        return "commit-info"
+
+    with mock.patch.object(HfApi, "create_repo") as create_repo, mock.patch.object(HfApi, "create_commit", fake_create_commit):
+        out = push_model(mdm, "org/mdm-2gram", training_config={"steps": 10}, results=[{"metric": "ter", "value": 2.5}])
+    assert out == "commit-info"
+    create_repo.assert_called_once()
+    assert captured["repo_id"] == "org/mdm-2gram"
+    assert set(captured["files"]) == {
+        "README.md", "config.json", "generation_config.json", "model.safetensors", "training_config.json",
+        "configuration_mdm.py", "modeling_mdm.py", "generation.py", "schedules.py",
+    }
+    assert b"model-index" in captured["files"]["README.md"]
+    assert b'"AutoModelForMaskedLM": "modeling_mdm.MDMForMaskedDiffusion"' in captured["files"]["config.json"]
+    assert "MDM" in captured["message"]
