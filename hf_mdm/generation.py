@@ -20,6 +20,10 @@ A run, top to bottom:
 4. between blocks, rows that produced EOS (or met a stopping criterion) finish early; at the end tokens after
    the first generated EOS become padding when ``stop_at_eos``.
 
+Reference presets: a config built with ``MaskedDiffusionGenerationConfig.llada(...)`` or ``.dream(...)`` (field
+``reference``) replaces steps 2-4 with the loop of LLaDA's ``generate()`` or Dream's ``diffusion_generate()``, which
+returns their outputs token for token (same random draws in the same order); see those two constructors.
+
 This module is exported with the model as remote code, so it imports only torch, transformers and
 ``.schedules``.
 """
@@ -68,7 +72,30 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "stop_at_eos": True,
     "output_history": False,
     "logits_shift": None,
+    "reference": None,
+    # LLaDA generate()'s own parameters (reference="llada")
+    "remasking": None,
+    "logits_eos_inf": False,
+    "confidence_eos_eot_inf": False,
+    "eot_token_id": None,
+    # Dream diffusion_generate()'s own parameters (reference="dream")
+    "eps": None,
+    "alg": None,
+    "alg_temp": None,
 }
+
+REFERENCES = ("llada", "dream")
+LLADA_REMASKINGS = ("low_confidence", "random")
+DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
+# The reference parameters each preset reads; any other one must keep its default (listed in _DIFFUSION_DEFAULTS).
+_REFERENCE_PARAMS = {
+    "llada": ("remasking", "logits_eos_inf", "confidence_eos_eot_inf", "eot_token_id"),
+    "dream": ("eps", "alg", "alg_temp"),
+}
+# LLaDA's generate() hard-codes LLaDA-8B's ids: EOS <|endoftext|> and EoT <|eot_id|>. The presets take EOS from the
+# model config (126081 for LLaDA-8B) and EoT from ``eot_token_id`` (the model config's ``eot_token_id``, else this).
+LLADA_EOS_TOKEN_ID = 126081
+LLADA_EOT_TOKEN_ID = 126348
 
 
 class MaskedDiffusionGenerationConfig(GenerationConfig):
@@ -106,6 +133,15 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             ``return_dict_in_generate``).
         logits_shift (`int`, *optional*): 1 if position i is predicted from hidden state i-1 (Dream); default from
             the model config.
+        reference (`str`, *optional*): ``"llada"`` or ``"dream"``: run the reference sampler of that model family,
+            token for token, instead of the sampler above. Build such a config with `llada` or `dream`, whose
+            docstrings give the exact semantics. Its parameters are fields too, serialised with the config:
+            ``remasking``, ``logits_eos_inf``, ``confidence_eos_eot_inf``, ``eot_token_id`` (LLaDA) and ``eps``,
+            ``alg``, ``alg_temp`` (Dream), read only by their own preset (inert otherwise, as in Dream's published
+            generation_config.json, which holds ``alg``, ``eps`` and ``alg_temp``). A preset reads ``max_new_tokens``,
+            ``steps``, ``temperature``, ``cfg_scale``, ``mask_token_id``, ``eos_token_id`` and, for LLaDA,
+            ``block_length``, for Dream ``top_p`` and ``top_k``; the fields of the sampler above (``schedule``,
+            ``transfer``, ``strategy``, ...) must keep their defaults (a ValueError says so otherwise).
 
     Confidence, margin and entropy are computed from the softmax of the processed logits over the whole vocabulary
     ([MASK] included in the normalisation, as LLaDA and Dream do), before [MASK] is excluded from the proposal.
@@ -159,6 +195,220 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if self.logits_shift not in (None, 0, 1):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
+        self._validate_reference()
+
+    def _validate_reference(self) -> None:
+        reference = self.reference
+        if reference is None:
+            # The reference parameters are inert here: Dream's published generation_config.json carries alg, eps,
+            # alg_temp (and steps), which a Dream checkpoint's default config keeps without selecting the preset.
+            return
+        if reference not in REFERENCES:
+            raise ValueError(f"unknown reference {reference!r}: use one of {list(REFERENCES)} or None")
+        for name in ("schedule", "schedule_kwargs", "transfer", "strategy", "threshold"):
+            value, default = getattr(self, name), _DIFFUSION_DEFAULTS[name]
+            if value != default and not (name == "schedule_kwargs" and not value):
+                raise ValueError(
+                    f"{name}={value!r} does not apply to reference={reference!r}, which follows its reference "
+                    f"sampler: leave {name} at its default"
+                    + (" and set remasking=..." if reference == "llada" else " and set alg=...")
+                )
+        if not isinstance(self.steps, int) or self.steps < 1:
+            raise ValueError(f"reference={reference!r} needs steps >= 1, got {self.steps!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            name = "gen_length" if reference == "llada" else "max_new_tokens"
+            raise ValueError(f"reference={reference!r} needs {name} (max_new_tokens) >= 1, got {self.max_new_tokens!r}")
+        if reference == "llada":
+            self._validate_llada()
+        else:
+            self._validate_dream()
+
+    def _validate_llada(self) -> None:
+        gen_length, block_length, steps = self.max_new_tokens, self.block_length, self.steps
+        if block_length is None:
+            raise ValueError("reference='llada' needs block_length (block_length=gen_length for a single block)")
+        if gen_length % block_length:
+            raise ValueError(
+                f"LLaDA's generate() needs gen_length % block_length == 0: gen_length={gen_length}, "
+                f"block_length={block_length}; change one of them"
+            )
+        num_blocks = gen_length // block_length
+        if steps % num_blocks:
+            lower, higher = steps - steps % num_blocks, steps + num_blocks - steps % num_blocks
+            raise ValueError(
+                f"LLaDA's generate() needs steps to be a multiple of the number of blocks: steps={steps}, "
+                f"gen_length // block_length = {num_blocks} blocks; use steps={lower or higher}"
+                + (f" or {higher}" if lower else "")
+            )
+        if self.remasking not in LLADA_REMASKINGS:
+            raise ValueError(f"remasking must be one of {list(LLADA_REMASKINGS)}, got {self.remasking!r}")
+        if self.top_k is not None or self.top_p is not None:
+            raise ValueError("LLaDA's generate() has no top_k / top_p: leave them None with reference='llada'")
+
+    def _validate_dream(self) -> None:
+        if self.block_length is not None:
+            raise ValueError(
+                "Dream's diffusion_generate() has no blocks: leave block_length None with reference='dream'"
+            )
+        if self.alg not in DREAM_ALGS:
+            raise ValueError(f"alg must be one of {list(DREAM_ALGS)}, got {self.alg!r}")
+        if self.eps is None or not 0 <= float(self.eps) < 1:
+            raise ValueError(f"eps must be in [0, 1), got {self.eps!r}")
+        if self.alg_temp is not None and float(self.alg_temp) < 0:
+            raise ValueError(f"alg_temp must be >= 0 or None, got {self.alg_temp!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise ValueError(f"top_k must be an integer >= 1 or None, got {self.top_k!r}")
+        if self.top_p is not None and not 0 < float(self.top_p) <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+
+    @classmethod
+    def llada(
+        cls,
+        gen_length: int,
+        steps: int,
+        block_length: int,
+        temperature: float = 0.0,
+        cfg_scale: float = 0.0,
+        remasking: str = "low_confidence",
+        logits_eos_inf: bool = False,
+        confidence_eos_eot_inf: bool = False,
+        *,
+        mask_id: Optional[int] = None,
+        eos_token_id: Optional[int] = None,
+        eot_token_id: Optional[int] = None,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""LLaDA's ``generate()`` (ML-GSAI/LLaDA generate.py), token for token at fp32, with its argument names.
+
+        ``model.generate(prompt, attention_mask=..., generation_config=MaskedDiffusionGenerationConfig.llada(...))``
+        (or `diffusion_generate`) then returns what ``generate(model, prompt, attention_mask, steps, gen_length,
+        block_length, temperature, cfg_scale, remasking, mask_id, logits_eos_inf, confidence_eos_eot_inf)`` returns,
+        given the same ``torch.manual_seed`` (or pass ``generator=``), for LLaDA or any model with the same output:
+
+        - canvas: the prompt (left padding; pads != [MASK]) then ``gen_length`` masks; the attention mask (extended
+          with ones) is passed on every forward when the prompt is padded;
+        - ``gen_length % block_length == 0`` and ``steps % (gen_length // block_length) == 0`` are required
+          (ValueError, where LLaDA asserts); each block gets ``steps // num_blocks`` steps. A block's schedule comes
+          from each row's mask count M in the block at its start: ``M // spb`` per step plus one on the first
+          ``M % spb`` steps;
+        - each step: logits of the whole canvas in the model dtype (classifier-free guidance: one call on
+          ``[x, x with every prompt position, pads included, masked]``, ``u + (cfg_scale + 1)(c - u)``);
+          ``logits_eos_inf`` sets the EOS logit to -inf; the proposal x0 is the argmax (first index on ties) at
+          ``temperature`` 0, else the Gumbel-max ``argmax(exp(l) / (-log U) ** temperature)`` in float64 with
+          ``U`` a (B, L, V) float64 uniform draw. [MASK] can be proposed (it then stays masked);
+        - ``confidence_eos_eot_inf`` reproduces LLaDA's aliasing: after x0 is chosen, at temperature 0 both the EOS
+          and the EoT logits become -inf, at temperature > 0 only the EoT logit (LLaDA's EOS write lands in the
+          float64 copy); a position whose x0 is EOS/EoT thus gets confidence 0 (unmasked last, still possible);
+        - confidence: ``remasking="low_confidence"``: the softmax of those logits, in the model dtype, at x0;
+          ``"random"``: ``torch.rand((B, L))`` (float32), drawn after the Gumbel noise. Positions at or after the
+          block end and positions not masked get -inf; masked positions before the block (prompt masks, or masks
+          that got [MASK] proposed) stay candidates, as in LLaDA;
+        - each row reveals the scheduled count by ``torch.topk`` on its full-length confidence vector (LLaDA calls
+          it per row, here one call covers the rows: the same indices on CPU, ties included; a block is fully
+          masked in every row at its start, so all rows share the schedule). Revealed tokens stay.
+
+        Differences from LLaDA, none of which changes a token: (1) LLaDA's classifier-free guidance without an
+        attention mask raises NameError (it reads ``attention_mask_``, only set when a mask is given): here it runs
+        without a mask; (2) a step where no row reveals anything (only when ``steps > gen_length``) skips the forward
+        but still draws the Gumbel / random-remasking numbers LLaDA draws, so later steps see the same random stream;
+        ``nfe`` counts the forwards run (two per step with guidance; LLaDA's NFE is ``steps``), while ``steps`` and
+        ``history`` (one canvas per step) count all of LLaDA's steps; (3) EOS comes from ``eos_token_id``
+        (default: the model config's, 126081 for LLaDA-8B; the first id of a list) and EoT from ``eot_token_id``
+        (default: the model config's ``eot_token_id``, else 126348 as for LLaDA-8B-Instruct) instead of LLaDA's
+        constants; (4) ``mask_id`` defaults to the model config's ``mask_token_id``. As in LLaDA the output is the
+        full canvas: ``stop_at_eos`` is False (set it to True to pad after the first EOS; the sampling itself is
+        unchanged).
+
+        Other keyword arguments are `MaskedDiffusionGenerationConfig` fields (``return_dict_in_generate``,
+        ``output_history``, ``pad_token_id``, ...).
+        """
+        _reject_foreign_params("llada", kwargs)
+        values = dict(
+            reference="llada",
+            max_new_tokens=gen_length,
+            steps=steps,
+            block_length=block_length,
+            temperature=temperature,
+            cfg_scale=cfg_scale,
+            remasking=remasking,
+            logits_eos_inf=logits_eos_inf,
+            confidence_eos_eot_inf=confidence_eos_eot_inf,
+            mask_token_id=mask_id,
+            eos_token_id=eos_token_id,
+            eot_token_id=eot_token_id,
+            stop_at_eos=False,
+        )
+        return cls(**{**values, **kwargs})
+
+    @classmethod
+    def dream(
+        cls,
+        max_new_tokens: int,
+        steps: int,
+        eps: float = 1e-3,
+        alg: str = "origin",
+        alg_temp: Optional[float] = None,
+        temperature: float = 0.0,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""Dream's ``diffusion_generate()`` (the Hub's generation_utils.py of Dream-v0), token for token at fp32,
+        with its argument names.
+
+        ``model.generate(input_ids, attention_mask=..., generation_config=MaskedDiffusionGenerationConfig.dream(...))``
+        (or `diffusion_generate`) returns what ``model.diffusion_generate(input_ids, attention_mask=...,
+        max_new_tokens=..., steps=..., eps=..., alg=..., alg_temp=..., temperature=..., top_p=..., top_k=...)``
+        returns, given the same ``torch.manual_seed`` (or pass ``generator=``):
+
+        - canvas: the prompt then ``max_new_tokens`` masks; every [MASK] is generated (prompt masks too);
+        - padding (an attention mask with a 0): positions ``cumsum(mask) - 1`` with pads at 1, and the boolean
+          (B, 1, L, L) mask ``m_i & m_j`` (pads neither attend nor are attended to); otherwise no mask and
+          positions 0..L-1;
+        - times ``torch.linspace(1, eps, steps + 1)`` in float32 on the canvas' device; step i goes from
+          ``t = ts[i]`` to ``s = ts[i + 1]``; logits of the whole canvas, shifted by the model's ``logits_shift``
+          (1 for Dream: the token at j is read from the logits at j - 1);
+        - proposals (Dream's ``sample_tokens``, on the masked positions in row-major order): logits / temperature
+          if temperature > 0; top_p (sorted cumulative softmax > top_p removed, the first token over the threshold
+          kept, removed logits set to ``finfo.min``); top_k (logits below the k-th largest set to ``finfo.min``);
+          softmax in the model dtype; temperature 0: ``probs.max(-1)`` (confidence and token); temperature > 0: a
+          draw from ``Categorical(probs)`` (``torch.multinomial`` of the renormalised probabilities, with Dream's
+          fallback to ``probs.max`` when torch.distributions rejects them) and its probability. top_p / top_k apply
+          at temperature 0 too. [MASK] can be proposed (it then stays masked);
+        - ``alg="origin"``: ``torch.rand(n_masked_total) < 1 - s / t`` (1 at the last step) selects the positions
+          revealed (drawn at temperature 0 too), then the selected positions are sampled;
+          ``"maskgit_plus"`` (confidence), ``"topk_margin"`` (top-1 minus top-2 probability), ``"entropy"``
+          (``sum p log(p + 1e-10)``): every row reveals ``n = int(nm * (1 - s / t))`` positions, ``int(nm)`` at the
+          last step, with ``nm`` the float32 *batch-average* mask count, chosen by ``torch.topk`` on the (B, L)
+          confidences (-inf where not masked) or, with ``alg_temp`` > 0, by
+          ``torch.multinomial(softmax(confidence / alg_temp), n)`` without replacement.
+
+        Differences from Dream, none of which changes a token: a step with ``n == 0`` at temperature 0 (non-origin
+        algs; e.g. step 0 when ``steps == max_new_tokens``) skips the forward, which draws no random number there:
+        ``nfe`` counts the forwards run (Dream's NFE is ``steps``), ``steps`` and ``history`` (one canvas per step, as
+        Dream's ``output_history``) count all of Dream's steps. Dream's sampler has no classifier-free guidance (the CFG
+        of Dream's lm-eval wrapper reads an undefined attribute); here ``cfg_scale`` > 0 guides as LLaDA does
+        (prompt and pads masked in the unconditional input, ``u + (cfg_scale + 1)(c - u)``), and ``cfg_scale`` 0 is
+        exactly Dream. As in Dream the output is the full canvas: ``stop_at_eos`` is False. ``max_new_tokens`` is
+        required (Dream's default ``max_length=20`` is not reproduced).
+
+        Other keyword arguments are `MaskedDiffusionGenerationConfig` fields (``return_dict_in_generate``,
+        ``output_history``, ``mask_token_id``, ``cfg_scale``, ...).
+        """
+        _reject_foreign_params("dream", kwargs)
+        values = dict(
+            reference="dream",
+            max_new_tokens=max_new_tokens,
+            steps=steps,
+            eps=eps,
+            alg=alg,
+            alg_temp=alg_temp,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_at_eos=False,
+        )
+        return cls(**{**values, **kwargs})
 
     def to_dict(self) -> dict[str, Any]:
         config = super().to_dict()
@@ -180,6 +430,16 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         return cls(**values)
 
 
+def _reject_foreign_params(reference: str, kwargs: dict[str, Any]) -> None:
+    for owner, params in _REFERENCE_PARAMS.items():
+        foreign = sorted(name for name in params if owner != reference and name in kwargs)
+        if foreign:
+            raise ValueError(
+                f"{', '.join(foreign)}: parameter(s) of MaskedDiffusionGenerationConfig.{owner}(...), not of "
+                f"MaskedDiffusionGenerationConfig.{reference}(...)"
+            )
+
+
 def canonical_strategy(name: str) -> str:
     name = STRATEGY_ALIASES.get(name, name)
     if name not in STRATEGIES:
@@ -195,7 +455,8 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
 
     Args:
         sequences: (B, P + max_new_tokens) prompt and generated tokens.
-        steps: denoising steps run (summed over blocks).
+        steps: denoising steps run (summed over blocks); with a reference preset, the reference's steps, including
+            those whose forward was skipped because they reveal nothing.
         nfe: forward passes of the network (classifier-free guidance counts two per step).
         elapsed_s: wall-clock seconds of the run, device synchronised.
         num_generated_tokens: (B,) generated tokens per row (prompt and post-EOS padding excluded).
@@ -463,6 +724,222 @@ def _blocks(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tuple[i
     return [(b, min(b + size, end)) for b in range(start, end, size)]
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Reference samplers (``reference="llada"`` / ``"dream"``): LLaDA's generate() and Dream's diffusion_generate(),
+# step for step, with the same random draws in the same order. See MaskedDiffusionGenerationConfig.llada / .dream.
+
+
+def _reference_logits(run: _Run, x: torch.Tensor, model_kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Logits (B, L, V) of the whole canvas as the references compute them: the LM head on every position (no
+    ``logits_to_keep``, so the logits are those of the reference bit for bit), classifier-free guidance as one call
+    on ``[x, x with the prompt and pads masked]`` and ``u + (cfg_scale + 1)(c - u)``, then the model's logits shift;
+    on the canvas' device."""
+    cfg_scale = run.config.cfg_scale
+    inputs, kwargs = x, model_kwargs
+    if cfg_scale > 0:
+        inputs = torch.cat([x, x.masked_fill(run.prompt_mask, run.mask_id)])
+        kwargs = {name: torch.cat([value, value]) for name, value in model_kwargs.items()}
+    logits = run.model(inputs, **kwargs).logits
+    run.nfe += 2 if cfg_scale > 0 else 1
+    if cfg_scale > 0:
+        cond, uncond = logits.chunk(2)
+        logits = uncond + (cfg_scale + 1) * (cond - uncond)
+    if run.shift:
+        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+    return logits.to(x.device)
+
+
+def _llada_special_ids(run: _Run) -> tuple[Optional[int], Optional[int]]:
+    """EOS and EoT ids for LLaDA's ``logits_eos_inf`` / ``confidence_eos_eot_inf`` (None when neither is set)."""
+    config = run.config
+    if not (config.logits_eos_inf or config.confidence_eos_eot_inf):
+        return None, None
+    eos = config.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    eos = LLADA_EOS_TOKEN_ID if eos is None else int(eos)
+    eot = config.eot_token_id
+    if eot is None:
+        eot = getattr(getattr(run.model, "config", None), "eot_token_id", None)
+    eot = LLADA_EOT_TOKEN_ID if eot is None else int(eot)
+    return eos, eot
+
+
+def _llada_sample(run: _Run, x: torch.Tensor, attn: Optional[torch.Tensor], prompt_len: int, record) -> None:
+    """LLaDA's generate() on the canvas ``x`` (B, P + gen_length), in place."""
+    config, mask_id, generator = run.config, run.mask_id, run.generator
+    bsz, length = x.shape
+    temperature = float(config.temperature or 0.0)
+    random_remasking = config.remasking == "random"
+    block_length = config.block_length
+    num_blocks = config.max_new_tokens // block_length
+    steps_per_block = config.steps // num_blocks
+    model_kwargs = {} if attn is None else {"attention_mask": attn}
+    eos, eot = _llada_special_ids(run)
+    vocab = None
+    # LLaDA's schedule comes from each row's mask count in the block at its start. Nothing at or after a block's end
+    # is ever revealed, so that count is block_length in every row: one schedule for the batch.
+    base, extra = divmod(block_length, steps_per_block)
+    schedule = [base + (1 if i < extra else 0) for i in range(steps_per_block)]
+    for block in range(num_blocks):
+        end = prompt_len + (block + 1) * block_length
+        for count in schedule:
+            reveal = count > 0
+            if reveal or vocab is None:
+                logits = _reference_logits(run, x, model_kwargs)
+                if vocab is None:
+                    vocab = logits.shape[-1]
+                    for name, token in (("eos_token_id", eos), ("eot_token_id", eot)):
+                        if token is not None and not 0 <= token < vocab:
+                            raise ValueError(
+                                f"{name}={token} is outside the model's {vocab} logits (LLaDA-8B's id is the "
+                                f"default): pass {name}=... to MaskedDiffusionGenerationConfig.llada"
+                            )
+            # LLaDA's random draws, in its order, also on a step that reveals nothing (its forward is skipped).
+            noise = None
+            if temperature > 0:
+                noise = torch.rand((bsz, length, vocab), dtype=torch.float64, generator=generator, device=x.device)
+            remask_scores = None
+            if random_remasking:
+                remask_scores = torch.rand((bsz, length), generator=generator, device=x.device)
+            run.steps += 1
+            if reveal:
+                _llada_step(run, x, logits, end, count, noise, remask_scores, temperature, eos, eot)
+            record(x)
+
+
+def _llada_step(run, x, logits, end, count, noise, remask_scores, temperature, eos, eot) -> None:
+    """One step of LLaDA's generate(), in place: every row reveals ``count`` of its masked positions before the block
+    end ``end``."""
+    config, mask_id = run.config, run.mask_id
+    mask_index = x == mask_id
+    keep = mask_index[:, :end].any(0).nonzero().flatten()  # the positions whose confidence can be finite
+    logits = logits[:, keep]  # (B, K, V), a copy: LLaDA's in-place writes stay local
+    if config.logits_eos_inf:
+        logits[..., eos] = -float("inf")
+    if temperature > 0:
+        gumbel = (-torch.log(noise[:, keep])) ** temperature
+        x0 = (logits.to(torch.float64).exp() / gumbel).argmax(-1)
+    else:
+        x0 = logits.argmax(-1)
+    if config.confidence_eos_eot_inf:  # LLaDA's aliasing: EOS only reaches these logits at temperature 0
+        if temperature == 0:
+            logits[..., eos] = -float("inf")
+        logits[..., eot] = -float("inf")
+    if remask_scores is not None:
+        scores = remask_scores[:, keep]
+    else:
+        scores = torch.softmax(logits, dim=-1).gather(-1, x0[..., None]).squeeze(-1)
+    masked = mask_index[:, keep]
+    confidence = torch.full(x.shape, -float("inf"), dtype=scores.dtype, device=x.device)
+    confidence[:, keep] = scores.masked_fill(~masked, -float("inf"))
+    proposal = x.clone()
+    proposal[:, keep] = torch.where(masked, x0, x[:, keep])
+    # LLaDA calls topk row by row on these full-length vectors; one call over the rows, with the same k, returns the
+    # same indices on CPU (ties included).
+    idx = torch.topk(confidence, count, dim=-1).indices
+    x.scatter_(1, idx, proposal.gather(1, idx))
+
+
+def _categorical_sample(probs: torch.Tensor, generator: Optional[torch.Generator]) -> Optional[torch.Tensor]:
+    """``torch.distributions.Categorical(probs=probs).sample()`` (N,) with an optional generator: the renormalised
+    probabilities, one ``torch.multinomial`` draw with replacement each; None where Categorical would raise (its
+    argument validation, when enabled, or the draw itself), on which Dream falls back to ``probs.max``."""
+    normalized = probs / probs.sum(-1, keepdim=True)
+    if torch.distributions.Distribution._validate_args:
+        valid = (normalized >= 0).all(-1) & ((normalized.sum(-1) - 1).abs() < 1e-6)
+        if not bool(valid.all()):
+            return None
+    try:
+        return torch.multinomial(normalized, 1, True, generator=generator).view(-1)
+    except RuntimeError:
+        return None
+
+
+def _dream_sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p, top_k, generator, margin: bool = False, neg_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dream's ``sample_tokens`` on logits (N, V): (confidence, token), both (N,)."""
+    if temperature > 0:
+        logits = logits / temperature
+    lowest = torch.finfo(logits.dtype).min
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        over = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1) > top_p
+        # keep the first token over the threshold: a token goes when the mass *before* it exceeds top_p
+        drop_sorted = torch.cat([torch.zeros_like(over[..., :1]), over[..., :-1]], dim=-1)
+        drop = torch.zeros_like(over).scatter_(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, lowest)
+    if top_k is not None:
+        kth = torch.topk(logits, min(int(top_k), logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, lowest)
+    probs = torch.softmax(logits, dim=-1)
+    x0 = _categorical_sample(probs, generator) if temperature > 0 else None
+    if x0 is None:
+        confidence, x0 = probs.max(dim=-1)
+    else:
+        confidence = probs.gather(-1, x0[:, None]).squeeze(-1)
+    if margin:
+        top2 = probs.topk(2, dim=-1).values
+        confidence = top2[:, 0] - top2[:, 1]
+    if neg_entropy:
+        confidence = (probs * torch.log(probs + 1e-10)).sum(-1)
+    return confidence, x0
+
+
+def _dream_sample(run: _Run, x: torch.Tensor, attn: Optional[torch.Tensor], prompt_len: int, record) -> None:
+    """Dream's diffusion_generate() on the canvas ``x`` (B, P + max_new_tokens), in place."""
+    config, mask_id, generator = run.config, run.mask_id, run.generator
+    bsz = x.shape[0]
+    temperature = float(config.temperature or 0.0)
+    alg, alg_temp, steps = config.alg, config.alg_temp, config.steps
+    sampling = dict(temperature=temperature, top_p=config.top_p, top_k=config.top_k, generator=generator)
+    model_kwargs: dict[str, torch.Tensor] = {}
+    if attn is not None:  # Dream's padding: real tokens at 0, 1, ..., pads at 1; pads neither attend nor are attended
+        position_ids = attn.long().cumsum(-1) - 1
+        position_ids.masked_fill_(~attn, 1)
+        model_kwargs = {"attention_mask": attn[:, None, None, :] & attn[:, None, :, None], "position_ids": position_ids}
+    timesteps = torch.linspace(1, float(config.eps), steps + 1, device=x.device)
+    for i in range(steps):
+        mask_index = x == mask_id
+        t, s = timesteps[i], timesteps[i + 1]
+        last = i == steps - 1
+        run.steps += 1
+        count = 0
+        if alg != "origin":
+            average = mask_index.sum() / bsz  # float32, the batch average
+            count = int(average) if last else int(average * (1 - s / t))
+            if count == 0 and temperature == 0:  # nothing revealed and nothing drawn: the forward changes nothing
+                record(x)
+                continue
+        logits = _reference_logits(run, x, model_kwargs)
+        mask_logits = logits[mask_index]
+        if alg == "origin":
+            x0 = torch.full(mask_logits.shape[:1], mask_id, dtype=torch.long, device=x.device)
+            selected = torch.rand(x0.shape, generator=generator, device=x.device) < (1 if last else 1 - s / t)
+            if bool(selected.any()):
+                x0[selected] = _dream_sample_tokens(mask_logits[selected], **sampling)[1]
+            x[mask_index] = x0
+        else:
+            confidence, x0 = _dream_sample_tokens(
+                mask_logits, **sampling, margin=alg == "topk_margin", neg_entropy=alg == "entropy"
+            )
+            if count > 0:
+                full = torch.full(x.shape, -float("inf"), dtype=logits.dtype, device=x.device)
+                full[mask_index] = confidence
+                if alg_temp:
+                    idx = torch.multinomial(torch.softmax(full / alg_temp, dim=-1), count, generator=generator)
+                else:
+                    idx = torch.topk(full, count, dim=-1).indices
+                proposal = torch.full_like(x, mask_id)
+                proposal[mask_index] = x0
+                x.scatter_(1, idx, proposal.gather(1, idx))
+        record(x)
+
+
+_REFERENCE_SAMPLERS = {"llada": _llada_sample, "dream": _dream_sample}
+
+
 def _finished_rows(x, gen_mask0, upto, eos_ids, stopping_criteria, still_masked):
     """Rows whose revealed prefix up to column ``upto`` contains EOS or meets a stopping criterion."""
     done = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
@@ -625,8 +1102,13 @@ def diffusion_generate(
             f"prompt ({input_ids.shape[1]}) + max_new_tokens ({x.shape[1] - input_ids.shape[1]}) = {x.shape[1]} "
             f"exceeds the model's max_position_embeddings={max_positions}: shorten one of them"
         )
+    if config.reference is not None and (logits_processor or stopping_criteria):
+        raise ValueError(
+            f"reference={config.reference!r} reproduces its reference sampler, which has no logits processors nor "
+            "stopping criteria: drop logits_processor / stopping_criteria, or use the default sampler"
+        )
     warpers = LogitsProcessorList()
-    if config.temperature:
+    if config.temperature and config.reference is None:
         warpers.append(TemperatureLogitsWarper(float(config.temperature)))
         if config.top_k is not None and config.top_k > 0:
             warpers.append(TopKLogitsWarper(int(config.top_k)))
@@ -649,46 +1131,56 @@ def diffusion_generate(
     pad_id = config.pad_token_id if config.pad_token_id is not None else (int(eos_ids[0]) if eos_ids is not None else mask_id)
     history: list[torch.Tensor] = []
     stream = _Streamer(streamer, x, gen_mask0, mask_id)
-    blocks = _blocks(gen_mask0, config.block_length)
-    block_counts = [int(gen_mask0[:, s:e].sum(1).max()) for s, e in blocks]
-    steps_per_block = split_steps(config.steps, block_counts)
+    if config.reference is None:
+        blocks = _blocks(gen_mask0, config.block_length)
+        block_counts = [int(gen_mask0[:, s:e].sum(1).max()) for s, e in blocks]
+        steps_per_block = split_steps(config.steps, block_counts)
     finished = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
 
     _sync(x.device)
     start_time = time.perf_counter()
-    for (start, end), num_steps in zip(blocks, steps_per_block):
-        if num_steps == 0:
-            continue
-        rows = (~finished).nonzero().flatten()
-        all_rows = rows.numel() == x.shape[0]
-        xs = x if all_rows else x[rows]
-        attn_s = attn if (attn is None or all_rows) else attn[rows]
-        prompt_s = run.prompt_mask if all_rows else run.prompt_mask[rows]
-        in_block = torch.zeros_like(gen_mask0[:1])
-        in_block[:, start:end] = True
-        m0 = ((xs == mask_id) & in_block & (gen_mask0 if all_rows else gen_mask0[rows])).sum(1)
-        counts_at = _transfer_counts(run, num_steps, m0)
-        gen_s = gen_mask0 if all_rows else gen_mask0[rows]
-        for i in range(num_steps):
-            block_mask = (xs == mask_id) & in_block & gen_s
-            keep = block_mask.any(0).nonzero().flatten()
-            if keep.numel() == 0:
-                break
-            counts = counts_at(i, block_mask)
-            if counts is not None and int(counts.max()) == 0:
-                continue  # nothing to reveal: skipping the forward changes no token
-            _step(run, xs, attn_s, block_mask, keep, counts, prompt_s, num_steps - i)
-            run.steps += 1
-            if not all_rows and (config.output_history or streamer is not None):
-                x[rows] = xs
+    if config.reference is not None:
+
+        def record(canvas: torch.Tensor) -> None:
             if config.output_history:
-                history.append(x.clone())
-            stream.update(x)
-        if not all_rows:
-            x[rows] = xs
-        finished |= _finished_rows(x, gen_mask0, end, eos_ids, stopping_criteria, x == mask_id)
-        if bool(finished.all()):
-            break
+                history.append(canvas.clone())
+            stream.update(canvas)
+
+        _REFERENCE_SAMPLERS[config.reference](run, x, attn, input_ids.shape[1], record)
+    else:
+        for (start, end), num_steps in zip(blocks, steps_per_block):
+            if num_steps == 0:
+                continue
+            rows = (~finished).nonzero().flatten()
+            all_rows = rows.numel() == x.shape[0]
+            xs = x if all_rows else x[rows]
+            attn_s = attn if (attn is None or all_rows) else attn[rows]
+            prompt_s = run.prompt_mask if all_rows else run.prompt_mask[rows]
+            in_block = torch.zeros_like(gen_mask0[:1])
+            in_block[:, start:end] = True
+            m0 = ((xs == mask_id) & in_block & (gen_mask0 if all_rows else gen_mask0[rows])).sum(1)
+            counts_at = _transfer_counts(run, num_steps, m0)
+            gen_s = gen_mask0 if all_rows else gen_mask0[rows]
+            for i in range(num_steps):
+                block_mask = (xs == mask_id) & in_block & gen_s
+                keep = block_mask.any(0).nonzero().flatten()
+                if keep.numel() == 0:
+                    break
+                counts = counts_at(i, block_mask)
+                if counts is not None and int(counts.max()) == 0:
+                    continue  # nothing to reveal: skipping the forward changes no token
+                _step(run, xs, attn_s, block_mask, keep, counts, prompt_s, num_steps - i)
+                run.steps += 1
+                if not all_rows and (config.output_history or streamer is not None):
+                    x[rows] = xs
+                if config.output_history:
+                    history.append(x.clone())
+                stream.update(x)
+            if not all_rows:
+                x[rows] = xs
+            finished |= _finished_rows(x, gen_mask0, end, eos_ids, stopping_criteria, x == mask_id)
+            if bool(finished.all()):
+                break
     unfilled = (x == mask_id) & gen_mask0 & finished[:, None]
     x.masked_fill_(unfilled, pad_id)
     num_generated = _finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled)
