@@ -52,6 +52,7 @@ from .schedules import get_schedule
 
 TRANSFERS = ("stochastic", "deterministic", "threshold")
 STRATEGIES = ("random", "confidence", "margin", "entropy", "left_to_right")
+POSITIONAL_STRATEGIES = ("random", "left_to_right")  # positions chosen without looking at the proposals
 STRATEGY_ALIASES = {
     "low_confidence": "confidence",
     "maskgit_plus": "confidence",
@@ -592,32 +593,31 @@ def _model_logits(run: _Run, x: torch.Tensor, attn: Optional[torch.Tensor], keep
     return logits
 
 
-def _propose(run: _Run, logits: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Proposed tokens x0 (B, K) and their probabilities (B, K, V) from logits (B, K, V)."""
-    bsz, k, vocab = logits.shape
-    if len(run.processors) or len(run.warpers):
-        flat = logits.reshape(bsz * k, vocab)
-        ids = x.repeat_interleave(k, dim=0)
-        flat = run.processors(ids, flat)
-        flat = run.warpers(ids, flat)
-        logits = flat.view(bsz, k, vocab)
+def _propose(run: _Run, logits: torch.Tensor, ids: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Proposed tokens x0 (N,) and their probabilities (N, V) from logits (N, V) of N scored positions.
+
+    ``ids`` (N, L) is the canvas row of each position, for user logits processors (None when there are none).
+    """
+    logits = run.processors(ids, logits) if len(run.processors) else logits
+    logits = run.warpers(ids, logits) if len(run.warpers) else logits
     probs = torch.softmax(logits, dim=-1)
     if run.config.temperature:
         sample_probs = probs.clone()
-        sample_probs[..., run.mask_id] = 0.0
-        x0 = torch.multinomial(sample_probs.view(bsz * k, vocab), 1, generator=run.generator).view(bsz, k)
+        sample_probs[:, run.mask_id] = 0.0
+        x0 = torch.multinomial(sample_probs, 1, generator=run.generator).squeeze(1)
     else:
-        logits[..., run.mask_id] = -float("inf")
+        logits[:, run.mask_id] = -float("inf")
         x0 = logits.argmax(-1)
     return x0, probs
 
 
 def _scores(run: _Run, probs: torch.Tensor, x0: torch.Tensor, keep: torch.Tensor, length: int) -> torch.Tensor:
-    """Ranking scores (B, L) of every position (higher = reveal first); only ``keep`` columns are meaningful."""
+    """Ranking scores (B, L) of every position (higher = reveal first) from the proposals at columns ``keep``
+    (x0 (B, K), probs (B, K, V)); other columns are -inf."""
     bsz = x0.shape[0]
-    full = torch.full((bsz, length), -float("inf"), dtype=probs.dtype, device=probs.device)
     if run.strategy == "random":
         return torch.rand((bsz, length), generator=run.generator, device=probs.device).to(probs.dtype)
+    full = torch.full((bsz, length), -float("inf"), dtype=probs.dtype, device=probs.device)
     if run.strategy == "left_to_right":
         full[:, keep] = -keep.to(probs.dtype)[None, :].expand(bsz, -1)
         return full
@@ -632,26 +632,34 @@ def _scores(run: _Run, probs: torch.Tensor, x0: torch.Tensor, keep: torch.Tensor
     return full
 
 
-def _reveal(x: torch.Tensor, scores: torch.Tensor, candidates: torch.Tensor, proposal: torch.Tensor, counts):
-    """Write ``proposal`` at the ``counts`` (B,) best-scored candidate positions of each row (in place)."""
+def _choose(scores: torch.Tensor, candidates: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """(B, L) bool: the ``counts`` (B,) best-scored candidate positions of each row (torch.topk's tie order)."""
+    chosen = torch.zeros_like(candidates)
     kmax = int(counts.max())
     if kmax == 0:
-        return
-    scores = scores.masked_fill(~candidates, -float("inf"))
-    idx = torch.topk(scores, kmax, dim=-1).indices
-    take = torch.arange(kmax, device=x.device)[None, :] < counts[:, None]
-    take &= candidates.gather(1, idx)
-    x.scatter_(1, idx, torch.where(take, proposal.gather(1, idx), x.gather(1, idx)))
+        return chosen
+    idx = torch.topk(scores.masked_fill(~candidates, -float("inf")), kmax, dim=-1).indices
+    take = torch.arange(kmax, device=scores.device)[None, :] < counts[:, None]
+    return chosen.scatter_(1, idx, take & candidates.gather(1, idx))
+
+
+def _processor_ids(run: _Run, x: torch.Tensor, rows: torch.Tensor) -> Optional[torch.Tensor]:
+    return x[rows] if len(run.processors) else None
 
 
 def _step(run: _Run, x, attn, block_mask, keep, counts, prompt_mask, steps_left: int) -> None:
     """One denoising step on rows ``x`` (B, L), in place. ``block_mask`` (B, L) marks the current block's masked
     positions, ``keep`` (K,) the columns where any row is masked, ``counts`` (B,) the tokens each row reveals
     (None for the threshold transfer, which decides from the confidences)."""
-    logits = _model_logits(run, x, attn, keep, prompt_mask)
-    x0, probs = _propose(run, logits, x)
-    scores = _scores(run, probs, x0, keep, x.shape[1])
     remaining = block_mask.sum(1)
+    if counts is not None and run.strategy in POSITIONAL_STRATEGIES:
+        return _step_positions_first(run, x, attn, block_mask, torch.minimum(counts, remaining), prompt_mask)
+    logits = _model_logits(run, x, attn, keep, prompt_mask)
+    bsz, k, vocab = logits.shape
+    rows = torch.arange(bsz, device=x.device).repeat_interleave(k)
+    x0, probs = _propose(run, logits.reshape(bsz * k, vocab), _processor_ids(run, x, rows))
+    x0, probs = x0.view(bsz, k), probs.view(bsz, k, vocab)
+    scores = _scores(run, probs, x0, keep, x.shape[1])
     if counts is None:
         confidence = torch.zeros(x.shape, dtype=probs.dtype, device=x.device)
         confidence[:, keep] = probs.gather(-1, x0[..., None]).squeeze(-1)
@@ -660,7 +668,23 @@ def _step(run: _Run, x, attn, block_mask, keep, counts, prompt_mask, steps_left:
         counts = torch.maximum(torch.maximum(confident, needed), (remaining > 0).long())
     proposal = x.clone()
     proposal[:, keep] = x0
-    _reveal(x, scores, block_mask, proposal, torch.minimum(counts, remaining))
+    chosen = _choose(scores, block_mask, torch.minimum(counts, remaining))
+    x[chosen] = proposal[chosen]
+
+
+def _step_positions_first(run: _Run, x, attn, block_mask, counts, prompt_mask) -> None:
+    """A step of a strategy whose choice of positions ignores the proposals (random, left_to_right): choose the
+    positions first, then compute logits only at their columns and propose tokens only where they are revealed."""
+    if run.strategy == "random":
+        scores = torch.rand(x.shape, generator=run.generator, device=x.device)
+    else:
+        scores = -torch.arange(x.shape[1], device=x.device, dtype=torch.float32).expand(x.shape[0], -1)
+    chosen = _choose(scores, block_mask, counts)
+    keep = chosen.any(0).nonzero().flatten()
+    logits = _model_logits(run, x, attn, keep, prompt_mask)
+    rows, cols = chosen[:, keep].nonzero(as_tuple=True)
+    x0, _ = _propose(run, logits[rows, cols], _processor_ids(run, x, rows))
+    x[rows, keep[cols]] = x0
 
 
 def _transfer_counts(run: _Run, num_steps: int, m0: torch.Tensor):
