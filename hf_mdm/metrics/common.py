@@ -1,0 +1,98 @@
+"""What the TER and SER metric scripts share: resolving the language, exact log-likelihoods, the Wilson interval.
+
+Imported absolutely by `hf_mdm/metrics/ter/ter.py` and `hf_mdm/metrics/ser/ser.py`, since `evaluate.load` copies a
+metric script on its own into a cache folder, where relative imports would not resolve.
+"""
+
+import math
+import os
+from collections import defaultdict
+from statistics import NormalDist
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
+
+import torch
+
+from hf_mdm.languages import SyntheticLanguage, load_language
+
+
+#: Sequences scored by one ``log_prob`` call; bounds the memory of a batch of long sequences.
+LOG_PROB_BATCH_SIZE = 4096
+
+LanguageLike = Union[SyntheticLanguage, str, os.PathLike, Mapping[str, Any]]
+
+
+def resolve_language(language: LanguageLike) -> SyntheticLanguage:
+    """A language object as is; a directory written by ``save_pretrained`` or a ``to_config()`` dict via
+    ``load_language``."""
+    if language is None:
+        raise ValueError(
+            "Pass the true language: compute(predictions=..., language=<a hf_mdm.languages language, or the "
+            "directory it was saved to with save_pretrained>)."
+        )
+    if isinstance(language, SyntheticLanguage):
+        return language
+    if isinstance(language, (str, os.PathLike, Mapping)):
+        return load_language(dict(language) if isinstance(language, Mapping) else os.fspath(language))
+    raise TypeError(f"language must be a SyntheticLanguage, a directory or a config dict, got {type(language)}.")
+
+
+def sequence_log_probs(
+    language: SyntheticLanguage, predictions: Sequence[Sequence[int]]
+) -> Tuple[torch.DoubleTensor, torch.LongTensor]:
+    """``log q(x)`` (natural log, ``-inf`` outside the support) and the length of every prediction.
+
+    Sequences are grouped by length and scored in batches of ``LOG_PROB_BATCH_SIZE``. Returns two tensors of shape
+    ``(num_sequences,)``.
+    """
+    if len(predictions) == 0:
+        raise ValueError("predictions is empty: pass at least one generated sequence.")
+    by_length: Dict[int, List[int]] = defaultdict(list)
+    for index, sequence in enumerate(predictions):
+        if len(sequence) == 0:
+            raise ValueError(f"predictions[{index}] is empty; every sequence needs at least one token.")
+        by_length[len(sequence)].append(index)
+    log_probs = torch.empty(len(predictions), dtype=torch.float64)
+    lengths = torch.empty(len(predictions), dtype=torch.long)
+    for length, indices in by_length.items():
+        for start in range(0, len(indices), LOG_PROB_BATCH_SIZE):
+            batch = indices[start : start + LOG_PROB_BATCH_SIZE]
+            x = torch.as_tensor([list(predictions[i]) for i in batch], dtype=torch.long)
+            log_probs[batch] = language.log_prob(x).cpu()
+            lengths[batch] = length
+    return log_probs, lengths
+
+
+def reference_ter(
+    language: SyntheticLanguage, lengths: torch.LongTensor, num_samples: int = 10_000, seed: int = 0
+) -> Tuple[float, float]:
+    """``TER(q)`` for samples of these lengths, and its standard error (0.0 when exact).
+
+    One length L: ``exp(H(q_L) / L)`` with ``H`` from ``language.expected_nll(L)``. Several lengths: ``exp(sum_L
+    w_L H(q_L) / L)`` with ``w_L`` the fraction of samples of length L, i.e. the value of ``exp(mean -log q(x)/|x|)``
+    expected if the samples came from ``q`` with the same lengths. Monte Carlo standard errors (HMMs) are carried by
+    the delta method, summed over lengths (an upper bound, since the estimates share their seed).
+    """
+    exponent, spread = 0.0, 0.0
+    values, counts = torch.unique(lengths, return_counts=True)
+    for length, count in zip(values.tolist(), counts.tolist()):
+        weight = count / len(lengths)
+        entropy = language.expected_nll(length, num_samples=num_samples, seed=seed)
+        exponent += weight * entropy.value / length
+        spread += weight * entropy.stderr / length
+    ter = math.exp(exponent)
+    return ter, ter * spread
+
+
+def wilson_interval(successes: int, trials: int, confidence_level: float = 0.95) -> Tuple[float, float]:
+    """The Wilson score interval of a binomial proportion ``successes / trials``."""
+    if trials < 1:
+        raise ValueError("The Wilson interval needs at least one trial.")
+    if not 0 < confidence_level < 1:
+        raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level}.")
+    z = NormalDist().inv_cdf(0.5 + confidence_level / 2)
+    p, n = successes / trials, trials
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    low = 0.0 if successes == 0 else max(0.0, center - half)  # exact at the edges, free of rounding
+    high = 1.0 if successes == trials else min(1.0, center + half)
+    return low, high
