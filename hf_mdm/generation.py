@@ -558,6 +558,7 @@ class _Run:
     warpers: LogitsProcessorList
     generator: Optional[torch.Generator]
     pass_logits_to_keep: bool
+    per_row_logits: bool  # the model takes logits_to_keep as (B, K) positions per row
     prompt_mask: torch.Tensor  # (B, L) True at prompt tokens (for CFG's unconditional input)
     nfe: int = 0
     steps: int = 0
@@ -571,21 +572,23 @@ def _accepts(model: Any, name: str) -> bool:
 
 
 def _model_logits(run: _Run, x: torch.Tensor, attn: Optional[torch.Tensor], keep: torch.Tensor, prompt_mask):
-    """Logits (B, K, V) predicting the tokens at positions ``keep`` (K,), shift and guidance applied."""
+    """Logits predicting the tokens at positions ``keep``, shift and guidance applied: (B, K, V) for columns
+    ``keep`` (K,), or for per-row positions ``keep`` (B, K) with models that support it."""
     query = (keep - 1).clamp(min=0) if run.shift else keep
     inputs, mask = x, attn
     if run.config.cfg_scale > 0:
         uncond = x.masked_fill(prompt_mask, run.mask_id)
         inputs = torch.cat([x, uncond])
         mask = None if attn is None else torch.cat([attn, attn])
+        query = torch.cat([query, query]) if query.dim() == 2 else query
     kwargs: dict[str, Any] = {}
     if mask is not None:
         kwargs["attention_mask"] = mask
     if run.pass_logits_to_keep:
         kwargs["logits_to_keep"] = query
     logits = run.model(inputs, **kwargs).logits
-    if logits.shape[1] != query.shape[0] or not run.pass_logits_to_keep:
-        logits = logits[:, query]
+    if not run.pass_logits_to_keep or logits.shape[1] != query.shape[-1]:
+        logits = logits.gather(1, query[..., None].expand(-1, -1, logits.shape[-1])) if query.dim() == 2 else logits[:, query]
     run.nfe += 2 if run.config.cfg_scale > 0 else 1
     if run.config.cfg_scale > 0:
         cond, uncond = logits.chunk(2)
@@ -679,12 +682,36 @@ def _step_positions_first(run: _Run, x, attn, block_mask, counts, prompt_mask) -
         scores = torch.rand(x.shape, generator=run.generator, device=x.device)
     else:
         scores = -torch.arange(x.shape[1], device=x.device, dtype=torch.float32).expand(x.shape[0], -1)
-    chosen = _choose(scores, block_mask, counts)
-    keep = chosen.any(0).nonzero().flatten()
-    logits = _model_logits(run, x, attn, keep, prompt_mask)
-    rows, cols = chosen[:, keep].nonzero(as_tuple=True)
-    x0, _ = _propose(run, logits[rows, cols], _processor_ids(run, x, rows))
-    x[rows, keep[cols]] = x0
+    _reveal_rows(run, x, attn, _choose(scores, block_mask, counts), prompt_mask)
+
+
+def _reveal_rows(run: _Run, x, attn, chosen, prompt_mask) -> None:
+    """Propose and write tokens at the ``chosen`` (B, L) positions, running the model only on rows with one."""
+    active = chosen.any(1)
+    if bool(active.all()):
+        return _reveal_chosen(run, x, attn, chosen, prompt_mask)
+    sub = active.nonzero().flatten()  # rows never see each other: the others need no forward
+    xs = x[sub]
+    _reveal_chosen(run, xs, None if attn is None else attn[sub], chosen[sub], prompt_mask[sub])
+    x[sub] = xs
+
+
+def _reveal_chosen(run: _Run, x, attn, chosen, prompt_mask) -> None:
+    if run.per_row_logits:
+        rows, cols = chosen.nonzero(as_tuple=True)  # row-major
+        per_row = chosen.sum(1)
+        first = per_row.cumsum(0) - per_row
+        slot = torch.arange(rows.numel(), device=x.device) - first[rows]
+        positions = cols.new_zeros((x.shape[0], int(per_row.max())))  # unused slots ask for position 0
+        positions[rows, slot] = cols
+        logits = _model_logits(run, x, attn, positions, prompt_mask)[rows, slot]
+    else:
+        keep = chosen.any(0).nonzero().flatten()
+        rows, k = chosen[:, keep].nonzero(as_tuple=True)
+        cols = keep[k]
+        logits = _model_logits(run, x, attn, keep, prompt_mask)[rows, k]
+    x0, _ = _propose(run, logits, _processor_ids(run, x, rows))
+    x[rows, cols] = x0
 
 
 def _transfer_counts(run: _Run, num_steps: int, m0: torch.Tensor):
@@ -707,6 +734,47 @@ def _transfer_counts(run: _Run, num_steps: int, m0: torch.Tensor):
         return torch.binomial(remaining.double(), probs, generator=run.generator).long()
 
     return stochastic
+
+
+def reveal_steps(schedule: Any, num_steps: int, shape: torch.Size, generator, device) -> torch.Tensor:
+    """(B, L) step at which each position is revealed when every masked position is revealed independently with
+    probability (alpha(s) - alpha(t)) / (1 - alpha(t)) at each step: drawn once, from
+    P(step i) = (alpha(s_i) - alpha(t_i)) / (alpha(0) - alpha(1)) (inverse CDF)."""
+    alphas = schedule.alpha(time_grid(num_steps)).to(torch.float64)
+    cdf = ((alphas[1:] - alphas[0]) / (alphas[-1] - alphas[0])).to(device)
+    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=num_steps - 1)
+
+
+def _denoise_block(run: _Run, x, attn, prompt_mask, region, num_steps: int, on_step) -> None:
+    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``x`` (B, L)."""
+    mask_id = run.mask_id
+    if run.config.transfer == "stochastic" and run.strategy == "random":
+        # The paper's sampler: every masked position revealed independently with probability
+        # (alpha(s) - alpha(t)) / (1 - alpha(t)) at each step (the law of a Binomial count of uniformly random
+        # positions). Each position's step is drawn up front, so a step costs one comparison outside the model.
+        step_of = reveal_steps(run.schedule, num_steps, x.shape, run.generator, x.device)
+        step_of.masked_fill_(~((x == mask_id) & region), -1)
+        per_step = torch.bincount(step_of[step_of >= 0], minlength=num_steps).tolist()
+        for i in range(num_steps):
+            if per_step[i]:
+                _reveal_rows(run, x, attn, step_of == i, prompt_mask)
+                run.steps += 1
+                on_step()
+        return
+    m0 = ((x == mask_id) & region).sum(1)
+    counts_at = _transfer_counts(run, num_steps, m0)
+    for i in range(num_steps):
+        block_mask = (x == mask_id) & region
+        keep = block_mask.any(0).nonzero().flatten()
+        if keep.numel() == 0:
+            break
+        counts = counts_at(i, block_mask)
+        if counts is not None and int(counts.max()) == 0:
+            continue  # nothing to reveal: skipping the forward changes no token
+        _step(run, x, attn, block_mask, keep, counts, prompt_mask, num_steps - i)
+        run.steps += 1
+        on_step()
 
 
 def _prepare_canvas(input_ids, attention_mask, config, mask_id):
@@ -1149,6 +1217,7 @@ def diffusion_generate(
         warpers=warpers,
         generator=generator,
         pass_logits_to_keep=_accepts(model, "logits_to_keep"),
+        per_row_logits=bool(getattr(model, "supports_per_row_logits_to_keep", False)),
         prompt_mask=~gen_mask0,
     )
     eos_ids = _eos_tensor(config, x.device)
@@ -1180,26 +1249,18 @@ def diffusion_generate(
             xs = x if all_rows else x[rows]
             attn_s = attn if (attn is None or all_rows) else attn[rows]
             prompt_s = run.prompt_mask if all_rows else run.prompt_mask[rows]
-            in_block = torch.zeros_like(gen_mask0[:1])
-            in_block[:, start:end] = True
-            m0 = ((xs == mask_id) & in_block & (gen_mask0 if all_rows else gen_mask0[rows])).sum(1)
-            counts_at = _transfer_counts(run, num_steps, m0)
-            gen_s = gen_mask0 if all_rows else gen_mask0[rows]
-            for i in range(num_steps):
-                block_mask = (xs == mask_id) & in_block & gen_s
-                keep = block_mask.any(0).nonzero().flatten()
-                if keep.numel() == 0:
-                    break
-                counts = counts_at(i, block_mask)
-                if counts is not None and int(counts.max()) == 0:
-                    continue  # nothing to reveal: skipping the forward changes no token
-                _step(run, xs, attn_s, block_mask, keep, counts, prompt_s, num_steps - i)
-                run.steps += 1
+            region = torch.zeros_like(gen_mask0[:1])
+            region[:, start:end] = True
+            region = region & (gen_mask0 if all_rows else gen_mask0[rows])
+
+            def on_step() -> None:
                 if not all_rows and (config.output_history or streamer is not None):
                     x[rows] = xs
                 if config.output_history:
                     history.append(x.clone())
                 stream.update(x)
+
+            _denoise_block(run, xs, attn_s, prompt_s, region, num_steps, on_step)
             if not all_rows:
                 x[rows] = xs
             finished |= _finished_rows(x, gen_mask0, end, eos_ids, stopping_criteria, x == mask_id)

@@ -214,6 +214,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
 
     def __init__(self, config: MDMConfig):
         super().__init__(config)
@@ -250,7 +251,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
                 schedule), summed and divided by the number of tokens (non-padding positions). Without ``t`` the
                 loss is the plain mean cross-entropy over labelled positions.
             logits_to_keep: ``0`` = logits at every position; an int ``k`` = the last ``k`` positions; a 1-D index
-                tensor = those positions (the LM head runs only there).
+                tensor = those positions; a 2-D (B, K) tensor = K positions per row (the LM head runs only there).
 
         Returns:
             `MaskedLMOutput` with ``logits`` (B, L or K, vocab_size) and ``loss`` when ``labels`` is given.
@@ -271,6 +272,9 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         if isinstance(logits_to_keep, int):
             hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        elif logits_to_keep.dim() == 2:  # (B, K) positions per row
+            index = logits_to_keep[..., None].expand(-1, -1, hidden_states.shape[-1])
+            hidden_states = hidden_states.gather(1, index)
         else:
             hidden_states = hidden_states[:, logits_to_keep]
         return MaskedLMOutput(logits=self.lm_head(hidden_states), hidden_states=outputs.hidden_states)

@@ -64,6 +64,9 @@ def test_logits_to_keep_int_and_index(model):
     torch.testing.assert_close(model(x, logits_to_keep=3).logits, full[:, -3:])
     idx = torch.tensor([0, 5, 7])
     torch.testing.assert_close(model(x, logits_to_keep=idx).logits, full[:, idx])
+    per_row = torch.tensor([[1, 4], [11, 0]])  # (B, K) positions per row
+    expected = torch.stack([full[0, [1, 4]], full[1, [11, 0]]])
+    torch.testing.assert_close(model(x, logits_to_keep=per_row).logits, expected)
 
 
 def test_too_long_and_bad_mask_are_value_errors(model):

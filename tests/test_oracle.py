@@ -6,7 +6,9 @@ import math
 import pytest
 import torch
 
+from hf_mdm.generation import diffusion_generate
 from hf_mdm.languages import IMPOSSIBLE_LOGIT, ChainLanguage, HMMLanguage, NGramLanguage, OracleDenoiser
+from hf_mdm.metrics import SequenceErrorRate, TokenErrorRate
 
 
 def all_sequences(vocab_size: int, length: int) -> torch.LongTensor:
@@ -132,28 +134,66 @@ def test_padding_is_removed_from_the_sequence():
     assert torch.equal(kept, logits[:, -3:])
 
 
-def paper_sampler(oracle: OracleDenoiser, num: int, length: int, steps: int, generator: torch.Generator):
-    """Stochastic transfer, random order, linear schedule: at step k every masked position is revealed independently
-    with probability (alpha(s) - alpha(t)) / (1 - alpha(t)) = 1 / (steps - k), its token drawn from the posterior."""
-    mask_id = oracle.config.mask_token_id
-    x = torch.full((num, length), mask_id, dtype=torch.long)
-    for k in range(steps):
-        reveal = (x == mask_id) & (torch.rand(num, length, generator=generator) < 1.0 / (steps - k))
-        probs = oracle(x).logits[reveal].softmax(-1)
-        x[reveal] = torch.multinomial(probs, 1, generator=generator).squeeze(1)
-    assert (x != mask_id).all()
-    return x
+def paper_sampler(oracle: OracleDenoiser, num: int, length: int, steps: int, seed: int) -> torch.LongTensor:
+    """The paper's sampler through hf_mdm's own: stochastic transfer, random order, linear schedule, tokens drawn
+    from the oracle's posterior (every masked position revealed independently at each step)."""
+    out = diffusion_generate(
+        oracle, torch.zeros(num, 0, dtype=torch.long), max_new_tokens=length, steps=steps, transfer="stochastic",
+        strategy="random", schedule="linear", temperature=1.0, seed=seed,
+    )
+    assert (out != oracle.config.mask_token_id).all()
+    return out
 
 
 @pytest.mark.parametrize("length, steps", [(32, 32), (32, 128), (128, 128), (32, 8)])
 def test_chain_ser_follows_the_theorem(length, steps):
     """SER = 1 - (1 - 3/(4N))^(L-1) ~ 1 - exp(-(3/4)(L-1)/N): depends on L/N only (0.52 at N = L for every L)."""
     language, num = ChainLanguage(), 1000
-    x = paper_sampler(OracleDenoiser(language), num, length, steps, torch.Generator().manual_seed(length + steps))
-    ser = 1.0 - language.in_support(x).double().mean().item()
+    x = paper_sampler(OracleDenoiser(language), num, length, steps, seed=length + steps)
+    ser = evaluate_ser(x, language)
     predicted = ChainLanguage.predicted_ser(length, steps)
     assert abs(predicted - (1 - math.exp(-0.75 * (length - 1) / steps))) < 0.01
     assert abs(ser - predicted) <= 4 * math.sqrt(predicted * (1 - predicted) / num)
+
+
+def evaluate_ser(x: torch.LongTensor, language) -> float:
+    return SequenceErrorRate().compute(predictions=x.tolist(), language=language)["ser"]
+
+
+def test_bigram_ter_increase_depends_on_steps_not_length():
+    """Theorem 4.2 with a perfect denoiser: the TER relative increase at N steps is the same for L = 32 and 128,
+    and falls as N grows (unpruned 2-gram, so every sample is in the support)."""
+    language = NGramLanguage.random(vocab_size=8, n=2, seed=0, prune_threshold=0.0)
+    oracle, metric = OracleDenoiser(language, mask_token_id=8), TokenErrorRate()
+    increase = {}
+    for length in (32, 128):
+        for steps in (4, 16, 64):
+            x = paper_sampler(oracle, 1000, length, steps, seed=steps)
+            result = metric.compute(predictions=x.tolist(), language=language)
+            assert result["num_out_of_support"] == 0
+            increase[length, steps] = result["relative_increase"]
+    for steps in (4, 16, 64):
+        a, b = increase[32, steps], increase[128, steps]
+        assert abs(a - b) <= 0.25 * max(a, b) + 0.005, (steps, a, b)
+    for length in (32, 128):
+        assert increase[length, 4] > increase[length, 16] > increase[length, 64] > 0
+
+
+def test_per_row_logits_to_keep_path_gives_the_same_samples():
+    """The sampler asks models that support it for (B, K) positions per row; the result must not change."""
+
+    class ColumnsOnly(torch.nn.Module):  # the same oracle, without per-row logits_to_keep
+        def __init__(self, oracle):
+            super().__init__()
+            self.oracle, self.config = oracle, oracle.config
+
+        def forward(self, input_ids, logits_to_keep=0, **kwargs):
+            return self.oracle(input_ids, logits_to_keep=logits_to_keep)
+
+    oracle = OracleDenoiser(ChainLanguage())
+    a = paper_sampler(oracle, 64, 24, 12, seed=3)
+    b = paper_sampler(ColumnsOnly(oracle), 64, 24, 12, seed=3)
+    assert torch.equal(a, b)
 
 
 def test_predicted_ser_matches_the_paper_numbers():

@@ -82,6 +82,8 @@ class OracleDenoiser(nn.Module):
     for n >= 3 n-grams.
     """
 
+
+    supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
     def __init__(
         self,
         language: SyntheticLanguage,
