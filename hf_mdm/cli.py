@@ -1,32 +1,320 @@
-"""The ``hf-mdm`` command line."""
+"""The ``hf-mdm`` command line: datasets, training, sampling, scoring, timing, reproduction and Hub uploads.
+
+A session strings the subcommands together, e.g.::
+
+    hf-mdm dataset build ngram2 --length 64 --num-train 20000 --output-dir data/ngram2
+    hf-mdm train --data data/ngram2 --kind mdm --output-dir runs/mdm --max-steps 600
+    hf-mdm train --data data/ngram2 --kind ar --output-dir runs/ar --max-steps 600
+    hf-mdm sample --model runs/mdm/final --num 256 --length 64 --steps 16 --output samples.json
+    hf-mdm score --samples samples.json --language data/ngram2
+    hf-mdm reproduce            # all of the paper's synthetic experiments, quick presets
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from typing import Optional, Sequence
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+CONFIG_DIR = Path("evaluation") / "configs"
+EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "wallclock")
+
+
+def _fail(message: str) -> int:
+    print(f"hf-mdm: error: {message}", file=sys.stderr)
+    return 2
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dataset
+
+
+def _dataset_build(args: argparse.Namespace) -> int:
+    from .data import SyntheticLanguageBuilder
+
+    overrides = {k: v for k, v in (("length", args.length), ("num_train", args.num_train),
+                                   ("num_validation", args.num_validation), ("num_test", args.num_test),
+                                   ("seed", args.seed)) if v is not None}
+    builder = SyntheticLanguageBuilder(config_name=args.config, cache_dir=args.cache_dir, **overrides)
+    builder.download_and_prepare()
+    dataset = builder.as_dataset()
+    dataset.save_to_disk(args.output_dir)
+    builder.language.save_pretrained(Path(args.output_dir) / "language")
+    print(f"saved {', '.join(f'{k}: {len(v)}' for k, v in dataset.items())} rows to {args.output_dir}")
+    return 0
+
+
+def _dataset_push(args: argparse.Namespace) -> int:
+    from .data import push_synthetic_datasets
+
+    overrides = {k: v for k, v in (("length", args.length), ("num_train", args.num_train)) if v is not None}
+    push_synthetic_datasets(args.repo_id, configs=args.configs, private=args.private, **overrides)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# train / sample / score
+
+
+def _load_split_data(path: str):
+    from datasets import load_from_disk
+
+    from .data import load_language_from_dataset
+
+    dataset = load_from_disk(path)
+    for split in ("train", "validation"):
+        if split not in dataset:
+            raise ValueError(f"--data {path}: needs a '{split}' split (build it with `hf-mdm dataset build`)")
+    return dataset, load_language_from_dataset(dataset)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from transformers import TrainingArguments
+
+    from .training import build_trainer, train
+
+    dataset, language = _load_split_data(args.data)
+    length = len(dataset["train"][0]["input_ids"])
+    entropy = language.expected_nll(length).value / length
+    training_args = TrainingArguments(
+        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps, lr_scheduler_type="cosine", save_steps=args.save_steps,
+        eval_strategy="steps", eval_steps=args.save_steps, logging_steps=max(args.max_steps // 20, 1), report_to=[],
+        seed=args.seed,
+    )
+    trainer = build_trainer(args.kind, dataset["train"], dataset["validation"], vocab_size=language.vocab_size,
+                            length=length, args=training_args, size=args.size, schedule=args.schedule,
+                            entropy_per_token=entropy, seed=args.seed)
+    train(trainer, resume=not args.no_resume)
+    metrics = trainer.evaluate()
+    trainer.save_model(str(Path(args.output_dir) / "final"))
+    language.save_pretrained(Path(args.output_dir) / "final" / "language")
+    print(json.dumps({k: round(float(v), 5) for k, v in metrics.items()}, indent=1))
+    return 0
+
+
+def _load_sampler_model(args: argparse.Namespace):
+    """(model, kind, language): ``--model oracle`` needs ``--language``; checkpoints carry ``language/``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from .languages import OracleDenoiser, load_language
+
+    language = load_language(args.language) if args.language else None
+    if args.model == "oracle":
+        if language is None:
+            raise ValueError("--model oracle needs --language (a saved language directory)")
+        return OracleDenoiser(language, mask_token_id=language.vocab_size), "mdm", language
+    if language is None and (Path(args.model) / "language").is_dir():
+        language = load_language(Path(args.model) / "language")
+    config = AutoConfig.from_pretrained(args.model)
+    is_mdm = getattr(config, "mask_token_id", None) is not None and config.model_type in ("hf_mdm", "llada", "Dream")
+    if args.kind == "mdm" and not is_mdm:
+        raise ValueError(f"--model {args.model} is a {config.model_type!r} (autoregressive) checkpoint: pass --kind ar")
+    if args.kind == "ar" and is_mdm:
+        raise ValueError(f"--model {args.model} is a masked diffusion checkpoint ({config.model_type!r}): pass --kind mdm")
+    loader = AutoModelForMaskedLM if is_mdm else AutoModelForCausalLM
+    model = loader.from_pretrained(args.model).eval()
+    if is_mdm and args.schedule and hasattr(config, "schedule"):
+        from .schedules import get_schedule
+
+        if get_schedule(args.schedule) != get_schedule(config.schedule):
+            raise ValueError(
+                f"--schedule {args.schedule!r} differs from the schedule the model was trained with "
+                f"({config.schedule!r}): drop --schedule or pass the training schedule"
+            )
+    return model, "mdm" if is_mdm else "ar", language
+
+
+def _sample(args: argparse.Namespace) -> int:
+    import torch
+
+    from .experiments import sample_ar, write_atomic
+    from .generation import diffusion_generate
+
+    model, kind, _ = _load_sampler_model(args)
+    if kind == "ar":
+        samples = sample_ar(model, args.num, args.length, seed=args.seed)
+    else:
+        samples = diffusion_generate(
+            model, torch.zeros(args.num, 0, dtype=torch.long), max_new_tokens=args.length, steps=args.steps,
+            transfer=args.transfer, strategy=args.strategy, schedule=args.schedule or "linear",
+            temperature=args.temperature, seed=args.seed, stop_at_eos=False,
+        )
+    write_atomic(Path(args.output), json.dumps({"model": args.model, "kind": kind, "steps": args.steps,
+                                                "samples": samples.tolist()}))
+    print(f"wrote {samples.shape[0]} samples of length {samples.shape[1]} to {args.output}")
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    from .languages import load_language
+    from .metrics import SequenceErrorRate, TokenErrorRate
+
+    payload = json.loads(Path(args.samples).read_text())
+    samples = payload["samples"] if isinstance(payload, dict) else payload
+    language = load_language(args.language)
+    ter = TokenErrorRate().compute(predictions=samples, language=language, skip_out_of_support=args.skip_out_of_support)
+    ser = SequenceErrorRate().compute(predictions=samples, language=language)
+    print(json.dumps({**ter, **ser}, indent=1))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bench / reproduce / push / compare
+
+
+def _run_experiment(name: str, config_dir: Path, output_dir: Path, full: bool) -> dict:
+    from .experiments import load_preset, run_experiment
+
+    path = config_dir / f"{name}.yaml"
+    if not path.exists():
+        raise ValueError(f"no experiment config {path}: run from the repository root or pass --config-dir")
+    experiment, preset = load_preset(path, full=full)
+    return run_experiment(experiment, preset, output_dir)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    result = _run_experiment("wallclock", Path(args.config_dir), Path(args.output_dir), args.full)
+    print((Path(args.output_dir) / "wallclock.md").read_text())
+    return 0 if result else 1
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    print(
-        "hf-mdm reproduce: the end-to-end reproduction of the paper's synthetic experiments (training MDM and AR "
-        "models, TER/SER vs steps, wall-clock vs length) is not part of this release yet.\n"
-        "Available now: the model and sampler (see README), and `python evaluation/bench_sampler.py`."
-    )
+    import time
+
+    from .report import write_report
+
+    output_dir = Path(args.output_dir)
+    start = time.perf_counter()
+    for name in args.only or EXPERIMENT_CONFIGS:
+        t0 = time.perf_counter()
+        _run_experiment(name, Path(args.config_dir), output_dir, args.full)
+        print(f"\n== {name} ({time.perf_counter() - t0:.0f} s) ==\n")
+        print((output_dir / f"{name}.md").read_text())
+    report = write_report(output_dir, full=args.full)
+    print(f"report: {report} (total {time.perf_counter() - start:.0f} s)")
     return 0
+
+
+def _push(args: argparse.Namespace) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from .hub import push_model
+    from .languages import load_language
+
+    config = AutoConfig.from_pretrained(args.model)
+    loader = AutoModelForMaskedLM if getattr(config, "mask_token_id", None) is not None else AutoModelForCausalLM
+    model = loader.from_pretrained(args.model)
+    language_dir = args.language or (Path(args.model) / "language" if (Path(args.model) / "language").is_dir() else None)
+    results = json.loads(Path(args.results).read_text()) if args.results else []
+    info = push_model(model, args.repo_id, language=load_language(language_dir) if language_dir else None,
+                      results=results, private=args.private)
+    print(info)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .harness.compare import main as compare_main
+
+    return int(compare_main(args.rest) or 0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-mdm", description="Masked diffusion language models: tools.")
     commands = parser.add_subparsers(dest="command", required=True)
-    reproduce = commands.add_parser("reproduce", help="reproduce the paper's synthetic experiments")
-    reproduce.set_defaults(func=_reproduce)
+
+    dataset = commands.add_parser("dataset", help="build or push synthetic-language datasets")
+    dataset_commands = dataset.add_subparsers(dest="dataset_command", required=True)
+    build = dataset_commands.add_parser("build", help="generate a synthetic dataset and save it to disk")
+    build.add_argument("config", choices=["ngram2", "ngram3", "ngram4", "hmm", "chain"])
+    build.add_argument("--output-dir", required=True)
+    build.add_argument("--cache-dir", default=None)
+    push_ds = dataset_commands.add_parser("push", help="push one config per language to the Hub")
+    push_ds.add_argument("--repo-id", required=True)
+    push_ds.add_argument("--configs", nargs="+", default=["ngram2", "ngram3", "ngram4", "hmm", "chain"])
+    push_ds.add_argument("--private", action="store_true")
+    for sub in (build, push_ds):
+        sub.add_argument("--length", type=int)
+        sub.add_argument("--num-train", type=int)
+    build.add_argument("--num-validation", type=int)
+    build.add_argument("--num-test", type=int)
+    build.add_argument("--seed", type=int)
+    build.set_defaults(func=_dataset_build)
+    push_ds.set_defaults(func=_dataset_push)
+
+    train = commands.add_parser("train", help="train an MDM or the matched AR baseline on a built dataset")
+    train.add_argument("--data", required=True, help="a directory written by `hf-mdm dataset build`")
+    train.add_argument("--kind", choices=["mdm", "ar"], required=True)
+    train.add_argument("--output-dir", required=True)
+    train.add_argument("--size", default="tiny", help="tiny, small, base or paper")
+    train.add_argument("--schedule", default="linear")
+    train.add_argument("--max-steps", type=int, default=1000)
+    train.add_argument("--batch-size", type=int, default=128)
+    train.add_argument("--learning-rate", type=float, default=3e-3)
+    train.add_argument("--warmup-steps", type=int, default=50)
+    train.add_argument("--save-steps", type=int, default=500)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
+    train.set_defaults(func=_train)
+
+    sample = commands.add_parser("sample", help="sample from an MDM, an AR model or the exact-posterior oracle")
+    sample.add_argument("--model", required=True, help="a checkpoint directory, or `oracle`")
+    sample.add_argument("--kind", choices=["mdm", "ar"], default=None, help="check the checkpoint is of this kind")
+    sample.add_argument("--language", default=None, help="saved language directory (needed for --model oracle)")
+    sample.add_argument("--num", type=int, default=256)
+    sample.add_argument("--length", type=int, required=True)
+    sample.add_argument("--steps", type=int, default=None)
+    sample.add_argument("--transfer", default="stochastic")
+    sample.add_argument("--strategy", default="random")
+    sample.add_argument("--schedule", default=None, help="must match the model's training schedule")
+    sample.add_argument("--temperature", type=float, default=1.0)
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--output", required=True)
+    sample.set_defaults(func=_sample)
+
+    score = commands.add_parser("score", help="TER and SER of samples under the true language")
+    score.add_argument("--samples", required=True)
+    score.add_argument("--language", required=True)
+    score.add_argument("--skip-out-of-support", action="store_true")
+    score.set_defaults(func=_score)
+
+    for name, func, help_text in (("bench", _bench, "MDM vs AR wall-clock as L grows"),
+                                  ("reproduce", _reproduce, "the paper's synthetic experiments and results/REPORT.md")):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--full", action="store_true", help="the paper's scale (GPU) instead of the quick preset")
+        sub.add_argument("--output-dir", default="results")
+        sub.add_argument("--config-dir", default=str(CONFIG_DIR))
+        if name == "reproduce":
+            sub.add_argument("--only", nargs="+", choices=EXPERIMENT_CONFIGS)
+        sub.set_defaults(func=func)
+
+    push = commands.add_parser("push", help="upload a trained model with its card to the Hub")
+    push.add_argument("--model", required=True)
+    push.add_argument("--repo-id", required=True)
+    push.add_argument("--language", default=None)
+    push.add_argument("--results", default=None, help="JSON list of {metric, value, setting}")
+    push.add_argument("--private", action="store_true")
+    push.set_defaults(func=_push)
+
+    compare = commands.add_parser("compare", help="accuracy vs time of MDMs and AR models with lm-eval",
+                                  add_help=False)
+    compare.add_argument("rest", nargs=argparse.REMAINDER)
+    compare.set_defaults(func=_compare)
     return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as err:
+        return _fail(str(err))
 
 
 if __name__ == "__main__":

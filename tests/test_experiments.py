@@ -1,0 +1,95 @@
+"""The synthetic experiments end to end on miniature presets, resume, the report, and the CLI's errors."""
+
+import json
+from unittest import mock
+
+import pytest
+import torch
+
+from hf_mdm import cli, experiments
+from hf_mdm.experiments import make_language, run_experiment
+from hf_mdm.report import write_report
+
+TRAINING = {"size": "tiny", "num_train": 256, "num_validation": 64, "batch_size": 32, "max_steps": 4,
+            "learning_rate": 1e-3, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("results")
+    ter = {"num_samples": 32, "steps": [2, 8], "lengths": [8, 16], "train_length": 8, "progress": False,
+           "languages": [{"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "train": True}],
+           "training": TRAINING}
+    ser = {"num_samples": 32, "lengths": [8, 16], "steps_over_length": [0.5, 2], "train_length": 8, "progress": False,
+           "languages": [{"kind": "chain", "name": "chain", "train": True}], "training": TRAINING}
+    wall = {"vocab_size": 8, "size": "tiny", "batch_size": 2, "mdm_steps": 4, "lengths": [8, 16], "repeats": 1}
+    outputs = {name: run_experiment(name, preset, out) for name, preset in
+               (("ter_vs_steps", ter), ("ser_vs_steps", ser), ("wallclock", wall))}
+    return out, outputs, {"ter_vs_steps": ter, "ser_vs_steps": ser, "wallclock": wall}
+
+
+def test_outputs_written(results):
+    out, outputs, _ = results
+    for name in ("ter_vs_steps", "ser_vs_steps", "wallclock"):
+        for ext in ("json", "md", "png"):
+            assert (out / f"{name}.{ext}").stat().st_size > 0, (name, ext)
+        assert json.loads((out / f"{name}.json").read_text())["experiment"] == name
+    ter_rows = outputs["ter_vs_steps"]["rows"]
+    models = {r["model"] for r in ter_rows}
+    assert models == {"oracle MDM", "trained MDM", "trained AR", "validation"}
+    oracle = [r for r in ter_rows if r["model"] == "oracle MDM"]
+    assert len(oracle) == 4 and all(r["num_out_of_support"] == 0 for r in oracle)
+    chain = [r for r in outputs["ser_vs_steps"]["rows"] if r["model"] == "oracle MDM"]
+    assert all(0.0 <= r["ser"] <= 1.0 and "predicted" in r for r in chain)
+    assert [r["length"] for r in outputs["wallclock"]["rows"]] == [8, 16]
+
+
+def test_rerun_reuses_finished_pieces(results):
+    out, outputs, presets = results
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished cell was recomputed")
+
+    with mock.patch.object(experiments, "sample_mdm", fail), mock.patch.object(experiments, "sample_ar", fail), \
+            mock.patch("hf_mdm.training.build_trainer", fail):
+        again = run_experiment("ter_vs_steps", presets["ter_vs_steps"], out)
+    assert again["rows"] == outputs["ter_vs_steps"]["rows"]
+
+
+def test_report_puts_paper_numbers_beside_ours(results):
+    out, _, _ = results
+    report = write_report(out).read_text()
+    assert "![TER relative increase vs steps (Theorem 4.2)](ter_vs_steps.png)" in report
+    assert "| 2-gram | 256 | 2.72% |" in report  # the paper's table
+    assert "| 8192 | 7.4 | 45.8 |" in report
+    assert "oracle MDM" in report and "The quick preset" in report
+
+
+def test_unknown_language_kind_names_the_field():
+    with pytest.raises(ValueError, match="language kind must be one of"):
+        make_language({"kind": "trigram", "n": 3})
+
+
+def test_cli_sample_rejects_wrong_kind_and_schedule(results, tmp_path, capsys):
+    out, _, _ = results
+    ar_dir = out / "models" / "2-gram-L8-ar" / "final"
+    mdm_dir = out / "models" / "2-gram-L8-mdm" / "final"
+    code = cli.main(["sample", "--model", str(ar_dir), "--kind", "mdm", "--length", "8", "--output", str(tmp_path / "s.json")])
+    assert code == 2 and "--kind ar" in capsys.readouterr().err
+    code = cli.main(["sample", "--model", str(mdm_dir), "--length", "8", "--schedule", "cosine",
+                     "--output", str(tmp_path / "s.json")])
+    assert code == 2 and "--schedule 'cosine' differs" in capsys.readouterr().err
+
+
+def test_cli_oracle_sample_then_score(tmp_path, capsys):
+    language = make_language({"kind": "chain"})
+    language.save_pretrained(tmp_path / "lang")
+    samples = tmp_path / "samples.json"
+    assert cli.main(["sample", "--model", "oracle", "--language", str(tmp_path / "lang"), "--num", "64", "--length", "12",
+                     "--steps", "48", "--output", str(samples)]) == 0
+    assert len(json.loads(samples.read_text())["samples"]) == 64
+    capsys.readouterr()
+    assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["num_sequences"] == 64 and 0.0 <= scores["ser"] <= 0.6  # 1 - exp(-3 * 11 / (4 * 48)) = 0.16
+    assert torch.isfinite(torch.tensor(scores["ter"])) or scores["num_out_of_support"] > 0
