@@ -31,7 +31,7 @@ QUICK_SCALE = """The quick preset (`make reproduce`, 2 CPU cores) scales the pap
 L = 32, 64, 128 with N = 4..64 steps instead of 16 tokens at L = 256..1024 with N = 64..2048; 256 samples per cell
 instead of 2,000; tiny models (64 wide, 2 layers) trained for 600 steps on 20,000 sequences instead of
 1,000,000 sequences for 20 epochs, and trained models only for the 2-gram (TER) and the HMM and chain (SER) at one
-length; an HMM with 4 states and 8 tokens; wall-clock with a small model, batch 4 and 32 steps, L up to 1024.
+length; an HMM with 4 states and 8 tokens; wall-clock with the tiny model, batch 4 and 32 steps, L up to 1024.
 `hf-mdm reproduce --full` runs the paper's scale (GPU)."""
 
 
