@@ -216,12 +216,6 @@ def _push(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from .harness.compare import main as compare_main
-
-    return int(compare_main(args.rest) or 0)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -302,10 +296,11 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true")
     push.set_defaults(func=_push)
 
-    compare = commands.add_parser("compare", help="accuracy vs time of MDMs and AR models with lm-eval",
-                                  add_help=False)
-    compare.add_argument("rest", nargs=argparse.REMAINDER)
-    compare.set_defaults(func=_compare)
+    from .harness import compare as harness_compare  # stdlib and yaml only at import
+
+    compare = commands.add_parser("compare", help="accuracy vs time of models x settings x tasks (lm-eval)")
+    harness_compare.add_arguments(compare)
+    compare.set_defaults(func=harness_compare.run)
     return parser
 
 

@@ -1,0 +1,424 @@
+"""``hf-mdm compare --config evaluation/configs/<name>.yaml``: accuracy against time, models x settings x tasks.
+
+Every cell (model, setting, task) is one in-process lm-eval run (`hf_mdm.harness.simple_evaluate`) whose
+accuracy and timing come from the same requests. Finished cells are saved as ``<output_dir>/cells/*.json`` (written
+atomically) and reused when the command runs again, so an interrupted matrix resumes where it stopped. The
+summary is ``results.csv``, ``results.md`` and ``accuracy_vs_time.png`` (the paper's Figure 1: accuracy against
+the time of the whole benchmark, one panel per benchmark), with the paper's published numbers
+(``paper_numbers.json``) beside ours where they exist. Launched with ``accelerate launch -m
+hf_mdm.harness.compare``, every process runs the matrix and requests are sharded; the main process writes.
+
+Config (YAML)::
+
+    name: paper_gsm8k
+    output_dir: runs/compare/paper_gsm8k      # relative to the working directory
+    tiny_models: runs/tiny/models               # optional: build the tiny local models there, as {tiny_models}
+    tasks: [mdm_gsm8k]
+    metrics: {mdm_gsm8k: "exact_match,strict-match"}   # optional; defaults in DEFAULT_METRICS
+    evaluate: {batch_size: 1, limit: null, log_samples: true, gen_kwargs: {...}}  # simple_evaluate arguments
+    models:
+      - name: LLaDA-8B-Base                    # also the paper's model name, unless `paper_model` says otherwise
+        model: hf_mdm                          # hf_mdm or hf_timed (any registered lm-eval model)
+        model_args: {pretrained: GSAI-ML/LLaDA-8B-Base, dtype: bfloat16, block_length: 32}
+        settings:                              # default: one setting named "default"
+          - {name: 64 steps, model_args: {steps: 64}}
+          - {name: left-to-right, model_args: {strategy: left_to_right, steps: 256}, tasks: [mdm_humaneval]}
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gc
+import io
+import json
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import yaml
+
+__all__ = ["CompareConfig", "Cell", "load_config", "run_matrix", "write_report", "paper_numbers", "add_arguments",
+           "run", "main"]  # fmt: skip
+
+DEFAULT_METRICS = {
+    "mdm_gsm8k": "exact_match,strict-match",
+    "mdm_gsm8k_chain": "exact_match,none",
+    "mdm_mbpp": "pass_at_1,sandbox",
+    "mdm_humaneval": "pass_at_1,sandbox",
+}
+PAPER_NUMBERS = Path(__file__).resolve().parent / "paper_numbers.json"
+CSV_FIELDS = ["benchmark", "task", "model", "setting", "metric", "accuracy", "stderr", "time_s", "elapsed_s",
+              "generate_s", "requests", "nfe_per_request", "tokens_per_s", "paper_accuracy", "paper_time_s",
+              "limit"]  # fmt: skip
+
+
+@dataclass
+class Cell:
+    """One run of the matrix: a model in one setting on one task."""
+
+    model_name: str
+    setting: str
+    task: str
+    model: str
+    model_args: dict
+    gen_kwargs: dict
+    paper_model: str
+
+    @property
+    def slug(self) -> str:
+        return "__".join(_slug(part) for part in (self.model_name, self.setting, self.task))
+
+
+@dataclass
+class CompareConfig:
+    """A parsed compare config (see the module docstring)."""
+
+    name: str
+    output_dir: Path
+    cells: list[Cell]
+    metrics: dict[str, str] = field(default_factory=dict)
+    evaluate: dict = field(default_factory=dict)
+
+    def metric(self, task: str) -> str:
+        return self.metrics.get(task) or DEFAULT_METRICS.get(task) or "exact_match,none"
+
+
+def load_config(path: str | os.PathLike, limit: Optional[float] = None) -> CompareConfig:
+    """Read a compare config; builds the tiny local models first if it names ``tiny_models``."""
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    replacements = {}
+    if raw.get("tiny_models"):
+        from .tiny import build_tiny_models
+
+        replacements["tiny_models"] = str(Path(build_tiny_models(raw["tiny_models"])["mdm"]).parent)
+    raw = _substitute(raw, replacements)
+    evaluate = dict(raw.get("evaluate") or {})
+    if limit is not None:
+        evaluate["limit"] = limit
+    tasks = list(raw.get("tasks") or [])
+    cells = []
+    for spec in raw.get("models") or []:
+        for setting in spec.get("settings") or [{"name": "default"}]:
+            for task in setting.get("tasks") or spec.get("tasks") or tasks:
+                cells.append(
+                    Cell(
+                        model_name=str(spec["name"]),
+                        setting=str(setting.get("name", "default")),
+                        task=task,
+                        model=spec.get("model", "hf_mdm"),
+                        model_args={**(spec.get("model_args") or {}), **(setting.get("model_args") or {})},
+                        gen_kwargs={**(evaluate.get("gen_kwargs") or {}), **(spec.get("gen_kwargs") or {}),
+                                    **(setting.get("gen_kwargs") or {})},  # fmt: skip
+                        paper_model=str(spec.get("paper_model", spec["name"])),
+                    )
+                )
+    if not cells:
+        raise ValueError(f"{path}: no cells: give `models` (with `settings`) and `tasks`")
+    name = str(raw.get("name") or Path(path).stem)
+    output_dir = Path(raw.get("output_dir") or Path("runs") / "compare" / name)
+    return CompareConfig(name=name, output_dir=output_dir, cells=cells, metrics=dict(raw.get("metrics") or {}),
+                         evaluate=evaluate)  # fmt: skip
+
+
+def _substitute(value: Any, replacements: dict[str, str]) -> Any:
+    if isinstance(value, str) and replacements:
+        return re.sub(r"\{(\w+)\}", lambda m: replacements.get(m.group(1), m.group(0)), value)
+    if isinstance(value, dict):
+        return {k: _substitute(v, replacements) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_substitute(v, replacements) for v in value]
+    return value
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
+
+
+def _is_main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+# -- running -------------------------------------------------------------------------------------------------------
+
+
+def run_matrix(config: CompareConfig, force: bool = False) -> list[Path]:
+    """Run every cell without a saved result (all cells with ``force``); returns the cell files written.
+
+    Cells of the same model and setting share one loaded model.
+    """
+    from .evaluator import create_lm, simple_evaluate
+
+    cells_dir = config.output_dir / "cells"
+    todo = [c for c in config.cells if force or not (cells_dir / f"{c.slug}.json").is_file()]
+    written = []
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in todo:
+        key = (cell.model_name, cell.setting, cell.model, json.dumps(cell.model_args, sort_keys=True))
+        groups.setdefault(key, []).append(cell)
+    evaluate = {k: v for k, v in config.evaluate.items() if k not in ("gen_kwargs",)}
+    lm_kwargs = {k: evaluate.pop(k) for k in ("batch_size", "max_batch_size", "device") if k in evaluate}
+    for cells in groups.values():
+        first = cells[0]
+        lm = create_lm(first.model, dict(first.model_args), **lm_kwargs)
+        for cell in cells:
+            results = simple_evaluate(
+                lm, model_args=cell.model_args, tasks=[cell.task], gen_kwargs=cell.gen_kwargs or None, **evaluate
+            )
+            if results is not None and _is_main_process():
+                written.append(_save_cell(cells_dir, cell, results, config.metric(cell.task)))
+        del lm
+        gc.collect()
+        _empty_device_cache()
+    return written
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _save_cell(cells_dir: Path, cell: Cell, results: dict, metric: str) -> Path:
+    task_results = results["results"].get(cell.task, {})
+    metric_name, _, filter_name = metric.partition(",")
+    timing = results["timing"]["tasks"].get(cell.task, results["timing"]["all"])
+    record = {
+        "model_name": cell.model_name,
+        "setting": cell.setting,
+        "task": cell.task,
+        "model": cell.model,
+        "model_args": cell.model_args,
+        "gen_kwargs": cell.gen_kwargs,
+        "paper_model": cell.paper_model,
+        "metric": metric,
+        "accuracy": _number(task_results.get(metric)),
+        "stderr": _number(task_results.get(f"{metric_name}_stderr,{filter_name}")),
+        "results": task_results,
+        "timing": timing,
+        "limit": results["config"].get("limit"),
+        "n_samples": results.get("n-samples", {}).get(cell.task),
+        "date": results.get("date"),
+    }
+    path = cells_dir / f"{cell.slug}.json"
+    _write_atomically(path, json.dumps(record, indent=2, default=str))
+    if results.get("samples", {}).get(cell.task):
+        lines = "".join(json.dumps(s, default=str) + "\n" for s in results["samples"][cell.task])
+        _write_atomically(cells_dir.parent / "samples" / f"{cell.slug}.jsonl", lines)
+    return path
+
+
+def _number(value: Any) -> Optional[float]:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(number) else number
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_bytes_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# -- report --------------------------------------------------------------------------------------------------------
+
+
+def paper_numbers(path: Path = PAPER_NUMBERS) -> dict[tuple[str, str, str], dict]:
+    """The paper's published (benchmark, model, setting) -> {accuracy (%), time_s}."""
+    rows = json.loads(path.read_text(encoding="utf-8"))["rows"]
+    return {(r["benchmark"], r["model"], r["setting"]): r for r in rows}
+
+
+def benchmark_of(task: str) -> str:
+    """``mdm_gsm8k`` -> ``gsm8k`` (the paper's benchmark name)."""
+    return task[4:] if task.startswith("mdm_") else task
+
+
+def collect_rows(config: CompareConfig) -> list[dict]:
+    """One row per finished cell of the config, with the paper's numbers where they exist."""
+    paper = paper_numbers()
+    rows = []
+    for cell in config.cells:
+        path = config.output_dir / "cells" / f"{cell.slug}.json"
+        if not path.is_file():
+            continue
+        record = json.loads(path.read_text(encoding="utf-8"))
+        timing = record["timing"]
+        benchmark = benchmark_of(cell.task)
+        published = paper.get((benchmark, cell.paper_model, cell.setting), {})
+        accuracy = record["accuracy"]
+        rows.append(
+            {
+                "benchmark": benchmark,
+                "task": cell.task,
+                "model": cell.model_name,
+                "setting": cell.setting,
+                "metric": record["metric"],
+                "accuracy": None if accuracy is None else 100.0 * accuracy,
+                "stderr": None if record["stderr"] is None else 100.0 * record["stderr"],
+                "time_s": timing["wall_s"],
+                "elapsed_s": timing["elapsed_s"],
+                "generate_s": timing["generate_s"],
+                "requests": timing["requests"],
+                "nfe_per_request": timing["nfe_per_request"],
+                "tokens_per_s": timing["tokens_per_s"],
+                "paper_accuracy": published.get("accuracy"),
+                "paper_time_s": published.get("time_s"),
+                "limit": record.get("limit"),
+            }
+        )
+    return rows
+
+
+def write_report(config: CompareConfig) -> dict[str, Path]:
+    """Write ``results.csv``, ``results.md`` and ``accuracy_vs_time.png`` from the finished cells."""
+    rows = collect_rows(config)
+    out = config.output_dir
+    paths = {"csv": out / "results.csv", "markdown": out / "results.md", "plot": out / "accuracy_vs_time.png"}
+    _write_atomically(paths["csv"], _csv(rows))
+    _write_atomically(paths["markdown"], _markdown(config, rows))
+    _write_bytes_atomically(paths["plot"], _plot(config, rows))
+    return paths
+
+
+def _csv(rows: Sequence[dict]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _markdown(config: CompareConfig, rows: Sequence[dict]) -> str:
+    header = ["benchmark", "model", "setting", "accuracy (%)", "time (s)", "requests", "NFE / request",
+              "tokens / s", "paper accuracy (%)", "paper time (s)"]  # fmt: skip
+    lines = [
+        f"# {config.name}: accuracy against time",
+        "",
+        "Time: wall-clock seconds of all requests (device synchronised, summed over processes); the paper's time is "
+        "for the whole benchmark" + (", ours for `limit` requests." if any(r["limit"] for r in rows) else "."),
+        "Paper: " + json.loads(PAPER_NUMBERS.read_text(encoding="utf-8"))["source"],
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|",
+    ]
+    for r in rows:
+        cells = [r["benchmark"], r["model"], r["setting"], _fmt(r["accuracy"]), _fmt(r["time_s"]), _fmt(r["requests"]),
+                 _fmt(r["nfe_per_request"]), _fmt(r["tokens_per_s"]), _fmt(r["paper_accuracy"]),
+                 _fmt(r["paper_time_s"])]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plot(config: CompareConfig, rows: Sequence[dict]) -> bytes:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benchmarks = sorted({r["benchmark"] for r in rows}) or ["(no finished cells)"]
+    figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4.2), squeeze=False)
+    colors = {}
+    palette = plt.get_cmap("tab10")
+    for axis, benchmark in zip(axes[0], benchmarks):
+        subset = [r for r in rows if r["benchmark"] == benchmark]
+        for model in dict.fromkeys(r["model"] for r in subset):
+            color = colors.setdefault(model, palette(len(colors) % 10))
+            points = sorted((r for r in subset if r["model"] == model and r["accuracy"] is not None),
+                            key=lambda r: r["time_s"])  # fmt: skip
+            _series(axis, [(r["time_s"], r["accuracy"], r["setting"]) for r in points], color, model, filled=True)
+            published = sorted((r for r in points if r["paper_accuracy"] is not None), key=lambda r: r["paper_time_s"])
+            _series(axis, [(r["paper_time_s"], r["paper_accuracy"], r["setting"]) for r in published], color,
+                    f"{model} (paper)", filled=False)  # fmt: skip
+        axis.set_title(benchmark)
+        axis.set_xlabel("time for the benchmark (s)")
+        axis.set_ylabel("accuracy (%)")
+        if any(r["time_s"] > 0 for r in subset):
+            axis.set_xscale("log")
+        axis.set_ylim(-2, 102)
+        axis.grid(True, alpha=0.3)
+        if subset:
+            axis.legend(fontsize=7)
+    figure.suptitle(f"{config.name}: accuracy vs time (filled: ours, hollow: the paper)")
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=120)
+    plt.close(figure)
+    return buffer.getvalue()
+
+
+def _series(axis: Any, points: Sequence[tuple], color: Any, label: str, filled: bool) -> None:
+    if not points:
+        return
+    xs, ys, names = zip(*points)
+    axis.plot(xs, ys, linestyle="-" if filled else "--", color=color, alpha=0.8)
+    axis.scatter(xs, ys, color=color if filled else "none", edgecolors=color, label=label, zorder=3)
+    for x, y, name in points:
+        axis.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+
+
+# -- command line --------------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The arguments of ``hf-mdm compare`` (for wiring into another parser)."""
+    parser.add_argument("--config", required=True, help="compare config (YAML), e.g. evaluation/configs/tiny.yaml")
+    parser.add_argument("--force", action="store_true", help="re-run finished cells")
+    parser.add_argument("--report_only", action="store_true", help="only rebuild the table and plot from saved cells")
+    parser.add_argument("--limit", type=float, default=None, help="override the config's limit (smoke runs)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``hf-mdm compare`` with parsed arguments."""
+    config = load_config(args.config, limit=args.limit)
+    if not args.report_only:
+        run_matrix(config, force=args.force)
+    if _is_main_process():
+        paths = write_report(config)
+        print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
+        print(paths["markdown"].read_text(encoding="utf-8"))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point: ``hf-mdm compare`` (wired by ``hf_mdm.cli``) and ``python -m hf_mdm.harness.compare``."""
+    parser = add_arguments(argparse.ArgumentParser(prog="hf-mdm compare", description=__doc__.split("\n\n")[0]))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

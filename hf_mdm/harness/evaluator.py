@@ -1,0 +1,140 @@
+"""lm-eval's ``simple_evaluate`` with hf_mdm's tasks and models, returning accuracy and timing from one run.
+
+`simple_evaluate` takes exactly lm-eval's arguments. It builds the model itself (``lm_eval.api.registry``, as
+lm-eval does) so that it can read the model's timing afterwards, runs ``lm_eval.simple_evaluate``, gathers the
+per-request timing of every process (``accelerate launch``) and writes it into the results (see
+`hf_mdm.harness.timing.attach_timing`). `build_task_manager` indexes hf_mdm's task directory and, only when a
+requested task is not one of ours, lm-eval's ~15k built-in task configs (a slow scan).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence, Union
+
+from lm_eval import evaluator as lm_eval_evaluator
+from lm_eval.api.model import LM
+from lm_eval.api.registry import get_model
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import simple_parse_args_string
+
+from . import models as _models  # noqa: F401  (registers hf_mdm and hf_timed)
+from .timing import RequestTiming, attach_timing
+
+__all__ = ["TASKS_DIR", "task_names", "build_task_manager", "simple_evaluate", "create_lm"]
+
+TASKS_DIR = Path(__file__).resolve().parent / "tasks"
+
+
+class _QuietCustomDatasetNote(logging.Filter):
+    """Drop lm-eval's note about ``--metadata``, logged for every task with a ``custom_dataset`` (all of ours)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Custom kwargs can be passed to `--metadata`" not in record.getMessage()
+
+
+logging.getLogger("lm_eval.api.task").addFilter(_QuietCustomDatasetNote())
+
+
+@lru_cache(maxsize=1)
+def task_names() -> frozenset[str]:
+    """Names of the tasks in hf_mdm's task directory."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    names = set()
+    for path in TASKS_DIR.glob("*.yaml"):
+        config = load_yaml(path, resolve_func=False)
+        names.update(str(config[key]) for key in ("task", "group") if key in config)
+    return frozenset(names)
+
+
+def _only_ours(tasks: Optional[Iterable[Any]]) -> bool:
+    if not tasks:
+        return False
+    return all(isinstance(t, str) and t in task_names() for t in tasks)
+
+
+def build_task_manager(
+    tasks: Optional[Sequence[Any]] = None,
+    include_path: Union[None, str, Path, Sequence[Union[str, Path]]] = None,
+    metadata: Optional[dict] = None,
+) -> TaskManager:
+    """A TaskManager that knows hf_mdm's tasks (and ``include_path``'s); lm-eval's built-in tasks are indexed
+    unless every requested task is one of hf_mdm's."""
+    paths: list[Union[str, Path]] = [TASKS_DIR]
+    if include_path:
+        paths += [include_path] if isinstance(include_path, (str, Path)) else list(include_path)
+    return TaskManager(include_path=paths, include_defaults=not _only_ours(tasks), metadata=metadata or {})
+
+
+def create_lm(
+    model: str,
+    model_args: Union[None, str, dict] = None,
+    batch_size: Union[None, int, str] = None,
+    max_batch_size: Optional[int] = None,
+    device: Optional[str] = None,
+) -> LM:
+    """Instantiate a registered lm-eval model the way ``lm_eval.simple_evaluate`` does."""
+    extra = {"batch_size": batch_size, "max_batch_size": max_batch_size, "device": device}
+    model_class = get_model(model)
+    if isinstance(model_args, dict):
+        return model_class.create_from_arg_obj(model_args, extra)
+    return model_class.create_from_arg_string(model_args or "", extra)
+
+
+def simple_evaluate(
+    model: Union[str, LM],
+    model_args: Union[None, str, dict] = None,
+    tasks: Optional[Sequence[Any]] = None,
+    batch_size: Union[None, int, str] = None,
+    max_batch_size: Optional[int] = None,
+    device: Optional[str] = None,
+    task_manager: Optional[TaskManager] = None,
+    metadata: Optional[dict] = None,
+    **kwargs: Any,
+) -> Optional[dict]:
+    """``lm_eval.simple_evaluate`` (same arguments) with hf_mdm's tasks registered and timing in the results.
+
+    Returns lm-eval's results dict on the main process (None on the others) with ``results["timing"]`` (totals
+    per task and overall), ``<field>,timing`` entries in ``results["results"][task]`` and, with
+    ``log_samples``, ``sample["timing"]`` for every logged sample.
+    """
+    args_dict = simple_parse_args_string(model_args) if isinstance(model_args, str) else dict(model_args or {})
+    if task_manager is None:
+        task_manager = build_task_manager(tasks, metadata=args_dict | (metadata or {}))
+    lm = model if isinstance(model, LM) else create_lm(model, model_args, batch_size, max_batch_size, device)
+    timing = getattr(lm, "timing", None)
+    if timing is not None:
+        timing.clear()
+    results = lm_eval_evaluator.simple_evaluate(
+        model=lm,
+        model_args=model_args,
+        tasks=list(tasks or []),
+        batch_size=batch_size,
+        max_batch_size=max_batch_size,
+        device=device,
+        task_manager=task_manager,
+        metadata=metadata,
+        **kwargs,
+    )
+    records = _gather_records(lm) if timing is not None else None
+    if results is None:
+        return None
+    if isinstance(model, str):
+        results["config"]["model"] = model
+        tracker = kwargs.get("evaluation_tracker")
+        if tracker is not None:
+            tracker.general_config_tracker.model_source = model
+    if records is not None:
+        attach_timing(results, records, kwargs.get("samples"))
+    return results
+
+
+def _gather_records(lm: LM) -> Optional[list[RequestTiming]]:
+    """Every process's timing records on the main process (a collective: all processes must call it)."""
+    gathered = lm.gather_object(list(lm.timing.records), dst=0)
+    if gathered is None:
+        return None
+    return [record for part in gathered for record in (part or [])]

@@ -1,0 +1,607 @@
+"""lm-eval models: ``hf_mdm`` (masked diffusion LMs) and ``hf_timed`` (lm-eval's HF causal LM), both timed.
+
+Both subclass lm-eval's `HFLM`, so loading (``pretrained``, ``dtype``, ``device``, ``trust_remote_code``,
+``parallelize``, ``peft``, ...), tokenisation, chat templates and data parallelism under ``accelerate launch``
+are lm-eval's own. They share one ``generate_until``: requests grouped by their generation kwargs, sorted by
+prompt length (longest first, as lm-eval does), batched with left padding, generated, decoded and cut at the
+request's own stop strings (``until`` plus EOS); every batch is timed (see `hf_mdm.harness.timing`).
+
+``hf_mdm`` loads any masked diffusion checkpoint with ``AutoModelForMaskedLM`` (hf_mdm's own models and the
+native LLaDA / Dream classes, registered on ``import hf_mdm``; other checkpoints through their remote code with
+``trust_remote_code=True``) and samples with `hf_mdm.generation.diffusion_generate`. Every field of
+`MaskedDiffusionGenerationConfig` is a model argument (``steps``, ``block_length``, ``schedule``, ``transfer``,
+``strategy``, ``threshold``, ``temperature``, ``top_k``, ``top_p``, ``cfg_scale``, ``logits_shift``,
+``mask_token_id``, ``stop_at_eos``, ``reference``, ...), on top of the checkpoint's generation config. A
+request's generation kwargs (``--gen_kwargs``) override the diffusion settings; ``temperature``, ``top_k``,
+``top_p`` and ``max_gen_toks`` given as model arguments win over the request's (every lm-eval task sets
+temperature 0 through ``do_sample: false``, and a generation length per task). ``loglikelihood`` is the Monte
+Carlo ELBO of LLaDA and Dream.
+
+On CPU, ``accelerate launch`` with several processes (``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu
+--num_processes N``) gives lm-eval's HFLM no rank (it counts GPUs); these models take rank and world size from
+accelerate, so requests are sharded on CPU as on GPUs.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from typing import Any, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+import transformers
+from lm_eval import utils as lm_eval_utils
+from lm_eval.api.registry import register_model
+from lm_eval.models.huggingface import HFLM
+from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+from tqdm import tqdm
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
+
+from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
+from .timing import RequestTag, Stopwatch, TimingRecorder, tag_requests
+
+__all__ = ["MaskedDiffusionLM", "TimedHFLM", "StopStringCriteria", "tokens_until_stop"]
+
+logger = logging.getLogger(__name__)
+
+# Request generation kwargs that are not generation-config fields of a masked diffusion model.
+_LM_EVAL_ONLY_KWARGS = ("do_sample",)
+
+
+def diffusion_fields() -> frozenset[str]:
+    """Fields of `MaskedDiffusionGenerationConfig` that a plain `GenerationConfig` does not have."""
+    return frozenset(vars(MaskedDiffusionGenerationConfig())) - frozenset(vars(GenerationConfig()))
+
+
+_SAMPLING_FIELDS = frozenset({"temperature", "top_k", "top_p", "eos_token_id", "pad_token_id"})
+# Model arguments that win over a request's value: lm-eval tasks always carry temperature (do_sample: false).
+_EXPLICIT_WINS = frozenset({"temperature", "top_k", "top_p"})
+
+
+def tokens_until_stop(tokenizer: Any, tokens: Sequence[int], stops: Sequence[str]) -> int:
+    """Length of the shortest prefix of ``tokens`` whose text contains a stop string (all of them if none does)."""
+    stops = [s for s in stops if s]
+    tokens = list(tokens)
+
+    def stopped(n: int) -> bool:
+        text = tokenizer.decode(tokens[:n], skip_special_tokens=False)
+        return any(s in text for s in stops)
+
+    if not stops or not tokens or not stopped(len(tokens)):
+        return len(tokens)
+    lo, hi = 1, len(tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stopped(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class StopStringCriteria(StoppingCriteria):
+    """Stop rows whose generated text (after the prompt columns) contains a stop string.
+
+    The masked diffusion sampler checks stopping criteria between blocks on the revealed prefix, so with
+    ``block_length`` set, rows that wrote a stop string skip their remaining blocks (their answer is cut there).
+    """
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_width: int):
+        self.tokenizer = tokenizer
+        self.stops = [s for s in stops if s]
+        self.prompt_width = prompt_width
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
+        texts = self.tokenizer.batch_decode(input_ids[:, self.prompt_width :], skip_special_tokens=True)
+        done = [any(s in text for s in self.stops) for text in texts]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+class _TimedGeneration:
+    """``generate_until`` with per-batch timing, shared by both models; subclasses implement `_generate_batch`."""
+
+    timing: TimingRecorder
+    _explicit_max_gen_toks: Optional[int] = None
+
+    def _init_timing(self) -> None:
+        self._use_accelerate_rank()
+        self.timing = TimingRecorder(rank=self.rank)
+
+    def _use_accelerate_rank(self) -> None:
+        """Rank and world size from accelerate: HFLM sets them only when it sees several GPUs (so not on CPU) and
+        uses the node-local index as rank (so not across nodes)."""
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1:
+            self._rank = accelerator.process_index
+            self._world_size = accelerator.num_processes
+
+    # -- batching --------------------------------------------------------------------------------------------
+
+    def _generation_batches(self, requests: Sequence[Any]) -> list[list[int]]:
+        """Indices of requests per batch: grouped by generation kwargs, longest prompt first."""
+        groups: dict[str, list[int]] = {}
+        for index, request in enumerate(requests):
+            key = json.dumps(request.args[1], sort_keys=True, default=str)
+            groups.setdefault(key, []).append(index)
+        batch_size = self._resolved_batch_size()
+        batches = []
+        for indices in groups.values():
+            lengths = {i: len(self.tok_encode(requests[i].args[0])) for i in indices}
+            ordered = sorted(indices, key=lambda i: (-lengths[i], requests[i].args[0]))
+            batches += [ordered[s : s + batch_size] for s in range(0, len(ordered), batch_size)]
+        return batches
+
+    def _resolved_batch_size(self) -> int:
+        if str(self.batch_size).startswith("auto"):
+            if not getattr(self, "_auto_batch_size", None):
+                self._auto_batch_size = self._detect_batch_size()
+            return self._auto_batch_size
+        return max(1, int(self.batch_size))
+
+    # -- generate_until --------------------------------------------------------------------------------------
+
+    def generate_until(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[str]:
+        """Generate for lm-eval ``Instance``s with ``args = (context, gen_kwargs)``; texts in request order."""
+        results: list[Optional[str]] = [None] * len(requests)
+        tags = tag_requests(requests)
+        progress = tqdm(total=len(requests), disable=disable_tqdm or self.rank != 0, desc="generate_until")
+        for batch in self._generation_batches(requests):
+            contexts = [requests[i].args[0] for i in batch]
+            gen_kwargs = requests[batch[0]].args[1]
+            texts = self._generate_texts(contexts, gen_kwargs, [tags[i] for i in batch])
+            for index, text in zip(batch, texts):
+                results[index] = text
+                self.cache_hook.add_partial("generate_until", requests[index].args, text)
+            progress.update(len(batch))
+        progress.close()
+        return results  # type: ignore[return-value]
+
+    def _generate_texts(self, contexts: Sequence[str], gen_kwargs: dict, tags: Sequence[RequestTag]) -> list[str]:
+        """Encode, generate, decode and cut one batch; record its timing."""
+        kwargs = dict(normalize_gen_kwargs(gen_kwargs, self.max_gen_toks))
+        eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
+        until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
+        max_gen_toks = int(kwargs.pop("max_gen_toks"))
+        if self._explicit_max_gen_toks is not None:
+            max_gen_toks = self._explicit_max_gen_toks
+        with Stopwatch(self.device) as watch:
+            input_ids, attention_mask = self.tok_batch_encode(
+                list(contexts), left_truncate_len=self._max_prompt_length(max_gen_toks), truncation=self.truncation
+            )
+            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+            generation = self._generate_batch(input_ids, attention_mask, until, max_gen_toks, kwargs)
+            rows = generation["tokens"].tolist()
+            texts = [self._postprocess(self.tok_decode(self._after_thinking(row)), until) for row in rows]
+            output_tokens = [tokens_until_stop(self.tokenizer, row[:n], until)
+                             for row, n in zip(rows, generation["generated_tokens"])]  # fmt: skip
+        self.timing.add_batch(
+            tags,
+            batch_time_s=watch.seconds,
+            generate_s=generation["generate_s"],
+            nfe=generation["nfe"],
+            generated_tokens=generation["generated_tokens"],
+            output_tokens=output_tokens,
+        )
+        return texts
+
+    def _after_thinking(self, row: list[int]) -> list[int]:
+        """HFLM's ``think_end_token`` given as a token id: keep the tokens after its last occurrence."""
+        token = self.think_end_token
+        if isinstance(token, int) and token in row:
+            return row[len(row) - row[::-1].index(token) :]
+        return row
+
+    def _postprocess(self, text: str, until: list[str]) -> str:
+        """Cut at the first stop string (and after a string ``think_end_token``), as HFLM does."""
+        if isinstance(self.think_end_token, int):
+            text = text.lstrip()
+        think_end = self.think_end_token if isinstance(self.think_end_token, str) else None
+        return postprocess_generated_text(generation=text, stop=until, think_end_token=think_end)
+
+    def _max_prompt_length(self, max_gen_toks: int) -> int:
+        length = self.max_length - max_gen_toks
+        if length <= 0:
+            raise ValueError(
+                f"max_gen_toks={max_gen_toks} leaves no room for the prompt in the model's max_length="
+                f"{self.max_length}: lower max_gen_toks (model arg or --gen_kwargs) or raise max_length"
+            )
+        return length
+
+    def _generate_batch(
+        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor, until: list[str], max_gen_toks: int,
+        kwargs: dict,
+    ) -> dict[str, Any]:  # fmt: skip
+        """Generate for one left-padded batch. Returns ``tokens`` (B, T) after the prompt, ``generate_s`` (the
+        model's own generation seconds), ``nfe`` (forward passes of the batch) and per-row ``generated_tokens``."""
+        raise NotImplementedError
+
+    def _autocast(self) -> torch.autocast:
+        """HFLM's ``mixed_precision_dtype`` autocast (a no-op when unset)."""
+        dtype = self.mixed_precision_dtype
+        return torch.autocast(device_type=self.device.type, dtype=dtype, enabled=dtype is not None)
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["timing"] = "hf_mdm.harness.timing: wall-clock per batch, device synchronised"
+        return info
+
+
+@register_model("hf_timed")
+class TimedHFLM(_TimedGeneration, HFLM):
+    """lm-eval's ``hf`` model (autoregressive, ``AutoModelForCausalLM``) with per-request timing.
+
+    Takes every argument of lm-eval's ``hf`` model, and ``max_gen_toks`` (wins over the request's). Each batch is
+    generated with lm-eval's own ``_model_generate`` (``model.generate`` with its stop-sequence criteria, KV cache
+    on); its NFE is the number of decoding steps of the batch (one forward pass each), and a row's generated tokens
+    stop at its EOS or at the token that completed one of its stop strings.
+    """
+
+    def __init__(self, *args: Any, max_gen_toks: Optional[int] = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
+        self._init_timing()
+
+    @property
+    def max_gen_toks(self) -> int:
+        """Tokens to generate: the ``max_gen_toks`` model argument if given (it wins over the request's), else the
+        request's, else 256 (lm-eval's default)."""
+        return self._explicit_max_gen_toks or 256
+
+    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs):
+        with Stopwatch(self.device) as watch:
+            output = self._model_generate(
+                context=input_ids,
+                attention_mask=attention_mask,
+                stop=until,
+                max_length=input_ids.shape[1] + max_gen_toks,
+                **kwargs,
+            )
+        tokens = output[:, input_ids.shape[1] :]
+        generated = [self._row_length(row, until) for row in tokens.tolist()]
+        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": tokens.shape[1], "generated_tokens": generated}
+
+    def _row_length(self, row: list[int], until: list[str]) -> int:
+        """Tokens this row generated before stopping: through its EOS, before padding, through a stop string."""
+        eos = {self.tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)}
+        eos = {e for item in eos for e in (item if isinstance(item, (list, tuple)) else [item]) if e is not None}
+        pad = self.tokenizer.pad_token_id
+        length = len(row)
+        for position, token in enumerate(row):
+            if token in eos:
+                length = position + 1
+                break
+            if token == pad:
+                length = position
+                break
+        return tokens_until_stop(self.tokenizer, row[:length], until)
+
+
+@register_model("hf_mdm")
+class MaskedDiffusionLM(_TimedGeneration, HFLM):
+    """Any masked diffusion LM for lm-eval, sampled by reverse diffusion, scored by its Monte Carlo ELBO.
+
+    Args:
+        pretrained: checkpoint path or Hub id (hf_mdm's MDMs, LLaDA, Dream, or remote code with
+            ``trust_remote_code=True``), or a loaded model.
+        max_gen_toks: tokens generated (masks appended); default: the request's ``max_gen_toks``, else 256.
+        mc_num: Monte Carlo samples per ``loglikelihood`` request (LLaDA's default, 128); the samples of all
+            requests are batched together, ``batch_size`` rows per forward pass.
+        greedy_check: compute lm-eval's ``is_greedy`` for ``loglikelihood`` as LLaDA does (the continuation
+            decoded one token per step, most confident first, must equal the target); costs one forward per
+            continuation token.
+        seed: seed of the sampler's and the Monte Carlo estimator's random numbers.
+        **kwargs: `MaskedDiffusionGenerationConfig` fields (``steps``, ``block_length``, ``schedule``,
+            ``transfer``, ``strategy``, ``threshold``, ``temperature``, ``top_k``, ``top_p``, ``cfg_scale``,
+            ``logits_shift``, ``mask_token_id``, ``stop_at_eos``, ``reference``, ...); everything else goes to
+            lm-eval's HFLM (``dtype``, ``device``, ``batch_size``, ``trust_remote_code``, ...) and from there to
+            ``from_pretrained``.
+    """
+
+    def __init__(
+        self,
+        pretrained: Any,
+        max_gen_toks: Optional[int] = None,
+        mc_num: int = 128,
+        greedy_check: bool = True,
+        seed: int = 1234,
+        **kwargs: Any,
+    ):
+        sampler_fields = diffusion_fields() | _SAMPLING_FIELDS
+        overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in sampler_fields}
+        kwargs.setdefault("backend", "causal")
+        super().__init__(pretrained, **kwargs)
+        if int(mc_num) < 1:
+            raise ValueError(f"mc_num must be >= 1, got {mc_num}")
+        self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
+        self._explicit_sampling = {k: v for k, v in overrides.items() if k in _EXPLICIT_WINS}
+        self.mc_num = int(mc_num)
+        self.greedy_check = bool(greedy_check)
+        self.seed = int(seed)
+        self.generation_config = self._build_generation_config(overrides)
+        self.mask_token_id = int(self.generation_config.mask_token_id)
+        self._generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        self._current_tags: Optional[list[RequestTag]] = None  # set by loglikelihood for _loglikelihood_tokens
+        self._ignored_kwargs: set[str] = set()
+        self._init_timing()
+
+    # -- loading ---------------------------------------------------------------------------------------------
+
+    def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: Optional[bool] = False) -> None:
+        """Tokenise as a decoder (prompt + continuation encoded together); load with the masked-LM Auto class."""
+        self.backend = "causal"
+        self.AUTO_MODEL_CLASS = _auto_model_class(config, bool(trust_remote_code))
+
+    def _build_generation_config(self, overrides: dict[str, Any]) -> MaskedDiffusionGenerationConfig:
+        config = MaskedDiffusionGenerationConfig.from_any(getattr(self.model, "generation_config", None))
+        for key, value in overrides.items():
+            setattr(config, key, value)
+        model_config = self.model.config
+        if config.mask_token_id is None:
+            config.mask_token_id = getattr(model_config, "mask_token_id", None)
+        if config.mask_token_id is None and getattr(self.tokenizer, "mask_token_id", None) is not None:
+            config.mask_token_id = self.tokenizer.mask_token_id
+        if config.mask_token_id is None:
+            raise ValueError("the model has no mask_token_id: pass mask_token_id=<id of [MASK]> in --model_args")
+        for name in ("eos_token_id", "pad_token_id"):
+            if getattr(config, name) is None:
+                value = getattr(model_config, name, None)
+                setattr(config, name, value if value is not None else getattr(self.tokenizer, name))
+        config.validate_diffusion()
+        return config
+
+    @property
+    def max_gen_toks(self) -> int:
+        """Masks appended: the ``max_gen_toks`` model argument if given, else the request's, else 256."""
+        return self._explicit_max_gen_toks or 256
+
+    @property
+    def logits_shift(self) -> int:
+        """1 if position i is predicted from hidden state i-1 (Dream), else 0."""
+        shift = self.generation_config.logits_shift
+        if shift is None:
+            shift = getattr(self.model.config, "logits_shift", None)
+        if shift is None:
+            shift = 1 if getattr(self.model.config, "model_type", None) == "Dream" else 0
+        return int(shift)
+
+    # -- generation ------------------------------------------------------------------------------------------
+
+    def _request_config(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
+        config = copy.deepcopy(self.generation_config)
+        config.max_new_tokens = max_gen_toks
+        config.return_dict_in_generate = True
+        for key, value in kwargs.items():
+            if key in _LM_EVAL_ONLY_KWARGS or key in self._explicit_sampling:
+                continue
+            if key not in diffusion_fields() | _SAMPLING_FIELDS:
+                if key not in self._ignored_kwargs:
+                    self._ignored_kwargs.add(key)
+                    logger.warning("hf_mdm: generation kwarg %r is not a sampler setting; ignored", key)
+                continue
+            setattr(config, key, value)
+        config.validate_diffusion()
+        return config
+
+    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs):
+        config = self._request_config(max_gen_toks, kwargs)
+        criteria = StoppingCriteriaList([StopStringCriteria(self.tokenizer, until, input_ids.shape[1])])
+        with self._autocast():
+            output = diffusion_generate(
+                self.model,
+                input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                stopping_criteria=None if config.reference is not None else criteria,
+                generator=self._generator,
+            )
+        tokens = output.sequences[:, input_ids.shape[1] :]
+        return {
+            "tokens": tokens,
+            "generate_s": float(output.elapsed_s),
+            "nfe": int(output.nfe),
+            "generated_tokens": [int(n) for n in output.num_generated_tokens.tolist()],
+        }
+
+    # -- likelihood ------------------------------------------------------------------------------------------
+
+    def _loglikelihood_tokens(
+        self, requests: Sequence[Any], disable_tqdm: bool = False, override_bs: Optional[int] = None
+    ) -> list[tuple[float, bool]]:
+        """ELBO of each continuation given its context (and LLaDA's greedy check), batched across requests.
+
+        ``requests``: ``((context, continuation), context_ids, continuation_ids)`` as built by lm-eval.
+        """
+        pairs = [self._truncate(context_ids, continuation_ids) for _, context_ids, continuation_ids in requests]
+        results, seconds, nfe = self._score(pairs, self.greedy_check, override_bs)
+        tags = self._current_tags or [RequestTag("unknown", i, "loglikelihood") for i in range(len(pairs))]
+        for tag, time_s, forwards in zip(tags, seconds, nfe):
+            self.timing.add_request(tag, time_s=time_s, generate_s=time_s, nfe=forwards)
+        for (strings, _, _), result in zip(requests, results):
+            self.cache_hook.add_partial("loglikelihood", strings, result)
+        return results
+
+    def _score(
+        self, pairs: Sequence[tuple[list[int], list[int]]], greedy: bool, override_bs: Optional[int] = None
+    ) -> tuple[list[tuple[float, bool]], list[float], list[int]]:
+        """(log-likelihood, is_greedy) per pair, with each pair's share of the seconds and its forward passes."""
+        with Stopwatch(self.device) as watch:
+            log_likelihoods, nfe = self._elbo(pairs, override_bs)
+            matches = self._greedy_matches(pairs) if greedy else [False] * len(pairs)
+        if greedy:  # one forward per continuation token
+            nfe = [n + len(continuation) for n, (_, continuation) in zip(nfe, pairs)]
+        total = sum(nfe) or 1
+        return list(zip(log_likelihoods, matches)), [watch.seconds * n / total for n in nfe], nfe
+
+    def loglikelihood(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self._current_tags = tag_requests(requests)
+        try:
+            return super().loglikelihood(requests, disable_tqdm=disable_tqdm)
+        finally:
+            self._current_tags = None
+
+    def loglikelihood_rolling(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[float]:
+        """Sum of the ELBOs of the text's disjoint windows (lm-eval's rolling windows of ``max_length``)."""
+        pairs, owners = [], []
+        for index, request in enumerate(requests):
+            rolling = lm_eval_utils.get_rolling_token_windows(
+                token_list=self.tok_encode(request.args[0]), prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length, context_len=1,
+            )  # fmt: skip
+            for context, continuation in map(lm_eval_utils.make_disjoint_window, rolling):
+                pairs.append((context, continuation))
+                owners.append(index)
+        results, seconds, nfe = self._score(pairs, greedy=False)
+        totals, time_s, forwards = [0.0] * len(requests), [0.0] * len(requests), [0] * len(requests)
+        for owner, (log_likelihood, _), window_s, window_nfe in zip(owners, results, seconds, nfe):
+            totals[owner] += log_likelihood
+            time_s[owner] += window_s
+            forwards[owner] += window_nfe
+        for request, tag, total, t, n in zip(requests, tag_requests(requests), totals, time_s, forwards):
+            self.timing.add_request(tag, time_s=t, generate_s=t, nfe=n)
+            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
+        return totals
+
+    def _truncate(self, context: list[int], continuation: list[int]) -> tuple[list[int], list[int]]:
+        """Keep the continuation (at most max_length - 1 tokens) and as much context as fits, from the right."""
+        continuation = continuation[-(self.max_length - 1) :]
+        context = context[-(self.max_length - len(continuation)) :]
+        return context, continuation
+
+    def _elbo(self, pairs: Sequence[tuple[list[int], list[int]]], override_bs: Optional[int] = None):
+        """Monte Carlo ELBO per (context, continuation), as LLaDA's ``get_loglikelihood``: ``mc_num`` samples,
+        sample j masks m_j of the T continuation tokens (stratified: m_j = k + j T / mc_num, wrapped into 1..T, k
+        uniform), each masked token's log-probability weighted by T / m_j. Random numbers come from a generator
+        seeded by the request's tokens, so a request's estimate does not depend on its batch or rank.
+
+        Returns (log-likelihoods, forward passes per request)."""
+        rows = [row for index, pair in enumerate(pairs) for row in self._mc_rows(index, *pair)]
+        rows.sort(key=lambda row: -row["ids"].numel())
+        loss = [0.0] * len(pairs)
+        batch_size = override_bs or self._resolved_batch_size()
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            for row, value in zip(batch, self._masked_nll(batch)):
+                loss[row["request"]] += value / row["ratio"]
+        forwards = self.mc_num * (2 if self.generation_config.cfg_scale > 0 else 1)
+        return [-total / self.mc_num for total in loss], [forwards] * len(pairs)
+
+    def _mc_rows(self, index: int, context: list[int], continuation: list[int]) -> list[dict]:
+        length = len(continuation)
+        generator = torch.Generator().manual_seed(_stable_seed(self.seed, context, continuation))
+        k = int(torch.randint(1, length + 1, (), generator=generator))
+        counts = torch.round(torch.linspace(float(k), k + (self.mc_num - 1) * length / self.mc_num, self.mc_num)).long()
+        counts = (counts - 1) % length + 1
+        ids = torch.tensor(context + continuation, dtype=torch.long)
+        rows = []
+        for count in counts.tolist():
+            positions = torch.randperm(length, generator=generator)[:count] + len(context)
+            rows.append({"request": index, "ids": ids, "masked": positions.sort().values,
+                         "prompt_length": len(context), "ratio": count / length})  # fmt: skip
+        return rows
+
+    @torch.no_grad()
+    def _masked_nll(self, batch: Sequence[dict]) -> list[float]:
+        """Sum of -log p(x_i | noisy x) over the masked positions of each row (right-padded batch)."""
+        width = max(row["ids"].numel() for row in batch)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.mask_token_id
+        noisy = torch.full((len(batch), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(batch), width), dtype=torch.long)
+        prompt = torch.zeros((len(batch), width), dtype=torch.bool)
+        for r, row in enumerate(batch):
+            n = row["ids"].numel()
+            noisy[r, :n] = row["ids"]
+            noisy[r, row["masked"]] = self.mask_token_id
+            attention[r, :n] = 1
+            prompt[r, : row["prompt_length"]] = True
+        noisy, attention, prompt = noisy.to(self.device), attention.to(self.device), prompt.to(self.device)
+        shift = self.logits_shift
+        columns = torch.cat([row["masked"] for row in batch]).unique().to(self.device)
+        logits = self._guided_logits(noisy, attention, prompt, (columns - shift).clamp(min=0))
+        lookup = torch.full((width,), -1, dtype=torch.long, device=self.device)
+        lookup[columns] = torch.arange(columns.numel(), device=self.device)
+        losses = []
+        for r, row in enumerate(batch):
+            masked = row["masked"].to(self.device)
+            row_logits = logits[r, lookup[masked]].float()
+            targets = row["ids"].to(self.device)[masked]
+            losses.append(float(F.cross_entropy(row_logits, targets, reduction="sum")))
+        return losses
+
+    def _guided_logits(self, ids, attention, prompt, keep: torch.Tensor) -> torch.Tensor:
+        """Logits (B, K, V) at the positions ``keep``, with classifier-free guidance when ``cfg_scale`` > 0 (the
+        unconditional input has the prompt masked, as in LLaDA)."""
+        cfg = float(self.generation_config.cfg_scale or 0.0)
+        inputs, mask = ids, attention
+        if cfg > 0:
+            inputs = torch.cat([ids, ids.masked_fill(prompt, self.mask_token_id)])
+            mask = torch.cat([attention, attention])
+        with self._autocast():
+            logits = self._forward_logits(inputs, mask, keep)
+        if cfg > 0:
+            cond, uncond = logits.chunk(2)
+            logits = uncond + (cfg + 1.0) * (cond - uncond)
+        return logits
+
+    def _forward_logits(self, inputs: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        try:
+            logits = self.model(inputs, attention_mask=mask, logits_to_keep=keep).logits
+        except TypeError:  # a remote-code model without logits_to_keep
+            logits = self.model(inputs, attention_mask=mask).logits
+        return logits if logits.shape[1] == keep.numel() else logits[:, keep]
+
+    def _greedy_matches(self, pairs: Sequence[tuple[list[int], list[int]]]) -> list[bool]:
+        """LLaDA's ``suffix_greedy_prediction``: the continuation fully masked and revealed one token per step,
+        most confident first, at temperature 0; True where the result equals the continuation."""
+        matches = []
+        batch_size = self._resolved_batch_size()
+        for start in range(0, len(pairs), batch_size):
+            batch = pairs[start : start + batch_size]
+            rows = [context + [self.mask_token_id] * len(continuation) for context, continuation in batch]
+            width = max(len(r) for r in rows)
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=self.device)
+            attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=self.device)
+            config = MaskedDiffusionGenerationConfig(
+                mask_token_id=self.mask_token_id,
+                eos_token_id=self.generation_config.eos_token_id,
+                pad_token_id=self.generation_config.pad_token_id,
+                logits_shift=self.generation_config.logits_shift,
+                cfg_scale=self.generation_config.cfg_scale,
+                max_new_tokens=0,
+                steps=max(len(c) for _, c in batch),
+                strategy="confidence",
+                transfer="deterministic",
+                temperature=0.0,
+                stop_at_eos=False,
+            )
+            with self._autocast():
+                output = diffusion_generate(self.model, ids, attention_mask=attention, generation_config=config)
+            for row, (_, continuation) in zip(output.tolist(), batch):
+                matches.append(row[width - len(continuation) :] == continuation)
+        return matches
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        info["generation_config"] = self.generation_config.to_diff_dict()
+        info.update(mc_num=self.mc_num, greedy_check=self.greedy_check, seed=self.seed, max_gen_toks=self.max_gen_toks)
+        return info
+
+
+def _auto_model_class(config: Any, trust_remote_code: bool) -> type:
+    """AutoModelForMaskedLM for registered masked LMs (hf_mdm, LLaDA, Dream), else what the remote code offers."""
+    if type(config) in transformers.AutoModelForMaskedLM._model_mapping:
+        return transformers.AutoModelForMaskedLM
+    auto_map = getattr(config, "auto_map", None) or {}
+    if trust_remote_code:
+        for name in ("AutoModelForMaskedLM", "AutoModel", "AutoModelForCausalLM"):
+            if name in auto_map:
+                return getattr(transformers, name)
+    return transformers.AutoModelForMaskedLM
+
+
+def _stable_seed(seed: int, context: Sequence[int], continuation: Sequence[int]) -> int:
+    digest = hashlib.sha256(json.dumps([seed, list(context), list(continuation)]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)

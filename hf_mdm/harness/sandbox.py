@@ -1,0 +1,466 @@
+"""Run generated Python programs in a separate, limited process (the only place hf_mdm executes model output).
+
+Code execution is opt-in twice: the environment variable ``HF_ALLOW_CODE_EVAL=1`` (checked here, before anything
+runs) and lm-eval's ``--confirm_run_unsafe_code`` (checked by lm-eval for tasks with ``unsafe_code: true``).
+
+Each program runs in its own fresh interpreter (``python -I -S``: isolated mode, standard library only), started
+with:
+
+- an empty temporary working directory (removed afterwards) and a minimal environment (PATH, LANG, HOME and TMPDIR
+  pointing at that directory);
+- wall-clock and CPU-time limits (the process group is killed at the wall limit; RLIMIT_CPU sends SIGXCPU, then
+  SIGKILL a second later), an address-space limit (RLIMIT_AS), a file-size limit (RLIMIT_FSIZE, which also caps
+  what the program prints) and an open-files limit, all set with soft = hard so the program cannot raise them;
+- a process-count limit: RLIMIT_NPROC (tasks of the user: counted now, plus ``max_processes``). The kernel does not
+  apply RLIMIT_NPROC to root, so under root the program also runs as the unprivileged user ``nobody`` when the
+  interpreter is usable by it, and inside a pids cgroup (``pids.max = max_processes``) when the cgroup file system
+  is writable; a warning says so when neither is available;
+- a new session (process group); afterwards the whole group, and every process left in the cgroup, is killed;
+- a guard, installed before the program's first line: destructive and process-creating functions of ``os``,
+  ``posix``, ``shutil`` and ``subprocess`` are set to None (``os.kill``, ``os.system``, ``os.remove``,
+  ``os.unlink``, ``os.rmdir``, ``os.rename``, ``os.fork``, ``os.exec*``, ``os.spawn*``, ``os.setuid``,
+  ``os._exit``, ``shutil.rmtree``, ``shutil.move``, ``subprocess.Popen``, ...), and ``ctypes``,
+  ``_posixsubprocess``, ``multiprocessing``, ``pty``, ``resource`` and ``socket`` cannot be imported; ``open`` and
+  ``os.open`` refuse to write outside the working directory.
+
+The guard stops the accidents of generated code (a stray ``shutil.rmtree``), not an adversary; the operating-system
+limits above are what bound the resources. A program passes when it runs to its end: an exception, ``exit()``, a
+signal, a limit or the timeout fail it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional, Sequence
+
+__all__ = [
+    "ALLOW_ENV",
+    "SandboxLimits",
+    "ExecutionResult",
+    "code_execution_allowed",
+    "require_code_execution",
+    "run_program",
+    "run_programs",
+]
+
+logger = logging.getLogger(__name__)
+
+ALLOW_ENV = "HF_ALLOW_CODE_EVAL"
+_NOBODY_UID = 65534
+_CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
+
+# Runs in the child, before the program: limits, guard, then the program read from stdin. Self-contained.
+_BOOTSTRAP = r"""
+import json, os, resource, sys
+settings = json.loads(sys.argv[1])
+for name, value in settings["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), tuple(value))
+source = sys.stdin.read()
+_exit, _stdout, _stderr = os._exit, sys.stdout, sys.stderr
+if settings["guard"]:
+    import builtins, faulthandler, posix, shutil, subprocess
+    faulthandler.disable()
+    for module in (os, posix):
+        for name in settings["disabled_os"]:
+            if hasattr(module, name):
+                setattr(module, name, None)
+    for name in settings["disabled_shutil"]:
+        setattr(shutil, name, None)
+    for name in settings["disabled_subprocess"]:
+        setattr(subprocess, name, None)
+    for name in settings["blocked_modules"]:
+        sys.modules[name] = None
+    builtins.exit = builtins.quit = None
+    import io
+    _root, _open, _os_open = os.path.realpath(os.getcwd()), io.open, posix.open
+    _write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+    def _inside(path):
+        if isinstance(path, int):
+            return True
+        real = os.path.realpath(os.fspath(path))
+        return real == _root or real.startswith(_root + os.sep)
+
+    def _guarded_open(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+") and not _inside(file):
+            raise PermissionError(f"the sandbox writes only inside its working directory: {file!r}")
+        return _open(file, mode, *args, **kwargs)
+
+    def _guarded_os_open(path, flags, *args, **kwargs):
+        if flags & _write_flags and not _inside(path):
+            raise PermissionError(f"the sandbox writes only inside its working directory: {path!r}")
+        return _os_open(path, flags, *args, **kwargs)
+
+    builtins.open = io.open = _guarded_open
+    os.open = posix.open = _guarded_os_open
+try:
+    exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+except BaseException:
+    try:
+        import traceback
+        traceback.print_exc(file=_stderr)
+    finally:
+        _stdout.flush(); _stderr.flush(); _exit(1)
+_stdout.flush(); _stderr.flush(); _exit(0)
+"""
+
+_DISABLED_OS = (
+    "kill", "killpg", "system", "popen", "fork", "forkpty", "vfork",
+    "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
+    "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
+    "posix_spawn", "posix_spawnp", "pidfd_open",
+    "remove", "unlink", "rmdir", "removedirs", "rename", "renames", "replace", "truncate", "ftruncate",
+    "link", "symlink", "chmod", "fchmod", "lchmod", "chown", "fchown", "lchown", "chroot", "chdir", "fchdir",
+    "mkfifo", "mknod", "putenv", "unsetenv",
+    "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
+    "setsid", "setpgid", "setpgrp", "nice", "plock", "_exit", "abort",
+)  # fmt: skip
+_DISABLED_SHUTIL = ("rmtree", "move", "chown")
+_DISABLED_SUBPROCESS = (
+    "Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput", "_fork_exec",
+    "_posixsubprocess",
+)  # fmt: skip
+_BLOCKED_MODULES = ("ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "pty", "resource", "socket", "_socket")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Resource limits of one program run.
+
+    Args:
+        timeout_s: wall-clock seconds before the process group is killed.
+        cpu_time_s: CPU seconds (RLIMIT_CPU).
+        memory_bytes: address space (RLIMIT_AS).
+        max_processes: processes and threads the program may add (RLIMIT_NPROC / pids cgroup).
+        max_file_bytes: size of any file written, stdout and stderr included (RLIMIT_FSIZE).
+        max_open_files: file descriptors (RLIMIT_NOFILE).
+        max_output_chars: characters of stdout / stderr kept in the result.
+    """
+
+    timeout_s: float = 10.0
+    cpu_time_s: int = 10
+    memory_bytes: int = 1 << 30
+    max_processes: int = 16
+    max_file_bytes: int = 16 << 20
+    max_open_files: int = 64
+    max_output_chars: int = 4000
+
+    @classmethod
+    def from_env(cls) -> "SandboxLimits":
+        """Defaults, overridden by ``HF_MDM_SANDBOX_TIMEOUT_S``, ``HF_MDM_SANDBOX_CPU_S``,
+        ``HF_MDM_SANDBOX_MEMORY_MB`` and ``HF_MDM_SANDBOX_MAX_PROCESSES``."""
+        env = os.environ
+        defaults = cls()
+        return cls(
+            timeout_s=float(env.get("HF_MDM_SANDBOX_TIMEOUT_S", defaults.timeout_s)),
+            cpu_time_s=int(env.get("HF_MDM_SANDBOX_CPU_S", defaults.cpu_time_s)),
+            memory_bytes=int(float(env.get("HF_MDM_SANDBOX_MEMORY_MB", defaults.memory_bytes >> 20)) * (1 << 20)),
+            max_processes=int(env.get("HF_MDM_SANDBOX_MAX_PROCESSES", defaults.max_processes)),
+        )
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """Outcome of one program: ``status`` is ``"passed"``, ``"failed"`` or ``"timeout"``; ``reason`` says why."""
+
+    status: str
+    reason: str
+    returncode: Optional[int]
+    stdout: str
+    stderr: str
+    elapsed_s: float
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def code_execution_allowed() -> bool:
+    """True when the user opted in with ``HF_ALLOW_CODE_EVAL=1``."""
+    return os.environ.get(ALLOW_ENV, "") == "1"
+
+
+def require_code_execution() -> None:
+    """Raise a PermissionError explaining the opt-in unless ``HF_ALLOW_CODE_EVAL=1``."""
+    if not code_execution_allowed():
+        raise PermissionError(
+            "This task executes model-generated code. hf_mdm runs it only in its sandbox (a separate process with "
+            "time, memory and process limits in an empty temporary directory) and only when you opt in: set "
+            f"{ALLOW_ENV}=1 and pass --confirm_run_unsafe_code (confirm_run_unsafe_code=True in Python)."
+        )
+
+
+def run_program(program: str, limits: SandboxLimits = SandboxLimits(), *, guard: bool = True) -> ExecutionResult:
+    """Run one Python program in the sandbox and report whether it ran to its end.
+
+    Args:
+        program: Python source (for benchmarks: the solution followed by its tests).
+        limits: resource limits.
+        guard: install the guard of disabled functions (always on for benchmarks; off only to test that the
+            operating-system limits hold by themselves).
+    """
+    require_code_execution()
+    with tempfile.TemporaryDirectory(prefix="hf_mdm_sandbox_io_") as io_dir:
+        workdir = Path(tempfile.mkdtemp(prefix="hf_mdm_sandbox_"))
+        try:
+            return _run(program, limits, guard, workdir, Path(io_dir))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_programs(
+    programs: Sequence[str], limits: SandboxLimits = SandboxLimits(), max_workers: Optional[int] = None
+) -> list[ExecutionResult]:
+    """Run programs concurrently (each in its own sandboxed process), results in input order.
+
+    ``max_workers`` defaults to ``HF_MDM_SANDBOX_WORKERS`` or the number of CPUs (at most 8).
+    """
+    require_code_execution()
+    if not programs:
+        return []
+    if max_workers is None:
+        max_workers = int(os.environ.get("HF_MDM_SANDBOX_WORKERS", 0)) or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(programs)))) as pool:
+        return list(pool.map(lambda p: run_program(p, limits), programs))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _run(program: str, limits: SandboxLimits, guard: bool, workdir: Path, io_dir: Path) -> ExecutionResult:
+    user = _unprivileged_user()
+    if user is not None:
+        os.chown(workdir, user, user)
+    cgroup = _PidsCgroup.create(limits.max_processes) if os.geteuid() == 0 else None
+    if os.geteuid() == 0 and user is None and cgroup is None:
+        _warn_unlimited_processes()
+    settings = {
+        "rlimits": _rlimits(limits, _tasks_of_user(user if user is not None else os.getuid())),
+        "guard": guard,
+        "disabled_os": _DISABLED_OS,
+        "disabled_shutil": _DISABLED_SHUTIL,
+        "disabled_subprocess": _DISABLED_SUBPROCESS,
+        "blocked_modules": _BLOCKED_MODULES,
+    }
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": str(workdir), "TMPDIR": str(workdir)}
+    extra = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
+    stdout_path, stderr_path = io_dir / "stdout", io_dir / "stderr"
+    start = time.perf_counter()
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            cwd=workdir,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            umask=0o077,
+            **extra,
+        )
+        try:
+            if cgroup is not None:
+                cgroup.add(process.pid)  # before the program is sent: nothing it starts escapes the limit
+            timed_out = _communicate(process, program, limits.timeout_s)
+        finally:
+            _kill_group(process)
+            if cgroup is not None:
+                cgroup.destroy()
+    elapsed = time.perf_counter() - start
+    stdout = _read_tail(stdout_path, limits.max_output_chars)
+    stderr = _read_tail(stderr_path, limits.max_output_chars)
+    return _result(process.returncode, timed_out, stdout, stderr, elapsed)
+
+
+def _communicate(process: subprocess.Popen, program: str, timeout_s: float) -> bool:
+    """Send the program, wait for the process; True if the wall-clock limit was reached."""
+    try:
+        process.stdin.write(program.encode("utf-8", errors="replace"))
+        process.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass  # the child died before reading (e.g. a limit): its return code tells
+    try:
+        process.wait(timeout=timeout_s)
+        return False
+    except subprocess.TimeoutExpired:
+        _kill_group(process)
+        process.wait()
+        return True
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _result(returncode: int, timed_out: bool, stdout: str, stderr: str, elapsed: float) -> ExecutionResult:
+    if timed_out:
+        return ExecutionResult("timeout", "wall-clock limit reached", returncode, stdout, stderr, elapsed)
+    if returncode == 0:
+        return ExecutionResult("passed", "", returncode, stdout, stderr, elapsed)
+    if returncode < 0:
+        reason = signal.Signals(-returncode).name if -returncode in signal.Signals._value2member_map_ else "signal"
+        reason = {"SIGXCPU": "CPU-time limit reached", "SIGXFSZ": "file-size limit reached"}.get(reason, reason)
+    else:
+        lines = [line for line in stderr.strip().splitlines() if line.strip()]
+        reason = lines[-1].strip() if lines else f"exit status {returncode}"
+    return ExecutionResult("failed", reason[:300], returncode, stdout, stderr, elapsed)
+
+
+def _read_tail(path: Path, max_chars: int) -> str:
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - 4 * max_chars))
+        text = handle.read().decode("utf-8", errors="replace")
+    return text[-max_chars:]
+
+
+def _rlimits(limits: SandboxLimits, tasks_now: Optional[int]) -> dict[str, tuple[int, int]]:
+    import resource
+
+    rlimits = {
+        "RLIMIT_CPU": (limits.cpu_time_s, limits.cpu_time_s + 1),
+        "RLIMIT_AS": (limits.memory_bytes, limits.memory_bytes),
+        "RLIMIT_FSIZE": (limits.max_file_bytes, limits.max_file_bytes),
+        "RLIMIT_NOFILE": (limits.max_open_files, limits.max_open_files),
+        "RLIMIT_CORE": (0, 0),
+    }
+    if tasks_now is not None:
+        nproc = tasks_now + limits.max_processes
+        current = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+        if current != resource.RLIM_INFINITY:
+            nproc = min(nproc, current)
+        rlimits["RLIMIT_NPROC"] = (nproc, nproc)
+    return rlimits
+
+
+def _tasks_of_user(uid: int) -> Optional[int]:
+    """Tasks (processes and threads) whose real uid is ``uid``: what RLIMIT_NPROC counts. None off Linux."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    total = 0
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines() if ":" in line)
+        except OSError:
+            continue
+        if int(fields.get("Uid", "-1").split()[0]) == uid:
+            total += int(fields.get("Threads", "1").strip() or 1)
+    return total
+
+
+@lru_cache(maxsize=None)
+def _unprivileged_user() -> Optional[int]:
+    """Under root: the uid of ``nobody`` if this interpreter runs as that user, else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", "pass"],
+            user=_NOBODY_UID,
+            group=_NOBODY_UID,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": os.defpath},
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return _NOBODY_UID if probe.returncode == 0 else None
+
+
+_warned = threading.Event()
+
+
+def _warn_unlimited_processes() -> None:
+    if not _warned.is_set():
+        _warned.set()
+        logger.warning(
+            "Running generated code as root: the interpreter %s is not usable by the user 'nobody' and no pids cgroup "
+            "is writable, so the kernel does not enforce the process limit (RLIMIT_NPROC does not apply to root). "
+            "Run as an unprivileged user for full protection.",
+            sys.executable,
+        )
+
+
+class _PidsCgroup:
+    """A pids cgroup (v1 ``/sys/fs/cgroup/pids`` or v2 with the pids controller) capping one program's tasks."""
+
+    _counter = 0
+    _lock = threading.Lock()
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @classmethod
+    def create(cls, max_tasks: int) -> Optional["_PidsCgroup"]:
+        with cls._lock:
+            cls._counter += 1
+            name = f"hf_mdm_sandbox_{os.getpid()}_{cls._counter}"
+        for root in _CGROUP_ROOTS:
+            if not (root / "cgroup.procs").exists():
+                continue
+            path = root / name
+            try:
+                path.mkdir()
+            except OSError:
+                continue
+            try:
+                (path / "pids.max").write_text(str(max_tasks))
+                return cls(path)
+            except OSError:
+                path.rmdir()
+        return None
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def destroy(self) -> None:
+        """Kill every task left in the cgroup, then remove it."""
+        for _ in range(100):
+            try:
+                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.01)
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.01)
+        logger.warning("could not remove the sandbox cgroup %s", self.path)

@@ -1,0 +1,1 @@
+"""hf_mdm's lm-eval task configs (``*.yaml``) and the functions they name (`utils`)."""

@@ -1,0 +1,170 @@
+"""hf-mdm-eval (lm-eval's CLI with hf_mdm's models and tasks), accelerate sharding and hf-mdm compare, end to end
+on tiny local checkpoints and real GSM8K / HumanEval rows."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_mdm.harness import compare
+from hf_mdm.harness.tiny import build_tiny_models
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = os.environ.setdefault("HF_MDM_DATA_DIR", str(REPO.parent / "shared" / "data"))
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+def _env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_MDM_DATA_DIR=DATA_DIR,
+               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_ALLOW_CODE_EVAL="1")  # fmt: skip
+    env.pop("ACCELERATE_USE_CPU", None)
+    return env
+
+
+def _run(command: list, env: dict = None) -> str:
+    result = subprocess.run(command, cwd=REPO, env=env or _env(), capture_output=True, text=True, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result.stdout
+
+
+def _eval_args(model: str, pretrained: str, output: Path, extra: str = "") -> list:
+    return ["run", "--model", model, "--model_args", f"pretrained={pretrained}{extra}", "--tasks", "mdm_gsm8k",
+            "--limit", "3", "--output_path", str(output), "--log_samples"]  # fmt: skip
+
+
+def _outputs(output: Path) -> tuple[dict, list]:
+    results = json.loads(next(output.rglob("results_*.json")).read_text())
+    samples = [json.loads(line) for line in next(output.rglob("samples_mdm_gsm8k_*.jsonl")).read_text().splitlines()]
+    return results, samples
+
+
+@pytest.fixture(scope="module")
+def mdm_run(tiny, tmp_path_factory):
+    output = tmp_path_factory.mktemp("mdm_run")
+    stdout = _run([str(BIN / "hf-mdm-eval"), *_eval_args("hf_mdm", tiny["mdm"], output, ",steps=8"), "--device", "cpu"])
+    return stdout, *_outputs(output)
+
+
+def test_hf_mdm_eval_writes_accuracy_and_timing(mdm_run):
+    stdout, results, samples = mdm_run
+    assert "exact_match" in stdout and "wall_s" in stdout  # lm-eval's table, with the timing rows
+    timing = results["timing"]["tasks"]["mdm_gsm8k"]
+    assert timing["requests"] == 3 and timing["nfe"] == 3 * 8 and timing["wall_s"] > 0
+    assert 0 < timing["generate_s"] <= timing["wall_s"]
+    assert results["results"]["mdm_gsm8k"]["nfe,timing"] == 24
+    assert "exact_match,strict-match" in results["results"]["mdm_gsm8k"]
+    assert results["config"]["model"] == "hf_mdm" and results["config"]["generation_config"]["steps"] == 8
+    assert len(samples) == 6  # 3 documents x (strict, flexible)
+    for sample in samples:
+        (record,) = sample["timing"]
+        assert record["nfe"] == 8 and record["generate_s"] > 0 and record["generated_tokens"] <= 256
+
+
+def test_hf_timed_eval_writes_accuracy_and_timing(tiny, tmp_path):
+    _run([sys.executable, "-m", "hf_mdm.harness", *_eval_args("hf_timed", tiny["llama"], tmp_path), "--device", "cpu",
+          "--gen_kwargs", "max_gen_toks=48"])  # fmt: skip
+    results, samples = _outputs(tmp_path)
+    timing = results["timing"]["tasks"]["mdm_gsm8k"]
+    assert timing["requests"] == 3 and 0 < timing["generated_tokens"] <= 3 * 48
+    assert timing["nfe"] >= timing["generated_tokens"] / 3  # one forward per decoding step of each batch
+    for sample in samples:
+        (record,) = sample["timing"]
+        text = sample["resps"][0][0]
+        assert record["generated_tokens"] >= len(text.encode()) and record["time_s"] > 0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_single_process_scores(tiny, mdm_run, tmp_path):
+    """ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2: requests are sharded across the two
+    processes and gathered; every answer and score equals the single-process run's."""
+    env = dict(_env(), ACCELERATE_USE_CPU="1")
+    _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+          "-m", "hf_mdm.harness", *_eval_args("hf_mdm", tiny["mdm"], tmp_path, ",steps=8")], env=env)  # fmt: skip
+    _, single, single_samples = mdm_run
+    sharded, sharded_samples = _outputs(tmp_path)
+
+    def answers(samples):
+        return sorted((s["doc_id"], s["filter"], s["resps"][0][0], s["filtered_resps"][0]) for s in samples)
+
+    assert answers(sharded_samples) == answers(single_samples)
+    for metric in ("exact_match,strict-match", "exact_match,flexible-extract"):
+        assert sharded["results"]["mdm_gsm8k"][metric] == single["results"]["mdm_gsm8k"][metric]
+    ranks = {record["rank"] for s in sharded_samples for record in s["timing"]}
+    assert ranks == {0, 1}  # really two processes
+    assert sharded["timing"]["all"]["ranks"] == 2 and sharded["timing"]["all"]["requests"] == 3
+    assert sharded["timing"]["all"]["nfe"] == single["timing"]["all"]["nfe"]
+
+
+@pytest.mark.slow
+def test_compare_on_the_tiny_config_writes_table_and_plot(tmp_path, monkeypatch):
+    config = yaml.safe_load((REPO / "evaluation" / "configs" / "tiny.yaml").read_text())
+    config["output_dir"] = str(tmp_path / "out")
+    config["tiny_models"] = str(tmp_path / "models")
+    config["evaluate"]["gen_kwargs"] = {"max_gen_toks": 16}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    assert compare.main(["--config", str(path), "--limit", "1"]) == 0
+    out = tmp_path / "out"
+    rows = list(csvreader(out / "results.csv"))
+    cells = {(r["model"], r["setting"], r["task"]) for r in rows}
+    assert len(cells) == 10 and all(float(r["time_s"]) > 0 and r["accuracy"] != "" for r in rows)
+    assert (out / "accuracy_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (out / "results.md").read_text()
+    assert "| gsm8k | tiny-mdm | 8 steps |" in table and "| humaneval | tiny-llama | autoregressive |" in table
+    # resumable: a second run reuses every finished cell
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
+    loaded = compare.load_config(path, limit=1)
+    assert compare.run_matrix(loaded) == []
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()} == stamps
+    (out / "cells" / "tiny-llama__autoregressive__mdm_gsm8k.json").unlink()
+    assert [p.name for p in compare.run_matrix(loaded)] == ["tiny-llama__autoregressive__mdm_gsm8k.json"]
+
+
+def csvreader(path: Path):
+    import csv
+
+    with open(path, newline="") as handle:
+        yield from csv.DictReader(handle)
+
+
+def test_paper_numbers_cover_the_paper_configs():
+    paper = compare.paper_numbers()
+    for name in ("paper_gsm8k", "paper_humaneval", "paper_mbpp"):
+        config = yaml.safe_load((REPO / "evaluation" / "configs" / f"{name}.yaml").read_text())
+        benchmark = compare.benchmark_of(config["tasks"][0])
+        expected = {key for key in paper if key[0] == benchmark}
+        declared = {(benchmark, m["name"], s["name"]) for m in config["models"] for s in m["settings"]}
+        assert declared == expected, name
+
+
+def test_cli_is_lm_evals_with_our_tasks_on_the_include_path(tmp_path):
+    from hf_mdm.harness.__main__ import HarnessCLI, _include_paths
+    from hf_mdm.harness.evaluator import TASKS_DIR
+
+    cli = HarnessCLI()
+    legacy = cli.parse_args(["--model", "hf_mdm", "--tasks", "mdm_gsm8k", "--confirm_run_unsafe_code"])
+    assert legacy.command == "run" and legacy.model == "hf_mdm" and legacy.confirm_run_unsafe_code
+    assert set(cli._subparsers.choices) == {"run", "ls", "validate"}
+    explicit = cli.parse_args(["run", "--model", "hf_timed", "--tasks", "mdm_mbpp", "--include_path", "/a:/b"])
+    assert _include_paths(explicit) == ["/a", "/b", str(TASKS_DIR)]
+    config = tmp_path / "run.yaml"
+    config.write_text("include_path: /from/config\ntasks: [mdm_gsm8k]\n")
+    assert _include_paths(cli.parse_args(["run", "--config", str(config)])) == ["/from/config", str(TASKS_DIR)]

@@ -1,0 +1,140 @@
+"""hf_mdm and hf_timed as lm-eval models, on tiny local checkpoints: batching, stop strings, ELBO, timing."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lm_eval.api.instance import Instance
+
+from hf_mdm.generation import diffusion_generate
+from hf_mdm.harness import MaskedDiffusionLM, TimedHFLM
+from hf_mdm.harness.models import tokens_until_stop
+from hf_mdm.harness.tiny import build_tiny_models
+
+PROMPTS = ["Question: what is 2 + 3?\nAnswer:", "Q: 7 * 6?\nA:", "Tell me a story about a cat named"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+def requests(prompts, gen_kwargs, task="demo"):
+    return [Instance("generate_until", {}, (p, dict(gen_kwargs)), i, (task, i, 1)) for i, p in enumerate(prompts)]
+
+
+def scored(pairs, task="demo"):
+    return [Instance("loglikelihood", {}, pair, i, (task, i, 1)) for i, pair in enumerate(pairs)]
+
+
+def mdm(tiny, **kwargs):
+    return MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu", **kwargs)
+
+
+def test_batched_generation_equals_one_by_one(tiny):
+    """Left-padded batches give each request the text it gets alone (temperature 0, confidence strategy)."""
+    kwargs = {"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False}
+    alone = mdm(tiny, steps=8, block_length=8, batch_size=1).generate_until(requests(PROMPTS, kwargs))
+    model = mdm(tiny, steps=8, block_length=8, batch_size=3)
+    batched = model.generate_until(requests(PROMPTS, kwargs))
+    assert batched == alone
+    records = model.timing.records
+    assert [r.batch_size for r in records] == [3, 3, 3] and all(r.nfe == pytest.approx(8 / 3) for r in records)
+    assert all(0 < r.generate_s <= r.time_s for r in records)
+    assert all(r.generated_tokens <= 24 and r.output_tokens <= r.generated_tokens for r in records)
+
+
+def test_each_request_is_cut_at_its_own_stop_strings(tiny):
+    model = mdm(tiny, steps=12, block_length=4)
+    free = model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 24}))[0]
+    stop = free[5:7]
+    assert stop and stop in free
+    cut, uncut = model.generate_until(
+        [requests(PROMPTS[:1], {"until": [stop], "max_gen_toks": 24})[0],
+         requests(PROMPTS[:1], {"until": ["never appears"], "max_gen_toks": 24})[0]]  # fmt: skip
+    )
+    assert cut == free[: free.index(stop)] and uncut == free
+
+
+def test_sampler_knobs_are_model_args(tiny):
+    model = mdm(tiny, steps=5, block_length=8, strategy="margin", transfer="stochastic", schedule="cosine",
+                cfg_scale=0.5, max_gen_toks=16, seed=3)  # fmt: skip
+    config = model.generation_config
+    assert (config.steps, config.block_length, config.strategy, config.transfer, config.schedule, config.cfg_scale) == (
+        5, 8, "margin", "stochastic", "cosine", 0.5)
+    model.generate_until(requests(PROMPTS[:1], {"until": []}))
+    assert model.timing.records[-1].nfe == 10  # 5 steps, two forwards each with guidance
+    with pytest.raises(ValueError, match="strategy"):
+        mdm(tiny, strategy="sideways")
+
+
+def test_elbo_of_one_token_is_its_exact_log_probability(tiny):
+    """With a one-token continuation every Monte Carlo sample masks exactly that token: ELBO = log p."""
+    model = mdm(tiny, mc_num=4, greedy_check=False)
+    context, target = "The cat sat on the m", "a"  # one byte: one token
+    (ll, _), = model.loglikelihood(scored([(context, target)]))
+    ids = model.tok_encode(context + target)
+    masked = torch.tensor([ids[:-1] + [model.mask_token_id]])
+    with torch.no_grad():
+        logits = model.model(masked).logits
+    assert ll == pytest.approx(float(F.log_softmax(logits[0, -1].float(), -1)[ids[-1]]), abs=1e-4)
+
+
+def test_elbo_does_not_depend_on_batching(tiny):
+    pairs = [("Question: 2 + 3 =", " 5"), ("The capital of France is", " Paris, of course"), ("a", " b c d e f")]
+    one = mdm(tiny, mc_num=8, batch_size=1).loglikelihood(scored(pairs))
+    model = mdm(tiny, mc_num=8, batch_size=5)
+    many = model.loglikelihood(scored(pairs))
+    assert [g for _, g in one] == [g for _, g in many]
+    assert [ll for ll, _ in one] == pytest.approx([ll for ll, _ in many], abs=1e-4)
+    assert all(ll < 0 for ll, _ in many)
+    assert [r.nfe for r in model.timing.records] == [8 + len(c.encode()) for _, c in pairs]  # MC + greedy check
+    text = Instance("loglikelihood_rolling", {}, ("some text to score",), 0, ("demo", 0, 1))
+    rolling = model.loglikelihood_rolling([text])
+    assert len(rolling) == 1 and rolling[0] < 0
+
+
+def test_greedy_check_is_llada_suffix_greedy_prediction(tiny):
+    """is_greedy: the continuation, fully masked and revealed one token per step (most confident first), is
+    reproduced exactly."""
+    model = mdm(tiny, mc_num=2)
+    context = model.tok_encode("Q: 7 * 6?\nA:")
+    output = diffusion_generate(model.model, torch.tensor([context]), max_new_tokens=4, steps=4, strategy="confidence",
+                                temperature=0.0, stop_at_eos=False)  # fmt: skip
+    greedy = output[0, len(context) :].tolist()
+    hash_id, dollar_id = model.tok_encode("#")[0], model.tok_encode("$")[0]
+    other = greedy[:-1] + [hash_id if greedy[-1] != hash_id else dollar_id]
+    assert model._greedy_matches([(context, greedy), (context, other)]) == [True, False]
+    text = model.tok_decode(greedy)
+    (_, is_greedy), = model.loglikelihood(scored([("Q: 7 * 6?\nA:", text)]))
+    assert is_greedy == (model.tok_encode(text) == greedy)
+
+
+def test_timed_hf_counts_tokens_until_the_stop(tiny):
+    model = TimedHFLM(pretrained=tiny["llama"], device="cpu", batch_size=2)
+    free = model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 20}))[0]
+    record = model.timing.records[-1]
+    assert record.nfe == record.generated_tokens == 20 and record.output_tokens == 20
+    stop = free[8:10]
+    texts = model.generate_until(requests(PROMPTS[:1] * 2, {"until": [stop], "max_gen_toks": 20}))
+    assert texts == [free[: free.index(stop)]] * 2
+    for record in model.timing.records[-2:]:
+        assert record.generated_tokens < 20 and record.output_tokens == record.generated_tokens
+        assert record.batch_size == 2 and record.nfe <= 10
+
+
+def test_tokens_until_stop(tiny):
+    tokenizer = MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu").tokenizer
+    ids = tokenizer.encode("abc STOP def")
+    assert tokens_until_stop(tokenizer, ids, ["STOP"]) == len(tokenizer.encode("abc STOP"))
+    assert tokens_until_stop(tokenizer, ids, ["nope"]) == len(ids)
+
+
+def test_explicit_model_args_win_over_the_task(tiny):
+    """lm-eval tasks always send temperature 0 (do_sample: false) and their own max_gen_toks: explicit model
+    arguments win; a request's diffusion settings (--gen_kwargs) win over the model's."""
+    model = mdm(tiny, steps=4, temperature=0.7, max_gen_toks=12)
+    config = model._request_config(model.max_gen_toks, {"temperature": 0.0, "do_sample": False, "steps": 6})
+    assert (config.temperature, config.steps) == (0.7, 6)
+    model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 40, "do_sample": False}))
+    record = model.timing.records[-1]
+    assert record.nfe == 4 and record.generated_tokens <= 12
