@@ -17,6 +17,7 @@ atomically), so an interrupted run resumes where it stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -67,9 +68,10 @@ class CellCache:
 def make_language(spec: dict) -> Any:
     """A language from a config entry: ``{"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, ...}``.
 
-    ``name`` (for tables) and ``train`` (whether to train models on it) are experiment fields, not parameters.
+    ``name`` (for tables), ``train`` (whether to train models on it) and ``training`` (overrides of the preset's
+    training settings) are experiment fields, not language parameters.
     """
-    params = {k: v for k, v in spec.items() if k not in ("kind", "name", "train")}
+    params = {k: v for k, v in spec.items() if k not in ("kind", "name", "train", "training")}
     kind = spec.get("kind")
     builders = {
         "ngram": lambda: NGramLanguage.random(params.pop("vocab_size"), params.pop("n"), params.pop("seed", 0), **params),
@@ -146,8 +148,10 @@ def _device(model: Any) -> torch.device:
 # Training (reused across runs)
 
 
-def trained_pair(language: Any, length: int, preset: dict, out: Path, tag: str) -> dict[str, Any]:
-    """Train (or reload) the tiny MDM and AR baseline of a language; returns models and validation NLL vs entropy."""
+def trained_pair(language: Any, length: int, preset: dict, out: Path, tag: str, overrides: Optional[dict] = None) -> dict[str, Any]:
+    """Train (or reload) the tiny MDM and AR baseline of a language; returns models and validation NLL vs entropy.
+
+    ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainingArguments
 
@@ -155,12 +159,13 @@ def trained_pair(language: Any, length: int, preset: dict, out: Path, tag: str) 
     from .training import build_trainer, train
 
     entropy = language.expected_nll(length).value / length
-    train_cfg = preset["training"]
+    train_cfg = {**preset["training"], **(overrides or {})}
     generator = torch.Generator().manual_seed(train_cfg.get("seed", 0))
     data = None
     result: dict[str, Any] = {"entropy_per_token": entropy}
+    settings = hashlib.sha1(json.dumps([train_cfg, language.to_config()], sort_keys=True, default=str).encode()).hexdigest()[:8]
     for kind in ("mdm", "ar"):
-        folder = out / "models" / f"{tag}-L{length}-{kind}"
+        folder = out / "models" / f"{tag}-L{length}-{settings}-{kind}"  # new settings never reuse stale models
         metrics_path = folder / "final" / "metrics.json"
         if not metrics_path.exists():
             if data is None:
@@ -212,7 +217,7 @@ def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
                 rows.append({"language": name, "length": length, "model": "oracle MDM", "steps": steps, **cell})
         if spec.get("train", False):
             length = preset["train_length"]
-            pair = trained_pair(language, length, preset, out, name)
+            pair = trained_pair(language, length, preset, out, name, spec.get("training"))
             rows.append({"language": name, "length": length, "model": "trained AR", "steps": length,
                          **cache.get(f"ar|{name}|{length}", lambda: _ter_cell(metric, language, sample_ar(pair["ar"], num, length, seed=1)))})
             for steps in tqdm(steps_list, desc=f"TER trained MDM {name}", leave=False):
@@ -303,7 +308,7 @@ def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
                 rows.append({"language": name, "length": length, "model": "oracle MDM", "steps": steps, **cell})
         if spec.get("train", False):
             length = preset["train_length"]
-            pair = trained_pair(language, length, preset, out, name)
+            pair = trained_pair(language, length, preset, out, name, spec.get("training"))
             rows.append({"language": name, "length": length, "model": "trained AR", "steps": length,
                          **cache.get(f"ar|{name}|{length}", lambda: _ser_cell(metric, language, sample_ar(pair["ar"], num, length, seed=1)))})
             for ratio in preset["steps_over_length"]:

@@ -72,8 +72,8 @@ def test_unknown_language_kind_names_the_field():
 
 def test_cli_sample_rejects_wrong_kind_and_schedule(results, tmp_path, capsys):
     out, _, _ = results
-    ar_dir = out / "models" / "2-gram-L8-ar" / "final"
-    mdm_dir = out / "models" / "2-gram-L8-mdm" / "final"
+    ar_dir = next((out / "models").glob("2-gram-L8-*-ar")) / "final"
+    mdm_dir = next((out / "models").glob("2-gram-L8-*-mdm")) / "final"
     code = cli.main(["sample", "--model", str(ar_dir), "--kind", "mdm", "--length", "8", "--output", str(tmp_path / "s.json")])
     assert code == 2 and "--kind ar" in capsys.readouterr().err
     code = cli.main(["sample", "--model", str(mdm_dir), "--length", "8", "--schedule", "cosine",
