@@ -210,6 +210,23 @@ def lazy_pair(language: Any, length: int, preset: dict, out: Path, tag: str, ove
     return get
 
 
+def trained_rows(spec: dict, language: Any, name: str, preset: dict, out: Path, cache: CellCache,
+                 steps_list: list[int], score: Callable[[torch.Tensor], dict]) -> list[dict[str, Any]]:
+    """Rows for the trained AR model, the trained MDM at each step count, and the validation NLLs vs entropy."""
+    length, num = preset["train_length"], preset["num_samples"]
+    pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
+    base = {"language": name, "length": length}
+    rows = [{**base, "model": "trained AR", "steps": length,
+             **cache.get(f"ar|{name}|{length}", lambda: score(sample_ar(pair()["ar"], num, length, seed=1)))}]
+    for steps in tqdm(steps_list, desc=f"trained MDM {name}", leave=False):
+        cell = cache.get(f"mdm|{name}|{length}|{steps}",
+                         lambda: score(sample_mdm(pair()["mdm"], num, length, steps, seed=steps)))
+        rows.append({**base, "model": "trained MDM", "steps": steps, **cell})
+    rows.append({**base, "model": "validation", "steps": 0,
+                 **cache.get(f"validation|{name}|{length}", lambda: validation_row(pair()))})
+    return rows
+
+
 def validation_row(pair: dict[str, Any]) -> dict[str, float]:
     keys = ("mdm_nll", "ar_nll", "entropy_per_token", "mdm_gap", "ar_gap")
     return {k: float(pair[k]) for k in keys}
@@ -233,16 +250,8 @@ def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
                 cell = cache.get(key, lambda: _ter_cell(metric, language, sample_mdm(oracle, num, length, steps, seed=steps)))
                 rows.append({"language": name, "length": length, "model": "oracle MDM", "steps": steps, **cell})
         if spec.get("train", False):
-            length = preset["train_length"]
-            pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
-            rows.append({"language": name, "length": length, "model": "trained AR", "steps": length,
-                         **cache.get(f"ar|{name}|{length}", lambda: _ter_cell(metric, language, sample_ar(pair()["ar"], num, length, seed=1)))})
-            for steps in tqdm(steps_list, desc=f"TER trained MDM {name}", leave=False):
-                cell = cache.get(f"mdm|{name}|{length}|{steps}",
-                                 lambda: _ter_cell(metric, language, sample_mdm(pair()["mdm"], num, length, steps, seed=steps)))
-                rows.append({"language": name, "length": length, "model": "trained MDM", "steps": steps, **cell})
-            rows.append({"language": name, "length": length, "model": "validation", "steps": 0,
-                         **cache.get(f"validation|{name}|{length}", lambda: validation_row(pair()))})
+            rows += trained_rows(spec, language, name, preset, out, cache, steps_list,
+                                 lambda samples: _ter_cell(metric, language, samples))
     result = {"experiment": "ter_vs_steps", "machine": machine_description(), "preset": preset, "rows": rows}
     _write_outputs(out, "ter_vs_steps", result, ter_table(rows, steps_list), lambda p: plot_ter(rows, p))
     return result
@@ -324,16 +333,9 @@ def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
                 rows.append({"language": name, "length": length, "model": "oracle MDM", "steps": steps, **cell})
         if spec.get("train", False):
             length = preset["train_length"]
-            pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
-            rows.append({"language": name, "length": length, "model": "trained AR", "steps": length,
-                         **cache.get(f"ar|{name}|{length}", lambda: _ser_cell(metric, language, sample_ar(pair()["ar"], num, length, seed=1)))})
-            for ratio in preset["steps_over_length"]:
-                steps = max(1, int(round(ratio * length)))
-                cell = cache.get(f"mdm|{name}|{length}|{steps}",
-                                 lambda: _ser_cell(metric, language, sample_mdm(pair()["mdm"], num, length, steps, seed=steps)))
-                rows.append({"language": name, "length": length, "model": "trained MDM", "steps": steps, **cell})
-            rows.append({"language": name, "length": length, "model": "validation", "steps": 0,
-                         **cache.get(f"validation|{name}|{length}", lambda: validation_row(pair()))})
+            steps_list = [max(1, int(round(ratio * length))) for ratio in preset["steps_over_length"]]
+            rows += trained_rows(spec, language, name, preset, out, cache, steps_list,
+                                 lambda samples: _ser_cell(metric, language, samples))
     for r in rows:
         if r["model"] != "validation":
             r["steps_over_length"] = r["steps"] / r["length"]

@@ -15,6 +15,18 @@ import torch
 from hf_mdm.languages import SyntheticLanguage, load_language
 
 
+CITATION = """\
+@inproceedings{feng2025theoretical,
+  title = {Theoretical Benefit and Limitation of Diffusion Language Model},
+  author = {Feng, Guhao and Geng, Yihan and Guan, Jian and Wu, Wei and Wang, Liwei and He, Di},
+  booktitle = {Advances in Neural Information Processing Systems},
+  year = {2025},
+  eprint = {2502.09622},
+  archivePrefix = {arXiv}
+}
+"""
+
+
 #: Sequences scored by one ``log_prob`` call; bounds the memory of a batch of long sequences.
 LOG_PROB_BATCH_SIZE = 4096
 

@@ -11,22 +11,12 @@ import datasets
 import evaluate
 import torch
 
+from hf_mdm.metrics.common import CITATION
 from hf_mdm.metrics.common import LanguageLike
 from hf_mdm.metrics.common import reference_ter
 from hf_mdm.metrics.common import resolve_language
 from hf_mdm.metrics.common import sequence_log_probs
 
-
-_CITATION = """\
-@inproceedings{feng2025theoretical,
-  title = {Theoretical Benefit and Limitation of Diffusion Language Model},
-  author = {Feng, Guhao and Geng, Yihan and Guan, Jian and Wu, Wei and Wang, Liwei and He, Di},
-  booktitle = {Advances in Neural Information Processing Systems},
-  year = {2025},
-  eprint = {2502.09622},
-  archivePrefix = {arXiv}
-}
-"""
 
 _DESCRIPTION = """\
 Token Error Rate (Feng et al., 2025): TER(p) = 2^(E_{x~p}[-log2 q(x) / |x|]), the perplexity of
@@ -80,7 +70,7 @@ class TokenErrorRate(evaluate.Metric):
         return evaluate.MetricInfo(
             module_type="metric",
             description=_DESCRIPTION,
-            citation=_CITATION,
+            citation=CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
             features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("int64"))}),
             reference_urls=["https://arxiv.org/abs/2502.09622"],
