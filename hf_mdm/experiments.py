@@ -289,6 +289,7 @@ def ter_table(rows: list[dict], steps_list: list[int]) -> str:
 
 def plot_ter(rows: list[dict], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -305,6 +306,7 @@ def plot_ter(rows: list[dict], path: Path) -> None:
             if r["language"] == name and r["model"] == "trained AR":
                 ax.axhline(max(r["relative_increase"], 1e-5), color="k", ls=":", label=f"trained AR, L={r['length']}")
         ax.set(xscale="log", yscale="log", xlabel="sampling steps N", ylabel="TER(p)/TER(q) - 1", title=name)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("TER relative increase vs steps (Theorem 4.2: depends on N, not L)")
@@ -372,6 +374,7 @@ def ser_table(rows: list[dict]) -> str:
 
 def plot_ser(rows: list[dict], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -391,6 +394,7 @@ def plot_ser(rows: list[dict], path: Path) -> None:
             if r["language"] == name and r["model"] == "trained AR":
                 ax.axhline(r["ser"], color="k", ls=":", label=f"trained AR, L={r['length']}")
         ax.set(xscale="log", xlabel="steps / length (N/L)", ylabel="SER", ylim=(-0.02, 1.02), title=name)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("Sequence error rate vs N/L (Theorem 4.4: needs N growing with L)")
@@ -462,6 +466,7 @@ def _median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -
 
 def plot_wallclock(rows: list[dict], steps: int, path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
