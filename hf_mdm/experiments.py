@@ -178,9 +178,10 @@ def trained_pair(language: Any, length: int, preset: dict, out: Path, tag: str, 
                 learning_rate=train_cfg["learning_rate"], warmup_steps=train_cfg.get("warmup_steps", 0),
                 lr_scheduler_type="cosine", weight_decay=0.0, save_steps=train_cfg["max_steps"], save_total_limit=1,
                 eval_strategy="no", logging_steps=max(train_cfg["max_steps"] // 5, 1), report_to=[],
-                disable_tqdm=not preset.get("progress", True), seed=train_cfg.get("seed", 0),
+                disable_tqdm=True, seed=train_cfg.get("seed", 0),  # experiments run side by side: loss lines only
                 use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
             )
+            print(f"training the {kind.upper()} for {tag} at L={length}: {train_cfg['max_steps']} steps", flush=True)
             trainer = build_trainer(kind, data[0], data[1], vocab_size=language.vocab_size, length=length, args=args,
                                     size=train_cfg["size"], entropy_per_token=entropy, seed=train_cfg.get("seed", 0))
             train(trainer)

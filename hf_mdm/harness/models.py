@@ -17,6 +17,12 @@ request's generation kwargs (``--gen_kwargs``) override the diffusion settings; 
 temperature 0 through ``do_sample: false``, and a generation length per task). ``loglikelihood`` is the Monte
 Carlo ELBO of LLaDA and Dream.
 
+LLaDA and Dream checkpoints are sampled by their reference samplers (model argument ``preset``, default ``auto``:
+``llada`` for model_type "llada", ``dream`` for "Dream", else ``none``, hf_mdm's own sampler): each request runs
+`MaskedDiffusionGenerationConfig.llada` / `.dream` with LLaDA's ``generate()`` / Dream's ``diffusion_generate()``
+arguments taken from the model arguments (see `MaskedDiffusionLM`). The tokenizer's pad token (used for left
+padding) is never the [MASK] id: a tokenizer without one pads with EOS.
+
 On CPU, ``accelerate launch`` with several processes (``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu
 --num_processes N``) gives lm-eval's HFLM no rank (it counts GPUs); these models take rank and world size from
 accelerate, so requests are sharded on CPU as on GPUs.
@@ -43,7 +49,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
 from .timing import RequestTag, Stopwatch, TimingRecorder, tag_requests
 
-__all__ = ["MaskedDiffusionLM", "TimedHFLM", "StopStringCriteria", "tokens_until_stop"]
+__all__ = ["MaskedDiffusionLM", "TimedHFLM", "StopStringCriteria", "tokens_until_stop", "PRESETS"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +65,23 @@ def diffusion_fields() -> frozenset[str]:
 _SAMPLING_FIELDS = frozenset({"temperature", "top_k", "top_p", "eos_token_id", "pad_token_id"})
 # Model arguments that win over a request's value: lm-eval tasks always carry temperature (do_sample: false).
 _EXPLICIT_WINS = frozenset({"temperature", "top_k", "top_p"})
+
+PRESETS = ("auto", "llada", "dream", "none")
+# preset="auto": the reference sampler of the checkpoint's model_type (anything else: hf_mdm's sampler, "none").
+PRESET_OF_MODEL_TYPE = {"llada": "llada", "Dream": "dream"}
+# The sampler settings each preset takes (model arguments or --gen_kwargs), under the reference's own names, mapped
+# onto MaskedDiffusionGenerationConfig.llada(gen_length=max_gen_toks, ...) / .dream(max_new_tokens=max_gen_toks, ...).
+PRESET_ARGS = {
+    "llada": ("steps", "block_length", "temperature", "cfg_scale", "remasking", "logits_eos_inf",
+              "confidence_eos_eot_inf", "eot_token_id"),
+    "dream": ("steps", "eps", "alg", "alg_temp", "temperature", "top_p", "top_k", "cfg_scale"),
+}  # fmt: skip
+# Token ids every preset takes (the preset's defaults come from the model config).
+_PRESET_COMMON = ("mask_token_id", "eos_token_id", "pad_token_id")
+# Settings that only a reference sampler reads (inert for hf_mdm's sampler).
+_REFERENCE_ONLY = frozenset(PRESET_ARGS["llada"] + PRESET_ARGS["dream"]) - frozenset(
+    {"steps", "block_length", "temperature", "cfg_scale", "top_p", "top_k"}
+)
 
 
 def tokens_until_stop(tokenizer: Any, tokens: Sequence[int], stops: Sequence[str]) -> int:
@@ -286,6 +309,11 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
     Args:
         pretrained: checkpoint path or Hub id (hf_mdm's MDMs, LLaDA, Dream, or remote code with
             ``trust_remote_code=True``), or a loaded model.
+        preset: the sampler of ``generate_until``: ``"llada"`` (LLaDA's ``generate()``,
+            `MaskedDiffusionGenerationConfig.llada`), ``"dream"`` (Dream's ``diffusion_generate()``,
+            `MaskedDiffusionGenerationConfig.dream`), ``"none"`` (hf_mdm's sampler, every field of
+            `MaskedDiffusionGenerationConfig`), or ``"auto"`` (default): ``llada`` for model_type "llada", ``dream``
+            for model_type "Dream", else ``none``.
         max_gen_toks: tokens generated (masks appended); default: the request's ``max_gen_toks``, else 256.
         mc_num: Monte Carlo samples per ``loglikelihood`` request (LLaDA's default, 128); the samples of all
             requests are batched together, ``batch_size`` rows per forward pass.
@@ -293,16 +321,46 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
             decoded one token per step, most confident first, must equal the target); costs one forward per
             continuation token.
         seed: seed of the sampler's and the Monte Carlo estimator's random numbers.
-        **kwargs: `MaskedDiffusionGenerationConfig` fields (``steps``, ``block_length``, ``schedule``,
-            ``transfer``, ``strategy``, ``threshold``, ``temperature``, ``top_k``, ``top_p``, ``cfg_scale``,
-            ``logits_shift``, ``mask_token_id``, ``stop_at_eos``, ``reference``, ...); everything else goes to
-            lm-eval's HFLM (``dtype``, ``device``, ``batch_size``, ``trust_remote_code``, ...) and from there to
-            ``from_pretrained``.
+        **kwargs: sampler settings, then everything else to lm-eval's HFLM (``dtype``, ``device``, ``batch_size``,
+            ``trust_remote_code``, ...) and from there to ``from_pretrained``. The sampler settings depend on the
+            preset:
+
+            - ``none``: `MaskedDiffusionGenerationConfig` fields (``steps``, ``block_length``, ``schedule``,
+              ``transfer``, ``strategy``, ``threshold``, ``temperature``, ``top_k``, ``top_p``, ``cfg_scale``,
+              ``logits_shift``, ``mask_token_id``, ``stop_at_eos``, ``reference``, ...), on top of the checkpoint's
+              generation config;
+            - ``llada``: ``MaskedDiffusionGenerationConfig.llada(gen_length=max_gen_toks, steps=steps,
+              block_length=block_length, temperature=temperature, cfg_scale=cfg_scale, remasking=remasking,
+              logits_eos_inf=logits_eos_inf, confidence_eos_eot_inf=confidence_eos_eot_inf)``, with LLaDA's defaults
+              (``block_length`` = max_gen_toks, one block; ``temperature`` 0, ``cfg_scale`` 0, ``remasking``
+              "low_confidence", both EOS flags False) and ``steps`` = max_gen_toks (one token per step) unless given;
+              ``eot_token_id`` too. LLaDA requires ``max_gen_toks % block_length == 0`` and ``steps`` a multiple of
+              ``max_gen_toks // block_length`` (a ValueError names the arguments to change);
+            - ``dream``: ``MaskedDiffusionGenerationConfig.dream(max_new_tokens=max_gen_toks, steps=steps, eps=eps,
+              alg=alg, alg_temp=alg_temp, temperature=temperature, top_p=top_p, top_k=top_k)`` with
+              ``diffusion_generate()``'s defaults (``eps`` 1e-3, ``alg`` "origin", ``alg_temp`` None, ``temperature``
+              0, no top_p / top_k) and ``steps`` = max_gen_toks unless given; ``cfg_scale`` too. ``alg="origin"``
+              reveals random positions (seeded by ``seed``) even at temperature 0; Dream's own evaluation scripts
+              pass ``alg=entropy`` (confidence-ordered, deterministic at temperature 0): pass it to match them.
+
+            Both presets also take ``mask_token_id``, ``eos_token_id`` and ``pad_token_id``; a setting the preset
+            does not have (``transfer``, ``strategy``, ``schedule``, ``threshold``, ``block_length`` for Dream,
+            ``top_k`` for LLaDA, ...) raises a ValueError (use ``preset=none`` for hf_mdm's sampler), and the
+            sampler settings of the checkpoint's generation config are not read, as the references do not read
+            them (its token ids are). A request's
+            ``--gen_kwargs`` of the preset's settings apply as for ``none``; the reference sampler itself runs
+            unchanged, generations are cut at the first EOS and at the request's stop strings afterwards.
+
+    Tokenizer: left padding with the tokenizer's pad token, which must not be the [MASK] id (LLaDA's sampler tells
+    the prompt from the generation by ``x != mask_id``): a tokenizer without a pad token, or whose pad token is
+    [MASK], pads with its EOS token (as LLaDA-8B's config does, ``pad_token_id`` = EOS). ``--apply_chat_template``
+    uses the tokenizer's chat template (LLaDA's and Dream's -Instruct tokenizers ship theirs) through HFLM.
     """
 
     def __init__(
         self,
         pretrained: Any,
+        preset: Optional[str] = "auto",
         max_gen_toks: Optional[int] = None,
         mc_num: int = 128,
         greedy_check: bool = True,
@@ -311,6 +369,9 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
     ):
         sampler_fields = diffusion_fields() | _SAMPLING_FIELDS
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in sampler_fields}
+        preset = _canonical_preset(preset)
+        if preset in PRESET_ARGS:  # fail before loading the weights
+            _check_preset_args(preset, overrides, "requested")
         kwargs.setdefault("backend", "causal")
         super().__init__(pretrained, **kwargs)
         if int(mc_num) < 1:
@@ -320,8 +381,18 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
         self.mc_num = int(mc_num)
         self.greedy_check = bool(greedy_check)
         self.seed = int(seed)
+        model_type = getattr(self.model.config, "model_type", None)
+        self.preset = PRESET_OF_MODEL_TYPE.get(model_type, "none") if preset == "auto" else preset
+        self._preset_args = dict(overrides)
+        if preset == "auto" and self.preset in PRESET_ARGS:
+            _check_preset_args(self.preset, overrides, f"chosen by preset=auto for model_type {model_type!r}")
         self.generation_config = self._build_generation_config(overrides)
+        if self.preset == "none":
+            self._check_no_reference_args(overrides, model_type)
         self.mask_token_id = int(self.generation_config.mask_token_id)
+        self._use_pad_token_other_than_mask()
+        if self.preset in PRESET_ARGS and self._explicit_max_gen_toks is not None:
+            self._preset_config(self._explicit_max_gen_toks, {})  # settings that cannot run fail here, not mid-run
         self._generator = torch.Generator(device=self.device).manual_seed(self.seed)
         self._current_tags: Optional[list[RequestTag]] = None  # set by loglikelihood for _loglikelihood_tokens
         self._ignored_kwargs: set[str] = set()
@@ -333,6 +404,44 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
         """Tokenise as a decoder (prompt + continuation encoded together); load with the masked-LM Auto class."""
         self.backend = "causal"
         self.AUTO_MODEL_CLASS = _auto_model_class(config, bool(trust_remote_code))
+
+    def _create_tokenizer(self, *args: Any, **kwargs: Any) -> None:
+        """HFLM's tokenizer; without a pad token it pads with EOS (HFLM would take UNK first, or add a token the
+        model has no embedding for)."""
+        super()._create_tokenizer(*args, **kwargs)
+        tokenizer = self.tokenizer
+        if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+            logger.info("hf_mdm: the tokenizer has no pad token; padding with EOS %r", tokenizer.eos_token)
+
+    def _use_pad_token_other_than_mask(self) -> None:
+        """Left padding must not use the [MASK] id (it would be generated, and LLaDA's sampler counts [MASK]s)."""
+        tokenizer = self.tokenizer
+        if tokenizer.pad_token_id is None or int(tokenizer.pad_token_id) != self.mask_token_id:
+            return
+        if tokenizer.eos_token_id is None or int(tokenizer.eos_token_id) == self.mask_token_id:
+            raise ValueError(
+                f"the tokenizer's pad token {tokenizer.pad_token!r} is the [MASK] token (id {self.mask_token_id}) and "
+                "it has no other EOS token to pad with: give the tokenizer a pad token other than [MASK]"
+            )
+        logger.warning("hf_mdm: the tokenizer's pad token is [MASK] (id %d); padding with EOS %r instead",
+                       self.mask_token_id, tokenizer.eos_token)  # fmt: skip
+        tokenizer.pad_token = tokenizer.eos_token
+        if self.generation_config.pad_token_id == self.mask_token_id:
+            self.generation_config.pad_token_id = tokenizer.pad_token_id
+
+    def _check_no_reference_args(self, overrides: dict[str, Any], model_type: Optional[str]) -> None:
+        """hf_mdm's sampler ignores the reference samplers' own settings: refuse them instead of ignoring them."""
+        if self.generation_config.reference is not None:
+            return  # reference=llada / dream given as a sampler field: these settings are read
+        given = sorted(_REFERENCE_ONLY & set(overrides))
+        if given:
+            owners = sorted({p for name in given for p, args in PRESET_ARGS.items() if name in args})
+            raise ValueError(
+                f"{', '.join(given)}: setting(s) of preset={' / '.join(owners)}, but this model samples with "
+                f"preset=none (hf_mdm's sampler; preset=auto picks none for model_type {model_type!r}): pass "
+                f"preset={owners[0]} to sample as that reference, or use hf_mdm's strategy= / transfer= settings"
+            )
 
     def _build_generation_config(self, overrides: dict[str, Any]) -> MaskedDiffusionGenerationConfig:
         config = MaskedDiffusionGenerationConfig.from_any(getattr(self.model, "generation_config", None))
@@ -370,6 +479,8 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
     # -- generation ------------------------------------------------------------------------------------------
 
     def _request_config(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
+        if self.preset in PRESET_ARGS:
+            return self._preset_config(max_gen_toks, kwargs)
         config = copy.deepcopy(self.generation_config)
         config.max_new_tokens = max_gen_toks
         config.return_dict_in_generate = True
@@ -384,6 +495,56 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
             setattr(config, key, value)
         config.validate_diffusion()
         return config
+
+    def _preset_config(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
+        """The request's `MaskedDiffusionGenerationConfig.llada` / `.dream`: the model arguments of the preset, the
+        request's kwargs of the preset (model arguments ``temperature``, ``top_k``, ``top_p`` win), the reference's
+        defaults; generations padded after the first EOS (the sampling itself is the reference's)."""
+        preset = self.preset
+        allowed = PRESET_ARGS[preset] + _PRESET_COMMON
+        values = {k: v for k, v in self._preset_args.items() if k in allowed}
+        for key, value in kwargs.items():
+            if key in _LM_EVAL_ONLY_KWARGS or key in self._explicit_sampling:
+                continue
+            if key in allowed:
+                values[key] = value
+            elif preset == "llada" and _neutral_top(key, value):
+                continue  # an autoregressive task's top_k / top_p that filters nothing: nothing to apply
+            elif key in diffusion_fields() | _SAMPLING_FIELDS:
+                raise ValueError(_foreign_message(preset, [key], f"the request's generation kwarg {key}={value!r}"))
+            elif key not in self._ignored_kwargs:
+                self._ignored_kwargs.add(key)
+                logger.warning("hf_mdm: generation kwarg %r is not a setting of preset=%s; ignored", key, preset)
+        values = {k: v for k, v in values.items() if v is not None}
+        steps = _positive_int("steps", values.pop("steps", max_gen_toks))
+        common = dict(
+            eos_token_id=values.pop("eos_token_id", None) or self._stop_ids() or None,
+            pad_token_id=values.pop("pad_token_id", self.tokenizer.pad_token_id),
+            stop_at_eos=True,
+            return_dict_in_generate=True,
+        )
+        mask_id = values.pop("mask_token_id", self.mask_token_id)
+        if preset == "llada":
+            block_length = _positive_int("block_length", values.pop("block_length", max_gen_toks))
+            _check_llada_lengths(max_gen_toks, steps, block_length)
+            return MaskedDiffusionGenerationConfig.llada(
+                gen_length=max_gen_toks, steps=steps, block_length=block_length, mask_id=mask_id, **values, **common
+            )
+        return MaskedDiffusionGenerationConfig.dream(
+            max_new_tokens=max_gen_toks, steps=steps, mask_token_id=mask_id, **values, **common
+        )
+
+    def _stop_ids(self) -> list[int]:
+        """EOS ids a generation is cut at: the generation config's, the model config's, the tokenizer's (in this
+        order: the first is the one LLaDA's ``logits_eos_inf`` uses, the model config's by default)."""
+        ids: list[int] = []
+        sources = (self.generation_config.eos_token_id, getattr(self.model.config, "eos_token_id", None),
+                   self.tokenizer.eos_token_id)  # fmt: skip
+        for source in sources:
+            for token in source if isinstance(source, (list, tuple)) else [source]:
+                if token is not None and int(token) not in ids and int(token) != self.mask_token_id:
+                    ids.append(int(token))
+        return ids
 
     def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs):
         config = self._request_config(max_gen_toks, kwargs)
@@ -586,6 +747,7 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
     def get_model_info(self) -> dict:
         info = super().get_model_info()
         info["generation_config"] = self.generation_config.to_diff_dict()
+        info["preset"] = self.preset
         info.update(mc_num=self.mc_num, greedy_check=self.greedy_check, seed=self.seed, max_gen_toks=self.max_gen_toks)
         return info
 
@@ -600,6 +762,67 @@ def _auto_model_class(config: Any, trust_remote_code: bool) -> type:
             if name in auto_map:
                 return getattr(transformers, name)
     return transformers.AutoModelForMaskedLM
+
+
+def _canonical_preset(preset: Any) -> str:
+    """``preset`` as one of `PRESETS` (lm-eval parses ``preset=none`` in --model_args to None)."""
+    name = "none" if preset is None else str(preset).strip().lower()
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}: use one of {list(PRESETS)}")
+    return name
+
+
+def _neutral_top(key: str, value: Any) -> bool:
+    """A top_k / top_p that keeps every token (None, top_k 0, top_p 1)."""
+    if key == "top_k":
+        return value is None or value == 0
+    return key == "top_p" and (value is None or float(value) >= 1.0)
+
+
+def _foreign_message(preset: str, names: Sequence[str], what: str) -> str:
+    reference = {"llada": "LLaDA's generate()", "dream": "Dream's diffusion_generate()"}[preset]
+    return (
+        f"{what}: preset={preset} runs {reference}, which has no {', '.join(names)} (its settings: "
+        f"{', '.join(PRESET_ARGS[preset] + _PRESET_COMMON)}). Pass preset=none to sample with hf_mdm's own sampler "
+        f"and its settings (transfer, strategy, schedule, ...), or drop {', '.join(names)}"
+    )
+
+
+def _check_preset_args(preset: str, overrides: dict[str, Any], how: str) -> None:
+    """Model arguments that are sampler settings the preset does not have: a ValueError naming them."""
+    foreign = sorted(set(overrides) - set(PRESET_ARGS[preset] + _PRESET_COMMON))
+    if foreign:
+        given = ", ".join(f"{name}={overrides[name]!r}" for name in foreign)
+        raise ValueError(_foreign_message(preset, foreign, f"model argument(s) {given} with preset={preset} ({how})"))
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r} (model argument or --gen_kwargs {name}=...)")
+    return value
+
+
+def _check_llada_lengths(gen_length: int, steps: int, block_length: int) -> None:
+    """LLaDA's generate() asserts ``gen_length % block_length == 0`` and ``steps % num_blocks == 0``: the same
+    rules as a ValueError naming the model arguments to change."""
+    if gen_length % block_length:
+        divisors = [d for d in range(block_length, 0, -1) if gen_length % d == 0][:1] + [gen_length]
+        raise ValueError(
+            f"preset=llada (LLaDA's generate()) needs max_gen_toks to be a multiple of block_length: max_gen_toks="
+            f"{gen_length} (the max_gen_toks model argument, else the task's), block_length={block_length}. Set "
+            f"block_length (model argument or --gen_kwargs) to a divisor of {gen_length}, e.g. "
+            f"{' or '.join(map(str, dict.fromkeys(divisors)))}, or max_gen_toks (model argument) to a multiple of "
+            f"{block_length}"
+        )
+    num_blocks = gen_length // block_length
+    if steps % num_blocks:
+        lower, higher = steps - steps % num_blocks, steps + num_blocks - steps % num_blocks
+        raise ValueError(
+            f"preset=llada (LLaDA's generate()) needs steps to be a multiple of the number of blocks: steps={steps}, "
+            f"max_gen_toks // block_length = {gen_length} // {block_length} = {num_blocks} blocks. Set steps (model "
+            f"argument or --gen_kwargs) to {lower or higher}" + (f" or {higher}" if lower else "")
+            + ", or change block_length"
+        )
 
 
 def _stable_seed(seed: int, context: Sequence[int], continuation: Sequence[int]) -> int:

@@ -1,0 +1,366 @@
+"""The lm-eval model ``hf_mdm`` on LLaDA and Dream checkpoints: the reference sampler of the checkpoint
+(``preset``), its sampler settings as model arguments, left padding with a pad token other than [MASK], and
+lm-eval's ``--apply_chat_template`` through the tokenizer's chat template.
+
+The checkpoints are written here in the published formats (``config.json`` with every published key, tiny sizes;
+safetensors with the published parameter names, random weights), each with hf_mdm's tiny byte-level tokenizer
+(which has a chat template) saved beside it. Greedy generation through the lm-eval model must give, token for
+token, what ``model.generate(..., generation_config=MaskedDiffusionGenerationConfig.llada(...) / .dream(...))``
+gives on the same left-padded prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from safetensors.torch import save_file
+from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+from hf_mdm.generation import MaskedDiffusionGenerationConfig
+from hf_mdm.harness import MaskedDiffusionLM, simple_evaluate
+from hf_mdm.harness.evaluator import build_task_manager, create_lm
+from hf_mdm.harness.tiny import CHAT_TEMPLATE, EOS, MASK, build_tiny_models, build_tokenizer
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PROMPTS = ["Question: what is 2 + 3?\nAnswer:", "Q: 7 * 6?\nA:", "Tell me a story about a cat named"]
+SEED = 1234  # the lm-eval model's default seed
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tiny published-format checkpoints with a tokenizer
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def llada_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    d, f, e = c["d_model"], c["mlp_hidden_size"], c["embedding_size"]
+    shapes = {"model.transformer.wte.weight": (e, d)}
+    for i in range(c["n_layers"]):
+        p = f"model.transformer.blocks.{i}."
+        shapes |= {p + "attn_norm.weight": (d,), p + "q_proj.weight": (d, d), p + "k_proj.weight": (d, d),
+                   p + "v_proj.weight": (d, d), p + "attn_out.weight": (d, d), p + "ff_norm.weight": (d,),
+                   p + "ff_proj.weight": (f, d), p + "up_proj.weight": (f, d), p + "ff_out.weight": (d, f)}  # fmt: skip
+    return shapes | {"model.transformer.ln_f.weight": (d,), "model.transformer.ff_out.weight": (e, d)}
+
+
+def dream_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    h, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+    shapes = {"model.embed_tokens.weight": (v, h)}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (h, h),
+                   p + "self_attn.q_proj.bias": (h,), p + "self_attn.k_proj.weight": (kv, h),
+                   p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.weight": (kv, h),
+                   p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.weight": (h, h),
+                   p + "post_attention_layernorm.weight": (h,), p + "mlp.gate_proj.weight": (f, h),
+                   p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f)}  # fmt: skip
+    return shapes | {"model.norm.weight": (h,), "lm_head.weight": (v, h)}
+
+
+def tiny_config(arch: str, tokenizer) -> dict:
+    """The published config.json (every key), tiny sizes, the tokenizer's vocabulary and special ids."""
+    vocab = len(tokenizer)
+    eos, pad, mask = tokenizer.convert_tokens_to_ids([EOS, "<|pad|>", MASK])
+    if arch == "llada":  # as published: pad_token_id = EOS
+        sizes = dict(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=vocab,
+                     embedding_size=vocab, max_sequence_length=1024, rope_theta=10000.0, mask_token_id=mask,
+                     eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+        return json.loads((FIXTURES / "llada_8b_base_config.json").read_text()) | sizes
+    sizes = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                 intermediate_size=48, vocab_size=vocab, max_position_embeddings=1024, rope_theta=10000.0,
+                 mask_token_id=mask, pad_token_id=pad, bos_token_id=eos, eos_token_id=eos)  # fmt: skip
+    return json.loads((FIXTURES / "dream_v0_base_7b_config.json").read_text()) | sizes
+
+
+def random_weights(shapes: dict[str, tuple[int, ...]], output: str, keep: list[int], eos: int, seed: int) -> dict:
+    """Norms near 1, biases near 0, matrices ~ N(0, 1/fan_in), embeddings ~ N(0, 1); the output rows of every token
+    but printable ASCII, newline and EOS zeroed (as hf_mdm.harness.tiny does), so that the models write text."""
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in shapes.items():
+        noise = torch.randn(shape, generator=gen)
+        if name.endswith("bias"):
+            tensors[name] = 0.1 * noise
+        elif len(shape) == 1:
+            tensors[name] = 1.0 + 0.1 * noise
+        elif "wte" in name or "embed_tokens" in name:
+            tensors[name] = noise
+        else:
+            tensors[name] = noise / math.sqrt(shape[1])
+    rows = torch.ones(shapes[output][0], dtype=torch.bool)
+    rows[keep] = False
+    tensors[output][rows] = 0.0
+    tensors[output][eos] *= 0.8  # EOS now and then, not everywhere
+    return tensors
+
+
+def write_checkpoint(path: Path, arch: str, tokenizer, seed: int = 0) -> Path:
+    config = tiny_config(arch, tokenizer)
+    shapes = llada_shapes(config) if arch == "llada" else dream_shapes(config)
+    output = "model.transformer.ff_out.weight" if arch == "llada" else "lm_head.weight"
+    text = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(chr(b))[0]) for b in [10, *range(32, 127)]]
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = random_weights(shapes, output, text + [tokenizer.eos_token_id], tokenizer.eos_token_id, seed)
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tokenizer_without_pad():
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = None
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory) -> dict[str, Path]:
+    """LLaDA with a tokenizer that has no pad token (pads with EOS, as LLaDA's config says); Dream with one."""
+    root = tmp_path_factory.mktemp("presets")
+    return {
+        "llada": write_checkpoint(root / "llada", "llada", tokenizer_without_pad()),
+        "dream": write_checkpoint(root / "dream", "dream", build_tokenizer(), seed=1),
+    }
+
+
+def lm(path, **kwargs) -> MaskedDiffusionLM:
+    return MaskedDiffusionLM(pretrained=str(path), device="cpu", dtype="float32", **kwargs)
+
+
+def requests(prompts, gen_kwargs, task="demo"):
+    return [Instance("generate_until", {}, (p, dict(gen_kwargs)), i, (task, i, 1)) for i, p in enumerate(prompts)]
+
+
+def spy_batches(model: MaskedDiffusionLM) -> list[dict]:
+    """Record every batch the lm-eval model generates: its padded input, its config and its generated tokens."""
+    seen, generate_batch, request_config = [], model._generate_batch, model._request_config
+
+    def record_config(*args):
+        config = request_config(*args)
+        seen.append({"config": config})
+        return config
+
+    def record_batch(input_ids, attention_mask, until, max_gen_toks, kwargs):
+        out = generate_batch(input_ids, attention_mask, until, max_gen_toks, kwargs)
+        seen[-1].update(input_ids=input_ids.clone(), attention_mask=attention_mask.clone(), tokens=out["tokens"])
+        return out
+
+    model._request_config, model._generate_batch = record_config, record_batch
+    return seen
+
+
+def reference_generation(path, prompts, config, batch_size):
+    """``model.generate`` with the preset on an independently loaded model, batched as the lm-eval model batches
+    (longest prompt first, left padding); a row is cut at its first EOS as lm-eval cuts (``until`` holds the EOS
+    string). Returns ({prompt: text}, [(input_ids, attention_mask, new tokens, nfe) per batch])."""
+    model = AutoModelForMaskedLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    assert tokenizer.pad_token_id != model.config.mask_token_id
+    ordered = sorted(prompts, key=lambda p: (-len(tokenizer.encode(p)), p))
+    generator = torch.Generator().manual_seed(SEED)
+    texts, batches = {}, []
+    for start in range(0, len(ordered), batch_size):
+        chunk = ordered[start : start + batch_size]
+        enc = tokenizer(chunk, padding=True, padding_side="left", return_tensors="pt")
+        out = model.generate(enc.input_ids, attention_mask=enc.attention_mask, generation_config=config,
+                             generator=generator, return_dict_in_generate=True)  # fmt: skip
+        new = out.sequences[:, enc.input_ids.shape[1] :]
+        batches.append((enc.input_ids, enc.attention_mask, new, out.nfe))
+        for prompt, row in zip(chunk, new.tolist()):
+            row = row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row
+            texts[prompt] = tokenizer.decode(row, skip_special_tokens=True)
+    return texts, batches
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Generation through the lm-eval model = model.generate with the preset
+# ----------------------------------------------------------------------------------------------------------------
+
+CASES = {
+    # one of these cases writes EOS mid-generation (checked below): the cut at EOS is exercised
+    "llada-greedy-2-blocks": ("llada", dict(steps=8, block_length=8), dict(gen_length=16, steps=8, block_length=8)),
+    "llada-greedy-1-block": ("llada", dict(), dict(gen_length=16, steps=16, block_length=16)),
+    "llada-random-remasking-cfg": ("llada", dict(steps=8, remasking="random", cfg_scale=1.0),
+                                   dict(gen_length=16, steps=8, block_length=16, remasking="random", cfg_scale=1.0)),
+    "dream-greedy-origin": ("dream", dict(steps=8), dict(max_new_tokens=16, steps=8)),
+    "dream-greedy-entropy": ("dream", dict(steps=16, alg="entropy"), dict(max_new_tokens=16, steps=16, alg="entropy")),
+    "dream-greedy-topk-margin-eps": ("dream", dict(steps=5, alg="topk_margin", eps=0.0),
+                                     dict(max_new_tokens=16, steps=5, alg="topk_margin", eps=0.0)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_generation_through_lm_eval_is_the_presets_token_for_token(checkpoints, case):
+    arch, model_args, preset_args = CASES[case]
+    model = lm(checkpoints[arch], batch_size=2, **model_args)
+    assert model.preset == arch  # preset=auto, from config.json's model_type
+    seen = spy_batches(model)
+    texts = model.generate_until(requests(PROMPTS, {"until": [], "max_gen_toks": 16, "do_sample": False}))
+
+    preset = getattr(MaskedDiffusionGenerationConfig, arch)(**preset_args)
+    expected, batches = reference_generation(checkpoints[arch], PROMPTS, preset, batch_size=2)
+    assert texts == [expected[p] for p in PROMPTS]
+    eos, pad = model.tokenizer.eos_token_id, model.tokenizer.pad_token_id
+    assert len(seen) == len(batches) == 2
+    for record, (input_ids, attention_mask, new, _) in zip(seen, batches):
+        assert record["config"].reference == arch
+        assert torch.equal(record["input_ids"], input_ids) and torch.equal(record["attention_mask"], attention_mask)
+        for got, want in zip(record["tokens"].tolist(), new.tolist()):
+            cut = want.index(eos) + 1 if eos in want else len(want)
+            assert got[:cut] == want[:cut]  # token for token through the first EOS ...
+            assert all(token == pad for token in got[cut:])  # ... then padding
+    if case == "llada-greedy-2-blocks":
+        assert any(eos in row[1:] and row[0] != eos for *_, new, _ in batches for row in new.tolist())
+    records = model.timing.records  # one per request, the batch's forward passes shared among its requests
+    assert len(records) == 3 and all(r.generate_s > 0 and r.nfe > 0 for r in records)
+    assert sum(r.nfe for r in records) == pytest.approx(sum(nfe for *_, nfe in batches))
+
+
+def test_stop_strings_cut_the_preset_generation(checkpoints):
+    model = lm(checkpoints["llada"], steps=8, block_length=8)
+    free = model.generate_until(requests(PROMPTS[2:], {"until": [], "max_gen_toks": 16}))[0]
+    stop = free[5:7]
+    assert len(stop) == 2
+    cut = model.generate_until(requests(PROMPTS[2:], {"until": [stop], "max_gen_toks": 16}))[0]
+    assert cut == free[: free.index(stop)]
+    record = model.timing.records[-1]
+    assert record.nfe == 8 and record.output_tokens < record.generated_tokens
+
+
+def test_request_gen_kwargs_of_the_preset_apply(checkpoints):
+    """--gen_kwargs of the preset's settings override the model arguments (temperature given as a model
+    argument wins over the task's temperature 0)."""
+    model = lm(checkpoints["dream"], steps=8, temperature=0.5)
+    config = model._request_config(16, {"steps": 4, "alg": "entropy", "temperature": 0.0, "do_sample": False})
+    assert (config.reference, config.steps, config.alg, config.temperature, config.eps) == ("dream", 4, "entropy",
+                                                                                             0.5, 1e-3)  # fmt: skip
+    llada = lm(checkpoints["llada"], block_length=4)
+    config = llada._request_config(16, {"temperature": 0.0, "top_p": 1.0, "remasking": "random"})
+    assert (config.max_new_tokens, config.block_length, config.steps, config.remasking) == (16, 4, 16, "random")
+    assert (config.logits_eos_inf, config.confidence_eos_eot_inf, config.cfg_scale) == (False, False, 0.0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Choosing the preset, and the errors
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_preset_auto_follows_the_model_type(checkpoints, tmp_path):
+    assert lm(checkpoints["llada"]).preset == "llada"
+    assert lm(checkpoints["dream"]).preset == "dream"
+    mdm = build_tiny_models(tmp_path)["mdm"]
+    assert lm(mdm).preset == "none"
+    assert lm(mdm, steps=4)._request_config(8, {}).reference is None
+    # preset=none on a LLaDA checkpoint: hf_mdm's sampler and its settings; "none" in --model_args parses to None
+    none = create_lm("hf_mdm", f"pretrained={checkpoints['llada']},preset=none,dtype=float32,strategy=margin,steps=4",
+                      device="cpu")
+    assert none.preset == "none"
+    config = none._request_config(8, {})
+    assert config.reference is None and config.strategy == "margin"
+    assert lm(checkpoints["dream"], preset="llada", steps=4).preset == "llada"
+    with pytest.raises(ValueError, match="unknown preset"):
+        lm(checkpoints["dream"], preset="maskgit")
+
+
+@pytest.mark.parametrize("arch, knob", [("llada", {"transfer": "stochastic"}), ("llada", {"strategy": "margin"}),
+                                        ("llada", {"top_k": 5}), ("llada", {"alg": "entropy"}),
+                                        ("dream", {"schedule": "cosine"}), ("dream", {"block_length": 8}),
+                                        ("dream", {"remasking": "random"})])  # fmt: skip
+def test_a_setting_the_preset_lacks_is_an_error(checkpoints, arch, knob):
+    (name, value), = knob.items()
+    with pytest.raises(ValueError, match=f"{name}=.*preset={arch}.*preset=none"):
+        lm(checkpoints[arch], **knob)
+
+
+def test_foreign_settings_fail_before_loading_and_in_requests(checkpoints, tmp_path):
+    with pytest.raises(ValueError, match="preset=none"):  # not an OSError: checked before anything is loaded
+        lm(tmp_path / "does-not-exist", preset="llada", transfer="threshold")
+    model = lm(checkpoints["llada"], steps=8)
+    with pytest.raises(ValueError, match="generation kwarg strategy='margin'.*preset=none"):
+        model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 16, "strategy": "margin"}))
+    with pytest.raises(ValueError, match="top_p.*preset=none"):
+        model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 16, "top_p": 0.9}))
+    # reference settings with hf_mdm's own sampler would be ignored: refused instead
+    with pytest.raises(ValueError, match="alg: setting.*preset=dream.*preset=none"):
+        lm(build_tiny_models(tmp_path / "tiny")["mdm"], alg="entropy")
+
+
+def test_llada_length_rules_name_the_model_arguments(checkpoints):
+    with pytest.raises(ValueError, match=r"max_gen_toks=16.*block_length=6.*divisor of 16, e.g. 4 or 16"):
+        lm(checkpoints["llada"], max_gen_toks=16, block_length=6)
+    with pytest.raises(ValueError, match=r"steps=6, max_gen_toks // block_length = 16 // 4 = 4 blocks.*steps.* 4 or 8"):
+        lm(checkpoints["llada"], max_gen_toks=16, block_length=4, steps=6)
+    model = lm(checkpoints["llada"], block_length=5)  # the task's max_gen_toks is only known with the request
+    with pytest.raises(ValueError, match="max_gen_toks=16 .*block_length=5"):
+        model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 16}))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tokenizer: pad token, chat template
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_pad_token_is_never_the_mask(checkpoints, tmp_path):
+    model = lm(checkpoints["llada"])  # the tokenizer has no pad token: EOS
+    assert model.tokenizer.pad_token_id == model.tokenizer.eos_token_id != model.mask_token_id
+    assert lm(checkpoints["dream"]).tokenizer.pad_token == "<|pad|>"  # the tokenizer's own
+    path = tmp_path / "llada-pad-is-mask"
+    shutil.copytree(checkpoints["llada"], path)
+    tokenizer = build_tokenizer()
+    tokenizer.pad_token = MASK
+    tokenizer.save_pretrained(path)
+    model = lm(path, steps=4)
+    assert model.tokenizer.pad_token == EOS and model.tokenizer.pad_token_id != model.mask_token_id
+    input_ids, attention_mask = model.tok_batch_encode(PROMPTS[:2])  # the second prompt is shorter: left-padded
+    assert attention_mask[1, 0] == 0 and input_ids[1, 0] == model.tokenizer.eos_token_id
+    assert model.mask_token_id not in input_ids.tolist()[1]
+
+
+def gsm_like(**kwargs) -> datasets.DatasetDict:
+    rows = [{"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "#### 7"}]
+    return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})
+
+
+TASK = {
+    "task": "tiny_chat_qa",
+    "custom_dataset": gsm_like,
+    "output_type": "generate_until",
+    "test_split": "test",
+    "doc_to_text": "Question: {{question}}\nAnswer:",
+    "doc_to_target": "{{answer}}",
+    "generation_kwargs": {"until": ["Question:"], "do_sample": False, "temperature": 0.0, "max_gen_toks": 16},
+    "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+}
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_apply_chat_template_reaches_the_model(checkpoints, arch):
+    """lm-eval's --apply_chat_template: the request context is the tokenizer's chat template applied to the
+    question, and the answer is the preset's generation from exactly that context."""
+    model = lm(checkpoints[arch], steps=8)
+    assert model.chat_template(True) == CHAT_TEMPLATE
+    seen = spy_batches(model)
+    tasks = build_task_manager(["mdm_gsm8k"])  # hf_mdm's task folder only, not lm-eval's ~15k configs (slow)
+    results = simple_evaluate(model, tasks=[TASK], apply_chat_template=True, log_samples=True, task_manager=tasks)
+    (sample,) = results["samples"]["tiny_chat_qa"]
+    ((context, gen_kwargs),) = sample["arguments"]  # the request the model received
+    assert gen_kwargs["max_gen_toks"] == 16
+    question = "Question: " + gsm_like()["test"][0]["question"] + "\nAnswer:"
+    assert context == f"<|user|>\n{question}\n<|assistant|>\n"
+    assert context == model.apply_chat_template([{"role": "user", "content": question}])
+    (record,) = seen
+    assert torch.equal(record["input_ids"][0], torch.tensor(model.tokenizer.encode(context)))
+    preset_args = dict(gen_length=16, steps=8, block_length=16) if arch == "llada" else dict(max_new_tokens=16, steps=8)
+    preset = getattr(MaskedDiffusionGenerationConfig, arch)(**preset_args)
+    expected, _ = reference_generation(checkpoints[arch], [context], preset, batch_size=1)
+    answer = expected[context]
+    answer = answer[: answer.index("Question:")] if "Question:" in answer else answer
+    assert sample["resps"] == [[answer]]
