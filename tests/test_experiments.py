@@ -93,3 +93,19 @@ def test_cli_oracle_sample_then_score(tmp_path, capsys):
     scores = json.loads(capsys.readouterr().out)
     assert scores["num_sequences"] == 64 and 0.0 <= scores["ser"] <= 0.6  # 1 - exp(-3 * 11 / (4 * 48)) = 0.16
     assert torch.isfinite(torch.tensor(scores["ter"])) or scores["num_out_of_support"] > 0
+
+
+def test_cli_dataset_build_then_train_then_sample(tmp_path, capsys):
+    data = tmp_path / "data"
+    assert cli.main(["dataset", "build", "ngram2", "--length", "8", "--num-train", "256", "--num-validation", "64",
+                     "--num-test", "16", "--output-dir", str(data), "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (data / "language" / "language_config.json").exists()
+    run = tmp_path / "run"
+    assert cli.main(["train", "--data", str(data), "--kind", "mdm", "--output-dir", str(run), "--max-steps", "3",
+                     "--batch-size", "16", "--save-steps", "3", "--warmup-steps", "0"]) == 0
+    assert (run / "final" / "config.json").exists() and (run / "final" / "language").is_dir()
+    samples = tmp_path / "s.json"
+    assert cli.main(["sample", "--model", str(run / "final"), "--kind", "mdm", "--num", "8", "--length", "8",
+                     "--steps", "4", "--output", str(samples)]) == 0
+    rows = json.loads(samples.read_text())["samples"]
+    assert len(rows) == 8 and all(0 <= t < 16 for row in rows for t in row)  # ngram2 has 16 tokens; [MASK] = 16
