@@ -30,6 +30,7 @@ accelerate, so requests are sharded on CPU as on GPUs.
 
 from __future__ import annotations
 
+import abc
 import copy
 import hashlib
 import json
@@ -233,13 +234,13 @@ class _TimedGeneration:
             )
         return length
 
+    @abc.abstractmethod
     def _generate_batch(
         self, input_ids: torch.LongTensor, attention_mask: torch.Tensor, until: list[str], max_gen_toks: int,
         kwargs: dict,
     ) -> dict[str, Any]:  # fmt: skip
         """Generate for one left-padded batch. Returns ``tokens`` (B, T) after the prompt, ``generate_s`` (the
         model's own generation seconds), ``nfe`` (forward passes of the batch) and per-row ``generated_tokens``."""
-        raise NotImplementedError
 
     def _autocast(self) -> torch.autocast:
         """HFLM's ``mixed_precision_dtype`` autocast (a no-op when unset)."""
