@@ -264,6 +264,19 @@ def _ter_cell(metric: TokenErrorRate, language: Any, samples: torch.Tensor) -> d
             "num_out_of_support": r["num_out_of_support"]}
 
 
+def validation_table(rows: list[dict]) -> list[str]:
+    """Markdown lines: trained models' validation NLL per token beside the language's exact entropy."""
+    validation = [r for r in rows if r["model"] == "validation"]
+    if not validation:
+        return []
+    lines = ["", "| language | L | entropy/token | MDM val NLL (ELBO) | gap | AR val NLL | gap |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in validation:
+        lines.append(f"| {r['language']} | {r['length']} | {r['entropy_per_token']:.4f} | {r['mdm_nll']:.4f} | "
+                     f"{100 * r['mdm_gap']:+.2f}% | {r['ar_nll']:.4f} | {100 * r['ar_gap']:+.2f}% |")
+    return lines
+
+
 def ter_table(rows: list[dict], steps_list: list[int]) -> str:
     lines = ["| language | L | model | " + " | ".join(f"N={s}" for s in steps_list) + " |",
              "| --- | --- | --- |" + " --- |" * len(steps_list)]
@@ -278,14 +291,7 @@ def ter_table(rows: list[dict], steps_list: list[int]) -> str:
         if r["model"] == "trained AR":
             lines.append(f"| {r['language']} | {r['length']} | trained AR (L steps) | "
                          + " | ".join([f"{100 * r['relative_increase']:.2f}%"] * len(steps_list)) + " |")
-    validation = [r for r in rows if r["model"] == "validation"]
-    if validation:
-        lines += ["", "| language | L | entropy/token | MDM val NLL (ELBO) | gap | AR val NLL | gap |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in validation:
-            lines.append(f"| {r['language']} | {r['length']} | {r['entropy_per_token']:.4f} | {r['mdm_nll']:.4f} | "
-                         f"{100 * r['mdm_gap']:+.2f}% | {r['ar_nll']:.4f} | {100 * r['ar_gap']:+.2f}% |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + validation_table(rows)) + "\n"
 
 
 def plot_ter(rows: list[dict], path: Path) -> None:
@@ -363,14 +369,7 @@ def ser_table(rows: list[dict]) -> str:
         pred = f"{r['predicted']:.3f}" if "predicted" in r else ""
         lines.append(f"| {r['language']} | {r['length']} | {r['model']} | {r['steps']} | {r['steps_over_length']:.3g} | "
                      f"{r['ser']:.3f} | [{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}] | {pred} |")
-    validation = [r for r in rows if r["model"] == "validation"]
-    if validation:
-        lines += ["", "| language | L | entropy/token | MDM val NLL (ELBO) | gap | AR val NLL | gap |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for r in validation:
-            lines.append(f"| {r['language']} | {r['length']} | {r['entropy_per_token']:.4f} | {r['mdm_nll']:.4f} | "
-                         f"{100 * r['mdm_gap']:+.2f}% | {r['ar_nll']:.4f} | {100 * r['ar_gap']:+.2f}% |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + validation_table(rows)) + "\n"
 
 
 def plot_ser(rows: list[dict], path: Path) -> None:
