@@ -100,6 +100,7 @@ def _load_sampler_model(args: argparse.Namespace):
     """(model, kind, language): ``--model oracle`` needs ``--language``; checkpoints carry ``language/``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    from .hub import is_mdm
     from .languages import OracleDenoiser, load_language
 
     language = load_language(args.language) if args.language else None
@@ -110,14 +111,14 @@ def _load_sampler_model(args: argparse.Namespace):
     if language is None and (Path(args.model) / "language").is_dir():
         language = load_language(Path(args.model) / "language")
     config = AutoConfig.from_pretrained(args.model)
-    is_mdm = getattr(config, "mask_token_id", None) is not None and config.model_type in ("hf_mdm", "llada", "Dream")
-    if args.kind == "mdm" and not is_mdm:
+    mdm = is_mdm(config)
+    if args.kind == "mdm" and not mdm:
         raise ValueError(f"--model {args.model} is a {config.model_type!r} (autoregressive) checkpoint: pass --kind ar")
-    if args.kind == "ar" and is_mdm:
+    if args.kind == "ar" and mdm:
         raise ValueError(f"--model {args.model} is a masked diffusion checkpoint ({config.model_type!r}): pass --kind mdm")
-    loader = AutoModelForMaskedLM if is_mdm else AutoModelForCausalLM
+    loader = AutoModelForMaskedLM if mdm else AutoModelForCausalLM
     model = loader.from_pretrained(args.model).eval()
-    if is_mdm and args.schedule and hasattr(config, "schedule"):
+    if mdm and args.schedule and hasattr(config, "schedule"):
         from .schedules import get_schedule
 
         if get_schedule(args.schedule) != get_schedule(config.schedule):
@@ -125,13 +126,14 @@ def _load_sampler_model(args: argparse.Namespace):
                 f"--schedule {args.schedule!r} differs from the schedule the model was trained with "
                 f"({config.schedule!r}): drop --schedule or pass the training schedule"
             )
-    return model, "mdm" if is_mdm else "ar", language
+    return model, "mdm" if mdm else "ar", language
 
 
 def _sample(args: argparse.Namespace) -> int:
     import torch
 
-    from .experiments import sample_ar, write_atomic
+    from .experiments import sample_ar
+    from .fileio import write_atomic
     from .generation import diffusion_generate
 
     model, kind, _ = _load_sampler_model(args)
@@ -224,11 +226,11 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _push(args: argparse.Namespace) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
-    from .hub import push_model
+    from .hub import is_mdm, push_model
     from .languages import load_language
 
     config = AutoConfig.from_pretrained(args.model)
-    loader = AutoModelForMaskedLM if getattr(config, "mask_token_id", None) is not None else AutoModelForCausalLM
+    loader = AutoModelForMaskedLM if is_mdm(config) else AutoModelForCausalLM
     model = loader.from_pretrained(args.model)
     language_dir = args.language or (Path(args.model) / "language" if (Path(args.model) / "language").is_dir() else None)
     results = json.loads(Path(args.results).read_text()) if args.results else []

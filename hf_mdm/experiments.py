@@ -23,7 +23,6 @@ import math
 import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -31,6 +30,7 @@ from typing import Any, Callable, Optional
 import torch
 from tqdm.auto import tqdm
 
+from .fileio import write_atomic
 from .generation import diffusion_generate
 from .languages import ChainLanguage, HMMLanguage, NGramLanguage, OracleDenoiser
 from .metrics import SequenceErrorRate, TokenErrorRate
@@ -40,15 +40,6 @@ LANGUAGE_KINDS = ("ngram", "hmm", "chain")
 
 # ----------------------------------------------------------------------------------------------------------------
 # Small utilities
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        f.write(text)
-        tmp = f.name
-    os.replace(tmp, path)
 
 
 class CellCache:

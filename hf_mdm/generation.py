@@ -669,10 +669,8 @@ def _step(run: _Run, x, attn, block_mask, keep, counts, prompt_mask, steps_left:
         confident = ((confidence >= float(run.config.threshold)) & block_mask).sum(1)
         needed = (remaining + steps_left - 1) // steps_left
         counts = torch.maximum(torch.maximum(confident, needed), (remaining > 0).long())
-    proposal = x.clone()
-    proposal[:, keep] = x0
-    chosen = _choose(scores, block_mask, torch.minimum(counts, remaining))
-    x[chosen] = proposal[chosen]
+    chosen = _choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
+    x[:, keep] = torch.where(chosen, x0, x[:, keep])
 
 
 def _step_positions_first(run: _Run, x, attn, block_mask, counts, prompt_mask) -> None:
@@ -1112,8 +1110,10 @@ def _resolve_config(model, generation_config, kwargs) -> MaskedDiffusionGenerati
     return config
 
 
-def _logits_shift(model, config) -> int:
-    if config.logits_shift is not None:
+def logits_shift_of(model: Any, config: Optional[GenerationConfig] = None) -> int:
+    """1 if ``model`` predicts position i from hidden state i-1 (Dream), else 0: the generation config's
+    ``logits_shift`` if set, else the model config's, else 1 for model_type "Dream"."""
+    if config is not None and getattr(config, "logits_shift", None) is not None:
         return int(config.logits_shift)
     model_config = getattr(model, "config", None)
     shift = getattr(model_config, "logits_shift", None)
@@ -1210,7 +1210,7 @@ def diffusion_generate(
         model=model,
         config=config,
         mask_id=mask_id,
-        shift=_logits_shift(model, config),
+        shift=logits_shift_of(model, config),
         schedule=get_schedule(config.schedule, **(config.schedule_kwargs or {})),
         strategy=canonical_strategy(config.strategy),
         processors=logits_processor if logits_processor is not None else LogitsProcessorList(),

@@ -46,8 +46,10 @@ class CardResult:
         )
 
 
-def is_mdm(model: Any) -> bool:
-    return getattr(model.config, "model_type", None) in MDM_MODEL_TYPES
+def is_mdm(model_or_config: Any) -> bool:
+    """Whether a model (or its config) is a masked diffusion LM: hf_mdm's own, LLaDA or Dream."""
+    config = getattr(model_or_config, "config", model_or_config)
+    return getattr(config, "model_type", None) in MDM_MODEL_TYPES and getattr(config, "mask_token_id", None) is not None
 
 
 def describe_language(language: Any) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .experiments import write_atomic
+from .fileio import write_atomic
 
 PAPER_TER = {  # epsilon_total in %, trained MDMs; steps 64, 128, 256, 512, 1024, 2048
     ("2-gram", 256): [2.72, 1.09, 0.27, 0.11, 0.10, 0.05],

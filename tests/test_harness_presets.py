@@ -28,7 +28,7 @@ from hf_mdm.harness import MaskedDiffusionLM, simple_evaluate
 from hf_mdm.harness.evaluator import build_task_manager, create_lm
 from hf_mdm.harness.tiny import CHAT_TEMPLATE, EOS, MASK, build_tiny_models, build_tokenizer
 
-FIXTURES = Path(__file__).parent / "fixtures"
+from published_formats import dream_shapes, llada_shapes, published_config  # noqa: E402
 PROMPTS = ["Question: what is 2 + 3?\nAnswer:", "Q: 7 * 6?\nA:", "Tell me a story about a cat named"]
 SEED = 1234  # the lm-eval model's default seed
 
@@ -36,32 +36,6 @@ SEED = 1234  # the lm-eval model's default seed
 # ----------------------------------------------------------------------------------------------------------------
 # Tiny published-format checkpoints with a tokenizer
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def llada_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    d, f, e = c["d_model"], c["mlp_hidden_size"], c["embedding_size"]
-    shapes = {"model.transformer.wte.weight": (e, d)}
-    for i in range(c["n_layers"]):
-        p = f"model.transformer.blocks.{i}."
-        shapes |= {p + "attn_norm.weight": (d,), p + "q_proj.weight": (d, d), p + "k_proj.weight": (d, d),
-                   p + "v_proj.weight": (d, d), p + "attn_out.weight": (d, d), p + "ff_norm.weight": (d,),
-                   p + "ff_proj.weight": (f, d), p + "up_proj.weight": (f, d), p + "ff_out.weight": (d, f)}  # fmt: skip
-    return shapes | {"model.transformer.ln_f.weight": (d,), "model.transformer.ff_out.weight": (e, d)}
-
-
-def dream_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    h, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
-    shapes = {"model.embed_tokens.weight": (v, h)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes |= {p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (h, h),
-                   p + "self_attn.q_proj.bias": (h,), p + "self_attn.k_proj.weight": (kv, h),
-                   p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.weight": (kv, h),
-                   p + "self_attn.v_proj.bias": (kv,), p + "self_attn.o_proj.weight": (h, h),
-                   p + "post_attention_layernorm.weight": (h,), p + "mlp.gate_proj.weight": (f, h),
-                   p + "mlp.up_proj.weight": (f, h), p + "mlp.down_proj.weight": (h, f)}  # fmt: skip
-    return shapes | {"model.norm.weight": (h,), "lm_head.weight": (v, h)}
 
 
 def tiny_config(arch: str, tokenizer) -> dict:
@@ -72,11 +46,11 @@ def tiny_config(arch: str, tokenizer) -> dict:
         sizes = dict(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=vocab,
                      embedding_size=vocab, max_sequence_length=1024, rope_theta=10000.0, mask_token_id=mask,
                      eos_token_id=eos, pad_token_id=eos)  # fmt: skip
-        return json.loads((FIXTURES / "llada_8b_base_config.json").read_text()) | sizes
+        return published_config("llada_8b_base") | sizes
     sizes = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
                  intermediate_size=48, vocab_size=vocab, max_position_embeddings=1024, rope_theta=10000.0,
                  mask_token_id=mask, pad_token_id=pad, bos_token_id=eos, eos_token_id=eos)  # fmt: skip
-    return json.loads((FIXTURES / "dream_v0_base_7b_config.json").read_text()) | sizes
+    return published_config("dream_v0_base_7b") | sizes
 
 
 def random_weights(shapes: dict[str, tuple[int, ...]], output: str, keep: list[int], eos: int, seed: int) -> dict:

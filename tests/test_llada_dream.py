@@ -26,63 +26,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 
-FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def published_config(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}_config.json").read_text())
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Published formats: tensor names and shapes from the config alone
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def llada_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    d, f, e = c["d_model"], c["mlp_hidden_size"], c["embedding_size"]
-    kv = c["n_kv_heads"] * (d // c["n_heads"])
-    shapes = {"model.transformer.wte.weight": (e, d)}
-    for i in range(c["n_layers"]):
-        p = f"model.transformer.blocks.{i}."
-        shapes |= {
-            p + "attn_norm.weight": (d,),
-            p + "q_proj.weight": (d, d),
-            p + "k_proj.weight": (kv, d),
-            p + "v_proj.weight": (kv, d),
-            p + "attn_out.weight": (d, d),
-            p + "ff_norm.weight": (d,),
-            p + "ff_proj.weight": (f, d),
-            p + "up_proj.weight": (f, d),
-            p + "ff_out.weight": (d, f),
-        }
-    shapes["model.transformer.ln_f.weight"] = (d,)
-    shapes["model.transformer.ff_out.weight"] = (e, d)
-    return shapes
-
-
-def dream_shapes(c: dict) -> dict[str, tuple[int, ...]]:
-    h, f, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
-    shapes = {"model.embed_tokens.weight": (v, h)}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "input_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (h, h),
-            p + "self_attn.q_proj.bias": (h,),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.k_proj.bias": (kv,),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.v_proj.bias": (kv,),
-            p + "self_attn.o_proj.weight": (h, h),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (f, h),
-            p + "mlp.up_proj.weight": (f, h),
-            p + "mlp.down_proj.weight": (h, f),
-        }
-    shapes["model.norm.weight"] = (h,)
-    shapes["lm_head.weight"] = (v, h)
-    return shapes
+from published_formats import dream_shapes, llada_shapes, published_config  # noqa: E402
 
 
 ARCHS = {
@@ -462,10 +406,14 @@ def test_logits_to_keep_slices_and_runs_head_only_there(arch, models):
         full = model(ids, attention_mask=attention_mask).logits
         last = model(ids, attention_mask=attention_mask, logits_to_keep=3).logits
         picked = model(ids, attention_mask=attention_mask, logits_to_keep=index).logits
+        per_row = torch.tensor([[9, 2], [5, 5], [0, 7], [3, 1]])[: ids.shape[0]]  # (B, K): positions of each row
+        rows = model(ids, attention_mask=attention_mask, logits_to_keep=per_row).logits
     hook.remove()
-    assert [shape[1] for shape in head_inputs] == [10, 3, 3]
+    assert [shape[1] for shape in head_inputs] == [10, 3, 3, 2]
+    assert getattr(model, "supports_per_row_logits_to_keep", False)
     torch.testing.assert_close(last, full[:, -3:], atol=0, rtol=0)
     torch.testing.assert_close(picked, full[:, index], atol=0, rtol=0)
+    torch.testing.assert_close(rows, torch.stack([full[b, per_row[b]] for b in range(ids.shape[0])]), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])

@@ -35,12 +35,13 @@ import json
 import math
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import yaml
+
+from ..fileio import write_atomic
 
 __all__ = ["CompareConfig", "Cell", "load_config", "run_matrix", "write_report", "paper_numbers", "add_arguments",
            "run", "main"]  # fmt: skip
@@ -206,10 +207,10 @@ def _save_cell(cells_dir: Path, cell: Cell, results: dict, metric: str) -> Path:
         "date": results.get("date"),
     }
     path = cells_dir / f"{cell.slug}.json"
-    _write_atomically(path, json.dumps(record, indent=2, default=str))
+    write_atomic(path, json.dumps(record, indent=2, default=str))
     if results.get("samples", {}).get(cell.task):
         lines = "".join(json.dumps(s, default=str) + "\n" for s in results["samples"][cell.task])
-        _write_atomically(cells_dir.parent / "samples" / f"{cell.slug}.jsonl", lines)
+        write_atomic(cells_dir.parent / "samples" / f"{cell.slug}.jsonl", lines)
     return path
 
 
@@ -219,30 +220,6 @@ def _number(value: Any) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(number) else number
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _write_bytes_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # -- report --------------------------------------------------------------------------------------------------------
@@ -300,9 +277,9 @@ def write_report(config: CompareConfig) -> dict[str, Path]:
     rows = collect_rows(config)
     out = config.output_dir
     paths = {"csv": out / "results.csv", "markdown": out / "results.md", "plot": out / "accuracy_vs_time.png"}
-    _write_atomically(paths["csv"], _csv(rows))
-    _write_atomically(paths["markdown"], _markdown(config, rows))
-    _write_bytes_atomically(paths["plot"], _plot(config, rows))
+    write_atomic(paths["csv"], _csv(rows))
+    write_atomic(paths["markdown"], _markdown(config, rows))
+    write_atomic(paths["plot"], _plot(config, rows))
     return paths
 
 

@@ -47,7 +47,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm import tqdm
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
+from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate, logits_shift_of
 from .timing import RequestTag, Stopwatch, TimingRecorder, tag_requests
 
 __all__ = ["MaskedDiffusionLM", "TimedHFLM", "StopStringCriteria", "tokens_until_stop", "PRESETS"]
@@ -469,13 +469,8 @@ class MaskedDiffusionLM(_TimedGeneration, HFLM):
 
     @property
     def logits_shift(self) -> int:
-        """1 if position i is predicted from hidden state i-1 (Dream), else 0."""
-        shift = self.generation_config.logits_shift
-        if shift is None:
-            shift = getattr(self.model.config, "logits_shift", None)
-        if shift is None:
-            shift = 1 if getattr(self.model.config, "model_type", None) == "Dream" else 0
-        return int(shift)
+        """1 if position i is predicted from hidden state i-1 (Dream), else 0 (the sampler's own rule)."""
+        return logits_shift_of(self.model, self.generation_config)
 
     # -- generation ------------------------------------------------------------------------------------------
 

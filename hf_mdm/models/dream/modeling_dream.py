@@ -197,6 +197,8 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
+    supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
+
     def __init__(self, config: DreamConfig):
         super().__init__(config)
         self.model = DreamBaseModel(config)
@@ -232,8 +234,8 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             attention_mask: (B, L), 1 = token, 0 = padding (never attended to). Left or right padding.
             position_ids: (B, L); default 0..L-1, see `DreamBaseModel.forward`.
             logits_to_keep: 0 = logits at every position; an int k = the last k positions; a 1-D LongTensor of
-                positions = those positions. The LM head runs only there. With the shift, the token at position j
-                needs the logits kept at j - 1.
+                positions = those positions; a (B, K) tensor = K positions per row. The LM head runs only there.
+                With the shift, the token at position j needs the logits kept at j - 1.
             labels: (B, L) target ids at the positions to score and -100 elsewhere; the loss is their mean
                 cross-entropy with the logits shifted by one (the token at j is scored with the logits at j - 1;
                 logits at every position are computed, ``logits_to_keep`` is ignored).

@@ -163,9 +163,11 @@ def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def keep_positions(hidden_states: torch.Tensor, logits_to_keep: Union[int, torch.Tensor]) -> torch.Tensor:
     """Positions where the LM head runs, as in transformers: 0 = all, an int k = the last k, a 1-D index tensor =
-    those positions. (B, L, H) -> (B, K, H)."""
+    those positions, and (hf_mdm's extension) a (B, K) tensor = K positions per row. (B, L, H) -> (B, K, H)."""
     if isinstance(logits_to_keep, int):
         return hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+    if logits_to_keep.dim() == 2:
+        return hidden_states.gather(1, logits_to_keep[..., None].expand(-1, -1, hidden_states.shape[-1]))
     return hidden_states[:, logits_to_keep]
 
 
@@ -363,6 +365,8 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
     ```
     """
 
+    supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
+
     def __init__(self, config: LLaDAConfig):
         super().__init__(config)
         self.model = LLaDAModel(config)
@@ -397,7 +401,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             attention_mask: (B, L), 1 = token, 0 = padding (never attended to). Left or right padding.
             position_ids: (B, L); default 0..L-1, see `LLaDAModel.forward`.
             logits_to_keep: 0 = logits at every position; an int k = the last k positions; a 1-D LongTensor of
-                positions = those positions. The output layer runs only there.
+                positions = those positions; a (B, K) tensor = K positions per row. The output layer runs only there.
             labels: (B, L) target ids at the positions to score and -100 elsewhere; the loss is their mean
                 cross-entropy (logits at every position are computed, ``logits_to_keep`` is ignored).
             inputs_embeds: (B, L, d_model) instead of ``input_ids``.
