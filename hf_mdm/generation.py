@@ -596,36 +596,47 @@ def _model_logits(run: _Run, x: torch.Tensor, attn: Optional[torch.Tensor], keep
     return logits
 
 
-def _propose(run: _Run, logits: torch.Tensor, ids: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Proposed tokens x0 (N,) and their probabilities (N, V) from logits (N, V) of N scored positions.
+def _propose(
+    run: _Run, logits: torch.Tensor, ids: Optional[torch.Tensor], need_probs: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Proposals at N scored positions from their logits (N, V): tokens x0 (N,), their probabilities (N,), and the
+    whole distributions (N, V) when sampling or when ``need_probs`` (margin, entropy), else None.
 
-    ``ids`` (N, L) is the canvas row of each position, for user logits processors (None when there are none).
+    Probabilities are normalised over the whole vocabulary, [MASK] included (as LLaDA and Dream do); [MASK] itself
+    is never proposed. At temperature 0 the probability of the argmax is exp(max - logsumexp): two read-only passes
+    over the logits instead of writing a softmax. ``ids`` (N, L) is the canvas row of each position, for user
+    logits processors (None when there are none).
     """
     logits = run.processors(ids, logits) if len(run.processors) else logits
     logits = run.warpers(ids, logits) if len(run.warpers) else logits
-    probs = torch.softmax(logits, dim=-1)
-    if run.config.temperature:
-        sample_probs = probs.clone()
-        sample_probs[:, run.mask_id] = 0.0
-        x0 = torch.multinomial(sample_probs, 1, generator=run.generator).squeeze(1)
-    else:
-        logits[:, run.mask_id] = -float("inf")
-        x0 = logits.argmax(-1)
-    return x0, probs
+    if run.config.temperature or need_probs:
+        probs = torch.softmax(logits, dim=-1)
+        if run.config.temperature:
+            sample_probs = probs.clone()
+            sample_probs[:, run.mask_id] = 0.0
+            x0 = torch.multinomial(sample_probs, 1, generator=run.generator).squeeze(1)
+        else:
+            logits[:, run.mask_id] = -float("inf")
+            x0 = logits.argmax(-1)
+        return x0, probs.gather(-1, x0[:, None]).squeeze(1), probs
+    log_normaliser = torch.logsumexp(logits, dim=-1)
+    logits[:, run.mask_id] = -float("inf")
+    top, x0 = logits.max(-1)  # ties: the first index, as argmax
+    return x0, torch.exp(top - log_normaliser), None
 
 
-def _scores(run: _Run, probs: torch.Tensor, x0: torch.Tensor, keep: torch.Tensor, length: int) -> torch.Tensor:
+def _scores(run: _Run, confidence: torch.Tensor, probs: Optional[torch.Tensor], keep: torch.Tensor, length: int):
     """Ranking scores (B, L) of every position (higher = reveal first) from the proposals at columns ``keep``
-    (x0 (B, K), probs (B, K, V)); other columns are -inf."""
-    bsz = x0.shape[0]
+    (confidence (B, K), probs (B, K, V) for margin and entropy); other columns are -inf."""
+    bsz = confidence.shape[0]
     if run.strategy == "random":
-        return torch.rand((bsz, length), generator=run.generator, device=probs.device).to(probs.dtype)
-    full = torch.full((bsz, length), -float("inf"), dtype=probs.dtype, device=probs.device)
+        return torch.rand((bsz, length), generator=run.generator, device=confidence.device).to(confidence.dtype)
+    full = torch.full((bsz, length), -float("inf"), dtype=confidence.dtype, device=confidence.device)
     if run.strategy == "left_to_right":
-        full[:, keep] = -keep.to(probs.dtype)[None, :].expand(bsz, -1)
+        full[:, keep] = -keep.to(confidence.dtype)[None, :].expand(bsz, -1)
         return full
     if run.strategy == "confidence":
-        score = probs.gather(-1, x0[..., None]).squeeze(-1)
+        score = confidence
     elif run.strategy == "margin":
         top2 = probs.topk(2, dim=-1).values
         score = top2[..., 0] - top2[..., 1]
@@ -660,13 +671,13 @@ def _step(run: _Run, x, attn, block_mask, keep, counts, prompt_mask, steps_left:
     logits = _model_logits(run, x, attn, keep, prompt_mask)
     bsz, k, vocab = logits.shape
     rows = torch.arange(bsz, device=x.device).repeat_interleave(k)
-    x0, probs = _propose(run, logits.reshape(bsz * k, vocab), _processor_ids(run, x, rows))
-    x0, probs = x0.view(bsz, k), probs.view(bsz, k, vocab)
-    scores = _scores(run, probs, x0, keep, x.shape[1])
+    need_probs = run.strategy in ("margin", "entropy")
+    x0, confidence, probs = _propose(run, logits.reshape(bsz * k, vocab), _processor_ids(run, x, rows), need_probs)
+    x0, confidence = x0.view(bsz, k), confidence.view(bsz, k)
+    probs = probs.view(bsz, k, vocab) if probs is not None else None
+    scores = _scores(run, confidence, probs, keep, x.shape[1])
     if counts is None:
-        confidence = torch.zeros(x.shape, dtype=probs.dtype, device=x.device)
-        confidence[:, keep] = probs.gather(-1, x0[..., None]).squeeze(-1)
-        confident = ((confidence >= float(run.config.threshold)) & block_mask).sum(1)
+        confident = ((confidence >= float(run.config.threshold)) & block_mask[:, keep]).sum(1)
         needed = (remaining + steps_left - 1) // steps_left
         counts = torch.maximum(torch.maximum(confident, needed), (remaining > 0).long())
     chosen = _choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
@@ -708,7 +719,7 @@ def _reveal_chosen(run: _Run, x, attn, chosen, prompt_mask) -> None:
         rows, k = chosen[:, keep].nonzero(as_tuple=True)
         cols = keep[k]
         logits = _model_logits(run, x, attn, keep, prompt_mask)[rows, k]
-    x0, _ = _propose(run, logits, _processor_ids(run, x, rows))
+    x0 = _propose(run, logits, _processor_ids(run, x, rows))[0]
     x[rows, cols] = x0
 
 
