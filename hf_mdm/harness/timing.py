@@ -18,44 +18,15 @@ values into the samples log (``sample["timing"]``), so that accuracy and time co
 
 from __future__ import annotations
 
-import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Optional, Sequence
 
-import torch
+from ..timer import Stopwatch, synchronize
 
 __all__ = ["RequestTiming", "TimingRecorder", "RequestTag", "summarize", "attach_timing", "synchronize", "Stopwatch"]
 
 TABLE_FIELDS = ("wall_s", "generate_s", "nfe", "generated_tokens", "tokens_per_s", "requests")
-
-
-def synchronize(device: Any) -> None:
-    """Wait for the device's queued work (CUDA, XPU, MPS); a no-op on CPU."""
-    device = torch.device(device) if not isinstance(device, torch.device) else device
-    if device.type == "cuda" and torch.cuda.is_available():
-        torch.cuda.synchronize(device)
-    elif device.type == "xpu" and hasattr(torch, "xpu") and torch.xpu.is_available():
-        torch.xpu.synchronize(device)
-    elif device.type == "mps" and hasattr(torch, "mps"):
-        torch.mps.synchronize()
-
-
-class Stopwatch:
-    """``with Stopwatch(device) as sw: ...`` then ``sw.seconds``: wall-clock, device synchronised at both ends."""
-
-    def __init__(self, device: Any):
-        self.device = device
-        self.seconds = 0.0
-
-    def __enter__(self) -> "Stopwatch":
-        synchronize(self.device)
-        self._start = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        synchronize(self.device)
-        self.seconds = time.perf_counter() - self._start
 
 
 @dataclass(frozen=True)
