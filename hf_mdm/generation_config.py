@@ -1,0 +1,370 @@
+"""Settings of the reverse process: `MaskedDiffusionGenerationConfig`, its validation, and the output dataclass.
+
+The config is a `transformers.GenerationConfig` with the diffusion fields (steps, blocks, schedule, transfer,
+strategy, guidance, ...) and the reference samplers' own parameters (`hf_mdm.generation_reference`), serialised
+with it. `resolve_config` gives the config a call runs with. Exported with the model as remote code.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from transformers import GenerationConfig
+from transformers.utils import ModelOutput
+
+from .generation_reference import reject_foreign_args, validate_reference
+from .generation_strategy import canonical_strategy
+from .generation_transfer import TRANSFERS
+from .schedules import get_schedule
+
+_DIFFUSION_DEFAULTS: dict[str, Any] = {
+    "steps": None,
+    "block_length": None,
+    "schedule": "linear",
+    "schedule_kwargs": None,
+    "transfer": "deterministic",
+    "strategy": "confidence",
+    "threshold": None,
+    "cfg_scale": 0.0,
+    "mask_token_id": None,
+    "stop_at_eos": True,
+    "output_history": False,
+    "logits_shift": None,
+    "reference": None,
+    # LLaDA generate()'s own parameters (reference="llada")
+    "remasking": None,
+    "logits_eos_inf": False,
+    "confidence_eos_eot_inf": False,
+    "eot_token_id": None,
+    # Dream diffusion_generate()'s own parameters (reference="dream")
+    "eps": None,
+    "alg": None,
+    "alg_temp": None,
+}
+
+
+class MaskedDiffusionGenerationConfig(GenerationConfig):
+    r"""Generation settings of the reverse (denoising) process of a masked diffusion LM.
+
+    Besides the usual `transformers.GenerationConfig` fields (``max_new_tokens``, ``temperature``, ``top_k``,
+    ``top_p``, ``eos_token_id``, ``pad_token_id``, ``return_dict_in_generate``), it holds:
+
+    Args:
+        steps (`int`, *optional*): denoising steps in total (default: one per masked token). Split over blocks in
+            proportion to their masked counts, each block at least one, so fewer steps than blocks runs one step
+            per block. More steps than masked tokens is allowed: steps that would reveal nothing are skipped.
+        block_length (`int`, *optional*): semi-autoregressive block size in columns (default: one block). It need
+            not divide the generation length (the last block is shorter).
+        schedule (`str` or schedule object, defaults to ``"linear"``), schedule_kwargs (`dict`): alpha(t), see
+            `hf_mdm.schedules`.
+        transfer (`str`, defaults to ``"deterministic"``): how many positions a step reveals:
+            ``"stochastic"``: Binomial(m, (alpha(s) - alpha(t)) / (1 - alpha(t))) of the m still-masked positions
+            (with ``strategy="random"`` this is the paper's sampler: each masked position revealed independently);
+            ``"deterministic"``: floor(m0 (alpha(s) - alpha(t))) with the remainder given to the earliest steps
+            (m0 = masked count at block start; LLaDA's split for the linear schedule);
+            ``"threshold"``: every position whose confidence >= ``threshold``, at least one, and at least what the
+            remaining steps need to finish the block, so a block never takes more than its steps.
+        strategy (`str`, defaults to ``"confidence"``): which positions: ``"random"``, ``"confidence"`` (probability
+            of the proposed token), ``"margin"`` (top-1 minus top-2 probability), ``"entropy"`` (lowest entropy
+            first) or ``"left_to_right"``. Aliases: ``low_confidence``, ``maskgit_plus`` (confidence),
+            ``topk_margin`` (margin), ``origin`` (random).
+        threshold (`float`, *optional*): in (0, 1], for ``transfer="threshold"``.
+        cfg_scale (`float`, defaults to 0): classifier-free guidance; the unconditional input is the canvas with
+            the prompt masked, and logits = u + (cfg_scale + 1)(c - u). Costs a second forward per step.
+        mask_token_id (`int`, *optional*): [MASK] id (default: the model config's).
+        stop_at_eos (`bool`, defaults to `True`): tokens after the first generated EOS become ``pad_token_id``
+            (EOS if unset) and rows that finished stop between blocks.
+        output_history (`bool`, defaults to `False`): keep the canvas after every step (returned with
+            ``return_dict_in_generate``).
+        logits_shift (`int`, *optional*): 1 if position i is predicted from hidden state i-1 (Dream); default from
+            the model config.
+        reference (`str`, *optional*): ``"llada"`` or ``"dream"``: run the reference sampler of that model family,
+            token for token, instead of the sampler above. Build such a config with `llada` or `dream`, whose
+            docstrings give the exact semantics. Its parameters are fields too, serialised with the config:
+            ``remasking``, ``logits_eos_inf``, ``confidence_eos_eot_inf``, ``eot_token_id`` (LLaDA) and ``eps``,
+            ``alg``, ``alg_temp`` (Dream), read only by their own preset (inert otherwise, as in Dream's published
+            generation_config.json, which holds ``alg``, ``eps`` and ``alg_temp``). A preset reads ``max_new_tokens``,
+            ``steps``, ``temperature``, ``cfg_scale``, ``mask_token_id``, ``eos_token_id`` and, for LLaDA,
+            ``block_length``, for Dream ``top_p`` and ``top_k``; the fields of the sampler above (``schedule``,
+            ``transfer``, ``strategy``, ...) must keep their defaults (a ValueError says so otherwise).
+
+    Confidence, margin and entropy are computed from the softmax of the processed logits over the whole vocabulary
+    ([MASK] included in the normalisation, as LLaDA and Dream do), before [MASK] is excluded from the proposal.
+    """
+
+    def __init__(self, **kwargs: Any):
+        kwargs.setdefault("temperature", 0.0)
+        for key, default in _DIFFUSION_DEFAULTS.items():
+            value = kwargs.pop(key, default)
+            setattr(self, key, copy.deepcopy(value) if isinstance(value, dict) else value)
+        if self.schedule_kwargs is None:
+            self.schedule_kwargs = {}
+        super().__init__(**kwargs)
+
+    def validate(self, strict: bool = False, user_set_attributes: Optional[set] = None) -> None:
+        # GenerationConfig rejects max_new_tokens == 0, which is legal here (pure infilling).
+        max_new_tokens = self.max_new_tokens
+        if max_new_tokens is not None and max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        # Hidden from transformers' checks: max_new_tokens == 0 is legal here (pure infilling), temperature 0 means
+        # argmax and top-k/top-p apply whenever temperature > 0, so its do_sample consistency rules do not apply.
+        hidden = {"max_new_tokens": max_new_tokens or None, "temperature": None, "top_k": None, "top_p": None}
+        saved = {name: getattr(self, name) for name in hidden}
+        try:
+            for name, value in hidden.items():
+                setattr(self, name, value)
+            super().validate(strict=strict, user_set_attributes=user_set_attributes)
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
+        self.validate_diffusion()
+
+    def validate_diffusion(self) -> None:
+        """Raise a ValueError naming the field for every diffusion setting that cannot run."""
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
+        if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
+            raise ValueError(f"block_length must be an integer >= 1 (or None for one block), got {self.block_length!r}")
+        if self.transfer not in TRANSFERS:
+            raise ValueError(f"unknown transfer {self.transfer!r}: use one of {list(TRANSFERS)}")
+        canonical_strategy(self.strategy)
+        get_schedule(self.schedule, **(self.schedule_kwargs or {}))
+        if self.transfer == "threshold":
+            if self.threshold is None or not 0 < float(self.threshold) <= 1:
+                raise ValueError(f"transfer='threshold' needs threshold in (0, 1], got {self.threshold!r}")
+        elif self.threshold is not None and not 0 < float(self.threshold) <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
+        if self.cfg_scale is None or self.cfg_scale < 0:
+            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
+        if self.temperature is not None and self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.logits_shift not in (None, 0, 1):
+            raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
+        self._validate_reference()
+
+    def _validate_reference(self) -> None:
+        # Without a reference, its parameters are inert: Dream's published generation_config.json carries alg, eps,
+        # alg_temp (and steps), which a Dream checkpoint's default config keeps without selecting the reference.
+        if self.reference is not None:
+            validate_reference(self, _DIFFUSION_DEFAULTS)
+
+    @classmethod
+    def llada(
+        cls,
+        gen_length: int,
+        steps: int,
+        block_length: int,
+        temperature: float = 0.0,
+        cfg_scale: float = 0.0,
+        remasking: str = "low_confidence",
+        logits_eos_inf: bool = False,
+        confidence_eos_eot_inf: bool = False,
+        *,
+        mask_id: Optional[int] = None,
+        eos_token_id: Optional[int] = None,
+        eot_token_id: Optional[int] = None,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""LLaDA's ``generate()`` (ML-GSAI/LLaDA generate.py), token for token at fp32, with its argument names.
+
+        ``model.generate(prompt, attention_mask=..., generation_config=MaskedDiffusionGenerationConfig.llada(...))``
+        (or `diffusion_generate`) then returns what ``generate(model, prompt, attention_mask, steps, gen_length,
+        block_length, temperature, cfg_scale, remasking, mask_id, logits_eos_inf, confidence_eos_eot_inf)`` returns,
+        given the same ``torch.manual_seed`` (or pass ``generator=``), for LLaDA or any model with the same output:
+
+        - canvas: the prompt (left padding; pads != [MASK]) then ``gen_length`` masks; the attention mask (extended
+          with ones) is passed on every forward when the prompt is padded;
+        - ``gen_length % block_length == 0`` and ``steps % (gen_length // block_length) == 0`` are required
+          (ValueError, where LLaDA asserts); each block gets ``steps // num_blocks`` steps. A block's schedule comes
+          from each row's mask count M in the block at its start: ``M // spb`` per step plus one on the first
+          ``M % spb`` steps;
+        - each step: logits of the whole canvas in the model dtype (classifier-free guidance: one call on
+          ``[x, x with every prompt position, pads included, masked]``, ``u + (cfg_scale + 1)(c - u)``);
+          ``logits_eos_inf`` sets the EOS logit to -inf; the proposal x0 is the argmax (first index on ties) at
+          ``temperature`` 0, else the Gumbel-max ``argmax(exp(l) / (-log U) ** temperature)`` in float64 with
+          ``U`` a (B, L, V) float64 uniform draw. [MASK] can be proposed (it then stays masked);
+        - ``confidence_eos_eot_inf`` reproduces LLaDA's aliasing: after x0 is chosen, at temperature 0 both the EOS
+          and the EoT logits become -inf, at temperature > 0 only the EoT logit (LLaDA's EOS write lands in the
+          float64 copy); a position whose x0 is EOS/EoT thus gets confidence 0 (unmasked last, still possible);
+        - confidence: ``remasking="low_confidence"``: the softmax of those logits, in the model dtype, at x0;
+          ``"random"``: ``torch.rand((B, L))`` (float32), drawn after the Gumbel noise. Positions at or after the
+          block end and positions not masked get -inf; masked positions before the block (prompt masks, or masks
+          that got [MASK] proposed) stay candidates, as in LLaDA;
+        - each row reveals the scheduled count by ``torch.topk`` on its full-length confidence vector (LLaDA calls
+          it per row, here one call covers the rows: the same indices on CPU, ties included; a block is fully
+          masked in every row at its start, so all rows share the schedule). Revealed tokens stay.
+
+        Differences from LLaDA, none of which changes a token: (1) LLaDA's classifier-free guidance without an
+        attention mask raises NameError (it reads ``attention_mask_``, only set when a mask is given): here it runs
+        without a mask; (2) a step where no row reveals anything (only when ``steps > gen_length``) skips the forward
+        but still draws the Gumbel / random-remasking numbers LLaDA draws, so later steps see the same random stream;
+        ``nfe`` counts the forwards run (two per step with guidance; LLaDA's NFE is ``steps``), while ``steps`` and
+        ``history`` (one canvas per step) count all of LLaDA's steps; (3) EOS comes from ``eos_token_id``
+        (default: the model config's, 126081 for LLaDA-8B; the first id of a list) and EoT from ``eot_token_id``
+        (default: the model config's ``eot_token_id``, else 126348 as for LLaDA-8B-Instruct) instead of LLaDA's
+        constants; (4) ``mask_id`` defaults to the model config's ``mask_token_id``. As in LLaDA the output is the
+        full canvas: ``stop_at_eos`` is False (set it to True to pad after the first EOS; the sampling itself is
+        unchanged).
+
+        Other keyword arguments are `MaskedDiffusionGenerationConfig` fields (``return_dict_in_generate``,
+        ``output_history``, ``pad_token_id``, ...).
+        """
+        reject_foreign_args("llada", kwargs)
+        values = dict(
+            reference="llada",
+            max_new_tokens=gen_length,
+            steps=steps,
+            block_length=block_length,
+            temperature=temperature,
+            cfg_scale=cfg_scale,
+            remasking=remasking,
+            logits_eos_inf=logits_eos_inf,
+            confidence_eos_eot_inf=confidence_eos_eot_inf,
+            mask_token_id=mask_id,
+            eos_token_id=eos_token_id,
+            eot_token_id=eot_token_id,
+            stop_at_eos=False,
+        )
+        return cls(**{**values, **kwargs})
+
+    @classmethod
+    def dream(
+        cls,
+        max_new_tokens: int,
+        steps: int,
+        eps: float = 1e-3,
+        alg: str = "origin",
+        alg_temp: Optional[float] = None,
+        temperature: float = 0.0,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""Dream's ``diffusion_generate()`` (the Hub's generation_utils.py of Dream-v0), token for token at fp32,
+        with its argument names.
+
+        ``model.generate(input_ids, attention_mask=..., generation_config=MaskedDiffusionGenerationConfig.dream(...))``
+        (or `diffusion_generate`) returns what ``model.diffusion_generate(input_ids, attention_mask=...,
+        max_new_tokens=..., steps=..., eps=..., alg=..., alg_temp=..., temperature=..., top_p=..., top_k=...)``
+        returns, given the same ``torch.manual_seed`` (or pass ``generator=``):
+
+        - canvas: the prompt then ``max_new_tokens`` masks; every [MASK] is generated (prompt masks too);
+        - padding (an attention mask with a 0): positions ``cumsum(mask) - 1`` with pads at 1, and the boolean
+          (B, 1, L, L) mask ``m_i & m_j`` (pads neither attend nor are attended to); otherwise no mask and
+          positions 0..L-1;
+        - times ``torch.linspace(1, eps, steps + 1)`` in float32 on the canvas' device; step i goes from
+          ``t = ts[i]`` to ``s = ts[i + 1]``; logits of the whole canvas, shifted by the model's ``logits_shift``
+          (1 for Dream: the token at j is read from the logits at j - 1);
+        - proposals (Dream's ``sample_tokens``, on the masked positions in row-major order): logits / temperature
+          if temperature > 0; top_p (sorted cumulative softmax > top_p removed, the first token over the threshold
+          kept, removed logits set to ``finfo.min``); top_k (logits below the k-th largest set to ``finfo.min``);
+          softmax in the model dtype; temperature 0: ``probs.max(-1)`` (confidence and token); temperature > 0: a
+          draw from ``Categorical(probs)`` (``torch.multinomial`` of the renormalised probabilities, with Dream's
+          fallback to ``probs.max`` when torch.distributions rejects them) and its probability. top_p / top_k apply
+          at temperature 0 too. [MASK] can be proposed (it then stays masked);
+        - ``alg="origin"``: ``torch.rand(n_masked_total) < 1 - s / t`` (1 at the last step) selects the positions
+          revealed (drawn at temperature 0 too), then the selected positions are sampled;
+          ``"maskgit_plus"`` (confidence), ``"topk_margin"`` (top-1 minus top-2 probability), ``"entropy"``
+          (``sum p log(p + 1e-10)``): every row reveals ``n = int(nm * (1 - s / t))`` positions, ``int(nm)`` at the
+          last step, with ``nm`` the float32 *batch-average* mask count, chosen by ``torch.topk`` on the (B, L)
+          confidences (-inf where not masked) or, with ``alg_temp`` > 0, by
+          ``torch.multinomial(softmax(confidence / alg_temp), n)`` without replacement.
+
+        Differences from Dream, none of which changes a token: a step with ``n == 0`` at temperature 0 (non-origin
+        algs; e.g. step 0 when ``steps == max_new_tokens``) skips the forward, which draws no random number there:
+        ``nfe`` counts the forwards run (Dream's NFE is ``steps``), ``steps`` and ``history`` (one canvas per step, as
+        Dream's ``output_history``) count all of Dream's steps. Dream's sampler has no classifier-free guidance (the CFG
+        of Dream's lm-eval wrapper reads an undefined attribute); here ``cfg_scale`` > 0 guides as LLaDA does
+        (prompt and pads masked in the unconditional input, ``u + (cfg_scale + 1)(c - u)``), and ``cfg_scale`` 0 is
+        exactly Dream. As in Dream the output is the full canvas: ``stop_at_eos`` is False. ``max_new_tokens`` is
+        required (Dream's default ``max_length=20`` is not reproduced).
+
+        Other keyword arguments are `MaskedDiffusionGenerationConfig` fields (``return_dict_in_generate``,
+        ``output_history``, ``mask_token_id``, ``cfg_scale``, ...).
+        """
+        reject_foreign_args("dream", kwargs)
+        values = dict(
+            reference="dream",
+            max_new_tokens=max_new_tokens,
+            steps=steps,
+            eps=eps,
+            alg=alg,
+            alg_temp=alg_temp,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            stop_at_eos=False,
+        )
+        return cls(**{**values, **kwargs})
+
+    def to_dict(self) -> dict[str, Any]:
+        config = super().to_dict()
+        # An auto-created config would be reloaded by transformers with its custom keys dropped: never mark it so.
+        config.pop("_from_model_config", None)
+        if not isinstance(config.get("schedule"), (str, type(None))):
+            schedule = config["schedule"]
+            config["schedule"] = schedule.to_dict() if hasattr(schedule, "to_dict") else repr(schedule)
+        return config
+
+    @classmethod
+    def from_any(cls, config: Optional[GenerationConfig]) -> "MaskedDiffusionGenerationConfig":
+        """A copy as `MaskedDiffusionGenerationConfig` of any generation config (custom keys of a plain one kept)."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return copy.deepcopy(config)
+        values = {k: v for k, v in config.to_dict().items() if k != "_from_model_config"}
+        return cls(**values)
+
+
+def resolve_config(model: Any, generation_config: Optional[GenerationConfig], kwargs: dict[str, Any]) -> MaskedDiffusionGenerationConfig:
+    """The config a call runs with: ``kwargs`` over ``generation_config`` (default: the model's), the token ids
+    from the model config where unset; validated."""
+    base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
+    config = MaskedDiffusionGenerationConfig.from_any(base)
+    unknown = [k for k in kwargs if not hasattr(config, k)]
+    if unknown:
+        raise ValueError(
+            f"unknown generation argument(s) {unknown}: see MaskedDiffusionGenerationConfig for the accepted fields"
+        )
+    config.update(**kwargs)
+    model_config = getattr(model, "config", None)
+    if config.mask_token_id is None:
+        config.mask_token_id = getattr(model_config, "mask_token_id", None)
+    if config.mask_token_id is None:
+        raise ValueError(
+            "no mask token id: pass mask_token_id=... or set config.mask_token_id on the model "
+            "(e.g. 126336 for LLaDA, 151666 for Dream)"
+        )
+    for name in ("eos_token_id", "pad_token_id"):
+        if getattr(config, name) is None:
+            setattr(config, name, getattr(model_config, name, None))
+    config.validate_diffusion()
+    return config
+
+
+@dataclass
+class MaskedDiffusionGenerateOutput(ModelOutput):
+    """Result of a reverse-diffusion run.
+
+    Args:
+        sequences: (B, P + max_new_tokens) prompt and generated tokens.
+        steps: denoising steps run (summed over blocks); with a reference preset, the reference's steps, including
+            those whose forward was skipped because they reveal nothing.
+        nfe: forward passes of the network (classifier-free guidance counts two per step).
+        elapsed_s: wall-clock seconds of the run, device synchronised.
+        num_generated_tokens: (B,) generated tokens per row (prompt and post-EOS padding excluded).
+        tokens_per_forward: generated tokens of the batch per forward pass.
+        history: canvases (B, P + max_new_tokens) after each step, with ``output_history``.
+    """
+
+    sequences: Optional[torch.LongTensor] = None
+    steps: Optional[int] = None
+    nfe: Optional[int] = None
+    elapsed_s: Optional[float] = None
+    num_generated_tokens: Optional[torch.LongTensor] = None
+    tokens_per_forward: Optional[float] = None
+    history: Optional[tuple[torch.LongTensor, ...]] = None

@@ -1,0 +1,138 @@
+"""The one model call of the reverse process: logits at the positions a step needs, guidance and shift applied.
+
+`Denoiser` wraps any model whose output has ``.logits`` (hf_mdm's models, LLaDA, Dream, remote code, the
+exact-posterior oracle) and is the only place that calls it:
+
+- ``logits_to_keep``: passed when the model's ``forward`` names it (as a (K,) column list, or (B, K) positions per
+  row for models that declare ``supports_per_row_logits_to_keep``), so the LM head runs only where needed;
+- the logits shift: a model with ``logits_shift`` 1 (Dream) predicts position i from hidden state i - 1
+  (`logits_shift_of`);
+- classifier-free guidance: the unconditional input is the canvas with the prompt masked, run in the same batch,
+  and logits = u + (s + 1)(c - u) (`classifier_free_guidance`);
+- the count of forward passes (``nfe``; guidance counts two).
+
+Transfers and strategies never see the model; the denoiser knows nothing of them. Exported with the model as
+remote code (imports only torch).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+
+def accepts(model: Any, name: str) -> bool:
+    """Whether ``model.forward`` takes an argument ``name``."""
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def logits_shift_of(model: Any, config: Any = None) -> int:
+    """1 if ``model`` predicts position i from hidden state i-1 (Dream), else 0: the generation config's
+    ``logits_shift`` if set, else the model config's, else 1 for model_type "Dream"."""
+    if config is not None and getattr(config, "logits_shift", None) is not None:
+        return int(config.logits_shift)
+    model_config = getattr(model, "config", None)
+    shift = getattr(model_config, "logits_shift", None)
+    if shift is None:
+        shift = 1 if getattr(model_config, "model_type", None) == "Dream" else 0
+    return int(shift)
+
+
+def classifier_free_guidance(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """Guided logits u + (scale + 1)(c - u) (scale 0: the conditional logits)."""
+    return uncond + (scale + 1.0) * (cond - uncond)
+
+
+@dataclass
+class Rows:
+    """Canvas rows as the model sees them: ids ``x`` (B, L), attention mask ``attn`` (B, L) or None (nothing
+    padded), ``prompt_mask`` (B, L) True at the prompt (masked in guidance's unconditional input)."""
+
+    x: torch.Tensor
+    attn: Optional[torch.Tensor]
+    prompt_mask: torch.Tensor
+
+    def select(self, index: torch.Tensor) -> "Rows":
+        """The rows ``index`` (copies: write ``x`` back to keep changes)."""
+        return Rows(self.x[index], None if self.attn is None else self.attn[index], self.prompt_mask[index])
+
+
+@dataclass
+class Denoiser:
+    """Logits of a model at the positions a step needs (see the module docstring); counts its forward passes."""
+
+    model: Any
+    mask_id: int
+    shift: int = 0
+    cfg_scale: float = 0.0
+    pass_logits_to_keep: bool = False
+    per_row_logits: bool = False  # the model takes logits_to_keep as (B, K) positions per row
+    nfe: int = 0
+
+    @classmethod
+    def for_model(cls, model: Any, mask_id: int, cfg_scale: float = 0.0, shift: Optional[int] = None) -> "Denoiser":
+        """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model."""
+        return cls(
+            model=model,
+            mask_id=int(mask_id),
+            shift=logits_shift_of(model) if shift is None else int(shift),
+            cfg_scale=float(cfg_scale or 0.0),
+            pass_logits_to_keep=accepts(model, "logits_to_keep"),
+            per_row_logits=bool(getattr(model, "supports_per_row_logits_to_keep", False)),
+        )
+
+    @property
+    def guided(self) -> bool:
+        return self.cfg_scale > 0
+
+    def logits(self, rows: Rows, keep: torch.Tensor) -> torch.Tensor:
+        """Logits predicting the tokens at positions ``keep``: (B, K, V) for columns ``keep`` (K,), or for per-row
+        positions ``keep`` (B, K) with models that support it."""
+        query = (keep - 1).clamp(min=0) if self.shift else keep
+        inputs, mask = rows.x, rows.attn
+        if self.guided:
+            inputs = torch.cat([rows.x, rows.x.masked_fill(rows.prompt_mask, self.mask_id)])
+            mask = None if mask is None else torch.cat([mask, mask])
+            query = torch.cat([query, query]) if query.dim() == 2 else query
+        kwargs: dict[str, Any] = {}
+        if mask is not None:
+            kwargs["attention_mask"] = mask
+        if self.pass_logits_to_keep:
+            kwargs["logits_to_keep"] = query
+        logits = self._forward(inputs, kwargs)
+        if not self.pass_logits_to_keep or logits.shape[1] != query.shape[-1]:
+            if query.dim() == 2:
+                logits = logits.gather(1, query[..., None].expand(-1, -1, logits.shape[-1]))
+            else:
+                logits = logits[:, query]
+        return self._combine(logits)
+
+    def full_logits(self, x: torch.Tensor, prompt_mask: torch.Tensor, model_kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Logits (B, L, V) of the whole canvas as the reference samplers compute them: the LM head on every
+        position (no ``logits_to_keep``, so the logits are the reference's bit for bit), guidance, then the shift
+        (the logits at j are those predicting position j); on the canvas' device."""
+        inputs, kwargs = x, model_kwargs
+        if self.guided:
+            inputs = torch.cat([x, x.masked_fill(prompt_mask, self.mask_id)])
+            kwargs = {name: torch.cat([value, value]) for name, value in model_kwargs.items()}
+        logits = self._combine(self._forward(inputs, kwargs))
+        if self.shift:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        return logits.to(x.device)
+
+    def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        logits = self.model(inputs, **kwargs).logits
+        self.nfe += 2 if self.guided else 1
+        return logits
+
+    def _combine(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.guided:
+            return logits
+        cond, uncond = logits.chunk(2)
+        return classifier_free_guidance(cond, uncond, self.cfg_scale)

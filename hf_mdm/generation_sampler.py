@@ -1,0 +1,257 @@
+"""The reverse-process loop: the canvas, semi-autoregressive blocks, and the denoising steps of a block.
+
+1. the canvas is the prompt followed by ``max_new_tokens`` [MASK] tokens; masks already inside the prompt are
+   generated too (infilling). Padding (2-D ``attention_mask``, left or right) is never attended to nor generated
+   (`prepare_canvas`);
+2. the generation region (from the first masked column to the end) is cut into blocks of ``block_length``
+   columns, denoised left to right; ``steps`` are split over the blocks in proportion to their masked counts
+   (`block_spans`, `hf_mdm.generation_transfer.split_steps`). Between blocks, rows that finished skip the rest
+   (`hf_mdm.generation_stopping`);
+3. a step asks the `Denoiser` for logits at the block's masked positions, proposes tokens (`Proposer`), and
+   reveals as many positions per row as the transfer rule says, chosen by the strategy (`denoise_block`).
+   Revealed tokens stay (no remasking).
+
+The loop mutates a `Canvas` and records into a `Trace`; the model is reached only through the `Denoiser`.
+Exported with the model as remote code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+from .generation_denoiser import Denoiser, Rows
+from .generation_stopping import Streamer, finished_rows
+from .generation_strategy import (
+    NEEDS_DISTRIBUTIONS,
+    POSITIONAL_STRATEGIES,
+    Proposals,
+    Proposer,
+    choose,
+    positional_scores,
+    strategy_scores,
+)
+from .generation_transfer import count_rule, reveal_steps, split_steps, threshold_counts
+
+
+@dataclass
+class Canvas:
+    """The canvas of one call: ids ``x`` (B, L) (prompt, then masks; written in place as tokens are revealed),
+    ``attn`` (B, L) or None when nothing is padded, ``gen_mask0`` (B, L) the positions to generate."""
+
+    x: torch.Tensor
+    attn: Optional[torch.Tensor]
+    gen_mask0: torch.Tensor
+
+    @property
+    def prompt_mask(self) -> torch.Tensor:
+        """(B, L) True at every position not generated (prompt and padding)."""
+        return ~self.gen_mask0
+
+    def rows(self) -> Rows:
+        return Rows(self.x, self.attn, self.prompt_mask)
+
+
+@dataclass
+class Trace:
+    """What a call records as it runs: the steps taken, the canvas after each (``output_history``), the stream."""
+
+    stream: Streamer
+    keep_history: bool = False
+    steps: int = 0
+    history: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def needs_canvas(self) -> bool:
+        """Whether every step must see the whole canvas (history or streaming)."""
+        return self.keep_history or self.stream.active
+
+    def step(self, x: torch.Tensor) -> None:
+        self.steps += 1
+        if self.keep_history:
+            self.history.append(x.clone())
+        self.stream.update(x)
+
+
+@dataclass
+class Sampler:
+    """The pieces of one call's default sampler: the model call, the proposals, and the transfer and strategy."""
+
+    denoiser: Denoiser
+    proposer: Proposer
+    strategy: str
+    transfer: str
+    schedule: Any
+    threshold: Optional[float] = None
+    generator: Optional[torch.Generator] = None
+
+    @property
+    def mask_id(self) -> int:
+        return self.denoiser.mask_id
+
+
+def prepare_canvas(input_ids, attention_mask, max_new_tokens: int, mask_id: int) -> Canvas:
+    """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded)."""
+    if input_ids is None or input_ids.dim() != 2:
+        shape = None if input_ids is None else tuple(input_ids.shape)
+        raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got shape {shape}")
+    bsz, prompt_len = input_ids.shape
+    if attention_mask is not None:
+        if tuple(attention_mask.shape) != (bsz, prompt_len):
+            raise ValueError(
+                f"attention_mask must be 2-D (batch, prompt_length) = {(bsz, prompt_len)} like input_ids, "
+                f"got {tuple(attention_mask.shape)}"
+            )
+        attention_mask = attention_mask.to(input_ids.device).bool()
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    x = torch.cat([input_ids, input_ids.new_full((bsz, max_new_tokens), mask_id)], dim=1)
+    attn = None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        attn = torch.cat([attention_mask, attention_mask.new_ones((bsz, max_new_tokens))], dim=1)
+    gen_mask = x == mask_id
+    if attn is not None:
+        gen_mask &= attn
+    return Canvas(x, attn, gen_mask)
+
+
+def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tuple[int, int]]:
+    """(start, end) columns of the blocks, from the first masked column to the end."""
+    columns = gen_mask.any(0).nonzero().flatten()
+    if columns.numel() == 0:
+        return []
+    start, end = int(columns[0]), gen_mask.shape[1]
+    size = end - start if block_length is None else block_length
+    return [(b, min(b + size, end)) for b in range(start, end, size)]
+
+
+def sample_blocks(
+    sampler: Sampler, canvas: Canvas, trace: Trace, steps: Optional[int], block_length: Optional[int],
+    eos_ids: Optional[torch.Tensor], stopping_criteria: Any,
+) -> torch.Tensor:  # fmt: skip
+    """Denoise the canvas block by block, in place; returns the (B,) rows that finished early."""
+    gen_mask0 = canvas.gen_mask0
+    spans = block_spans(gen_mask0, block_length)
+    steps_per_block = split_steps(steps, [int(gen_mask0[:, s:e].sum(1).max()) for s, e in spans])
+    finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
+    for (start, end), num_steps in zip(spans, steps_per_block):
+        if num_steps == 0:
+            continue
+        _denoise_active_rows(sampler, canvas, (~finished).nonzero().flatten(), (start, end), num_steps, trace)
+        x = canvas.x
+        finished |= finished_rows(x, gen_mask0, end, eos_ids, stopping_criteria, x == sampler.mask_id)
+        if bool(finished.all()):
+            break
+    return finished
+
+
+def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor, span: tuple[int, int],
+                         num_steps: int, trace: Trace) -> None:  # fmt: skip
+    """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
+    all_rows = active.numel() == canvas.x.shape[0]
+    rows = canvas.rows() if all_rows else canvas.rows().select(active)
+    region = torch.zeros_like(canvas.gen_mask0[:1])
+    region[:, span[0] : span[1]] = True
+    region = region & (canvas.gen_mask0 if all_rows else canvas.gen_mask0[active])
+
+    def on_step() -> None:
+        if not all_rows and trace.needs_canvas:
+            canvas.x[active] = rows.x
+        trace.step(canvas.x)
+
+    denoise_block(sampler, rows, region, num_steps, on_step)
+    if not all_rows:
+        canvas.x[active] = rows.x
+
+
+def denoise_block(sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]) -> None:
+    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``."""
+    if sampler.transfer == "stochastic" and sampler.strategy == "random":
+        return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
+    mask_id = sampler.mask_id
+    m0 = ((rows.x == mask_id) & region).sum(1)
+    counts_at = count_rule(sampler.transfer, sampler.schedule, num_steps, m0, sampler.generator)
+    for i in range(num_steps):
+        block_mask = (rows.x == mask_id) & region
+        keep = block_mask.any(0).nonzero().flatten()
+        if keep.numel() == 0:
+            break
+        counts = counts_at(i, block_mask)
+        if counts is not None and int(counts.max()) == 0:
+            continue  # nothing to reveal: skipping the forward changes no token
+        _step(sampler, rows, block_mask, keep, counts, num_steps - i)
+        on_step()
+
+
+def _denoise_block_independently(sampler: Sampler, rows: Rows, region, num_steps: int, on_step) -> None:
+    """The paper's sampler: every masked position revealed independently with probability
+    (alpha(s) - alpha(t)) / (1 - alpha(t)) at each step (the law of a Binomial count of uniformly random
+    positions). Each position's step is drawn up front, so a step costs one comparison outside the model."""
+    x = rows.x
+    step_of = reveal_steps(sampler.schedule, num_steps, x.shape, sampler.generator, x.device)
+    step_of.masked_fill_(~((x == sampler.mask_id) & region), -1)
+    per_step = torch.bincount(step_of[step_of >= 0], minlength=num_steps).tolist()
+    for i in range(num_steps):
+        if per_step[i]:
+            _reveal_rows(sampler, rows, step_of == i)
+            on_step()
+
+
+def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch.Tensor], steps_left: int) -> None:
+    """One denoising step on ``rows``, in place. ``block_mask`` (B, L) marks the block's masked positions, ``keep``
+    (K,) the columns where any row is masked, ``counts`` (B,) the tokens each row reveals (None for the threshold
+    transfer, which decides from the confidences)."""
+    remaining = block_mask.sum(1)
+    if counts is not None and sampler.strategy in POSITIONAL_STRATEGIES:
+        # positions first, then logits only at their columns and proposals only where they are revealed
+        scores = positional_scores(sampler.strategy, rows.x.shape, sampler.generator, rows.x.device)
+        return _reveal_rows(sampler, rows, choose(scores, block_mask, torch.minimum(counts, remaining)))
+    proposals = _propose_at(sampler, rows, keep)
+    scores = strategy_scores(sampler.strategy, proposals, keep, rows.x.shape[1], sampler.generator)
+    if counts is None:
+        confident = ((proposals.confidence >= float(sampler.threshold)) & block_mask[:, keep]).sum(1)
+        counts = threshold_counts(confident, remaining, steps_left)
+    chosen = choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
+    rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
+
+
+def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
+    """Proposals (B, K) at the columns ``keep`` of every row (distributions (B, K, V) when the strategy needs them)."""
+    logits = sampler.denoiser.logits(rows, keep)
+    bsz, k, vocab = logits.shape
+    flat_rows = torch.arange(bsz, device=rows.x.device).repeat_interleave(k)
+    ids = sampler.proposer.processor_ids(rows.x, flat_rows)
+    flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.strategy in NEEDS_DISTRIBUTIONS)
+    probs = flat.probs.view(bsz, k, vocab) if flat.probs is not None else None
+    return Proposals(flat.tokens.view(bsz, k), flat.confidence.view(bsz, k), probs)
+
+
+def _reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor) -> None:
+    """Propose and write tokens at the ``chosen`` (B, L) positions, running the model only on rows with one."""
+    active = chosen.any(1)
+    if bool(active.all()):
+        return _reveal_chosen(sampler, rows, chosen)
+    sub = active.nonzero().flatten()  # rows never see each other: the others need no forward
+    subset = rows.select(sub)
+    _reveal_chosen(sampler, subset, chosen[sub])
+    rows.x[sub] = subset.x
+
+
+def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor) -> None:
+    x = rows.x
+    if sampler.denoiser.per_row_logits:
+        flat_rows, cols = chosen.nonzero(as_tuple=True)  # row-major
+        per_row = chosen.sum(1)
+        first = per_row.cumsum(0) - per_row
+        slot = torch.arange(flat_rows.numel(), device=x.device) - first[flat_rows]
+        positions = cols.new_zeros((x.shape[0], int(per_row.max())))  # unused slots ask for position 0
+        positions[flat_rows, slot] = cols
+        logits = sampler.denoiser.logits(rows, positions)[flat_rows, slot]
+    else:
+        keep = chosen.any(0).nonzero().flatten()
+        flat_rows, k = chosen[:, keep].nonzero(as_tuple=True)
+        cols = keep[k]
+        logits = sampler.denoiser.logits(rows, keep)[flat_rows, k]
+    x[flat_rows, cols] = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows)).tokens

@@ -1,0 +1,84 @@
+"""When a generation ends: EOS, stopping criteria between blocks, padding after EOS, streaming.
+
+Between semi-autoregressive blocks a row whose revealed prefix holds an EOS (with nothing masked before it) or
+meets a user stopping criterion is finished and skips the remaining blocks (`finished_rows`). At the end, tokens
+after the first generated EOS become padding when ``stop_at_eos`` (`finalize_eos`). `Streamer` feeds a
+transformers streamer with the leftmost generated prefix as it becomes final.
+
+Exported with the model as remote code (imports only torch).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+
+def eos_tensor(config: Any, device: Any) -> Optional[torch.Tensor]:
+    """The EOS ids (E,) generation stops at, or None (no EOS, or ``stop_at_eos`` off)."""
+    eos = config.eos_token_id
+    if eos is None or not config.stop_at_eos:
+        return None
+    eos = [eos] if isinstance(eos, int) else list(eos)
+    return torch.tensor(eos, device=device)
+
+
+def finished_rows(x, gen_mask0, upto: int, eos_ids, stopping_criteria, still_masked) -> torch.Tensor:
+    """(B,) rows whose revealed prefix up to column ``upto`` contains EOS or meets a stopping criterion."""
+    done = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    if eos_ids is not None:
+        region = gen_mask0[:, :upto]
+        is_eos = torch.isin(x[:, :upto], eos_ids) & region
+        first_eos = torch.where(is_eos.any(1), is_eos.float().argmax(1), torch.full_like(done, upto, dtype=torch.long))
+        cols = torch.arange(upto, device=x.device)[None, :]
+        masked_before = (still_masked[:, :upto] & (cols < first_eos[:, None])).any(1)
+        done |= is_eos.any(1) & ~masked_before
+    if stopping_criteria is not None and len(stopping_criteria):
+        done |= stopping_criteria(x[:, :upto], None).to(done.device).bool()
+    return done
+
+
+def finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled) -> torch.Tensor:
+    """Tokens after the first generated EOS become ``pad_id`` (in place); returns generated-token counts (B,),
+    not counting ``unfilled`` positions (masks of rows that stopped early, set to padding)."""
+    keep = gen_mask0 & ~unfilled
+    if eos_ids is not None:
+        is_eos = torch.isin(x, eos_ids) & gen_mask0
+        after = (is_eos.long().cumsum(1) - is_eos.long()) > 0
+        after &= gen_mask0
+        x.masked_fill_(after, pad_id)
+        keep &= ~after
+    return keep.sum(1)
+
+
+class Streamer:
+    """Feeds a transformers streamer with tokens as the leftmost generated prefix of row 0 becomes final."""
+
+    def __init__(self, streamer, x, gen_mask0, mask_id):
+        self.streamer, self.mask_id = streamer, mask_id
+        if streamer is not None and x.shape[0] != 1:
+            raise ValueError("streamer supports batch size 1 only, as in transformers")
+        cols = gen_mask0[0].nonzero().flatten() if streamer is not None else None
+        self.pos = int(cols[0]) if cols is not None and cols.numel() else x.shape[1]
+        if streamer is not None:
+            streamer.put(x[0, : self.pos].cpu())
+
+    @property
+    def active(self) -> bool:
+        return self.streamer is not None
+
+    def update(self, x):
+        if self.streamer is None:
+            return
+        row = x[0, self.pos :]
+        masked = (row == self.mask_id).nonzero()
+        stop = int(masked[0]) if masked.numel() else row.shape[0]
+        if stop > 0:
+            self.streamer.put(row[:stop].cpu())
+            self.pos += stop
+
+    def end(self, x):
+        if self.streamer is not None:
+            self.update(x)
+            self.streamer.end()

@@ -1,0 +1,126 @@
+"""How many positions a denoising step reveals: the time grid, the split of steps over blocks, the counts.
+
+Within a block of S steps, step i goes from time t = 1 - i/S to s = 1 - (i+1)/S (`time_grid`). A *transfer* rule
+says how many of a row's masked positions step i reveals:
+
+- ``stochastic``: Binomial(m, (alpha(s) - alpha(t)) / (1 - alpha(t))) of the m still-masked positions
+  (`reveal_probability`); with the random strategy this is the paper's sampler, drawn up front per position
+  (`reveal_steps`, the same law);
+- ``deterministic``: floor(m0 (alpha(s) - alpha(t))), the remainder to the earliest steps (`deterministic_counts`;
+  LLaDA's split for the linear schedule);
+- ``threshold``: every position whose confidence reaches the threshold, at least one, and at least what the
+  remaining steps need to finish the block (`threshold_counts`, decided from the step's proposals).
+
+Which positions: `hf_mdm.generation_strategy`. Nothing here sees the model; exported with the model as remote code.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional
+
+import torch
+
+TRANSFERS = ("stochastic", "deterministic", "threshold")
+
+# counts(step index, (B, L) masked positions of the block) -> (B,) tokens to reveal, or None (decided in the step)
+CountRule = Callable[[int, torch.Tensor], Optional[torch.Tensor]]
+
+
+def time_grid(num_steps: int) -> torch.Tensor:
+    """(num_steps + 1,) times 1 = t_0 > t_1 > ... > t_S = 0, float64."""
+    return 1.0 - torch.arange(num_steps + 1, dtype=torch.float64) / num_steps
+
+
+def deterministic_counts(num_masked: torch.Tensor, num_steps: int, schedule: Any) -> torch.Tensor:
+    """Tokens revealed at each step of a block: (B, S) from masked counts (B,) at block start.
+
+    floor(m0 * (alpha(s) - alpha(t))) per step, the remainder m0 - sum given one each to the earliest steps.
+    For the linear schedule this is LLaDA's rule: m0 // S per step plus one on the first m0 % S steps.
+    """
+    alphas = schedule.alpha(time_grid(num_steps)).to(torch.float64)
+    delta = alphas[1:] - alphas[:-1]
+    delta = delta / delta.sum()  # schedules whose alpha(1) is not exactly 0 still reveal everything
+    m0 = num_masked.to(torch.float64).cpu()
+    base = torch.floor(m0[:, None] * delta[None, :] + 1e-9).long()
+    remainder = num_masked.cpu().long() - base.sum(1)
+    steps = torch.arange(num_steps)
+    extra = (steps[None, :] < (remainder % num_steps)[:, None]).long() + (remainder // num_steps)[:, None]
+    return (base + extra).to(num_masked.device)
+
+
+def reveal_probability(schedule: Any, t: float, s: float) -> float:
+    """(alpha(s) - alpha(t)) / (1 - alpha(t)): chance that a position masked at time t is revealed by time s."""
+    alpha_t, alpha_s = float(schedule.alpha(t)), float(schedule.alpha(s))
+    if s <= 0 or alpha_t >= 1:
+        return 1.0
+    return min(max((alpha_s - alpha_t) / (1.0 - alpha_t), 0.0), 1.0)
+
+
+def reveal_steps(schedule: Any, num_steps: int, shape: torch.Size, generator, device) -> torch.Tensor:
+    """(B, L) step at which each position is revealed when every masked position is revealed independently with
+    probability (alpha(s) - alpha(t)) / (1 - alpha(t)) at each step: drawn once, from
+    P(step i) = (alpha(s_i) - alpha(t_i)) / (alpha(0) - alpha(1)) (inverse CDF)."""
+    alphas = schedule.alpha(time_grid(num_steps)).to(torch.float64)
+    cdf = ((alphas[1:] - alphas[0]) / (alphas[-1] - alphas[0])).to(device)
+    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return torch.searchsorted(cdf, u, right=True).clamp_(max=num_steps - 1)
+
+
+def split_steps(steps: Optional[int], block_counts: list[int]) -> list[int]:
+    """Steps per block, proportional to the blocks' masked counts (largest remainder), each non-empty block >= 1.
+
+    ``steps=None`` gives every block as many steps as its count (one token per step).
+    """
+    if steps is None:
+        return list(block_counts)
+    nonempty = [i for i, c in enumerate(block_counts) if c > 0]
+    out = [0] * len(block_counts)
+    if not nonempty:
+        return out
+    if steps <= len(nonempty):
+        for i in nonempty:
+            out[i] = 1
+        return out
+    total = sum(block_counts)
+    quotas = {i: steps * block_counts[i] / total for i in nonempty}
+    for i in nonempty:
+        out[i] = max(1, int(math.floor(quotas[i] + 1e-9)))
+    left = steps - sum(out)
+    by_remainder = sorted(nonempty, key=lambda i: (-(quotas[i] - math.floor(quotas[i] + 1e-9)), i))
+    while left > 0:
+        for i in by_remainder[:left]:
+            out[i] += 1
+        left = steps - sum(out)
+    while left < 0:  # the at-least-one rule overshot: take from the largest blocks
+        i = max(nonempty, key=lambda j: (out[j], -j))
+        out[i] -= 1
+        left += 1
+    return out
+
+
+def count_rule(transfer: str, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
+    """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start."""
+    if transfer == "deterministic":
+        table = deterministic_counts(m0, num_steps, schedule)
+        return lambda i, block_mask: table[:, i]
+    if transfer == "threshold":
+        return lambda i, block_mask: None
+    grid = time_grid(num_steps).tolist()
+
+    def stochastic(i: int, block_mask: torch.Tensor) -> torch.Tensor:
+        remaining = block_mask.sum(1)
+        p = reveal_probability(schedule, grid[i], grid[i + 1])
+        if p >= 1.0:
+            return remaining
+        probs = torch.full(remaining.shape, p, dtype=torch.float64, device=remaining.device)
+        return torch.binomial(remaining.double(), probs, generator=generator).long()
+
+    return stochastic
+
+
+def threshold_counts(confident: torch.Tensor, remaining: torch.Tensor, steps_left: int) -> torch.Tensor:
+    """Counts (B,) of the threshold transfer: the ``confident`` (B,) positions, at least one while any is masked,
+    and at least ``ceil(remaining / steps_left)`` so that the block never takes more than its steps."""
+    needed = (remaining + steps_left - 1) // steps_left
+    return torch.maximum(torch.maximum(confident, needed), (remaining > 0).long())
