@@ -56,7 +56,7 @@ from .timer import Stopwatch
 
 __all__ = [
     "MaskedDiffusionGenerationConfig", "MaskedDiffusionGenerateOutput", "MaskedDiffusionGenerationMixin",
-    "diffusion_generate", "logits_shift_of", "canonical_strategy", "time_grid", "deterministic_counts",
+    "diffusion_generate", "resolve_config", "logits_shift_of", "canonical_strategy", "time_grid", "deterministic_counts",
     "reveal_probability", "reveal_steps", "split_steps", "TRANSFERS", "STRATEGIES", "POSITIONAL_STRATEGIES",
     "STRATEGY_ALIASES", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID", "LLADA_EOT_TOKEN_ID",
 ]  # fmt: skip

@@ -320,9 +320,14 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         return cls(**values)
 
 
-def resolve_config(model: Any, generation_config: Optional[GenerationConfig], kwargs: dict[str, Any]) -> MaskedDiffusionGenerationConfig:
-    """The config a call runs with: ``kwargs`` over ``generation_config`` (default: the model's), the token ids
-    from the model config where unset; validated."""
+TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
+
+
+def resolve_config(
+    model: Any, generation_config: Optional[GenerationConfig], kwargs: dict[str, Any], fallback: Any = None
+) -> MaskedDiffusionGenerationConfig:
+    """The config a call runs with: ``kwargs`` over ``generation_config`` (default: the model's generation config);
+    token ids still unset come from the model config, then from ``fallback`` (e.g. a tokenizer); validated."""
     base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
     config = MaskedDiffusionGenerationConfig.from_any(base)
     unknown = [k for k in kwargs if not hasattr(config, k)]
@@ -331,17 +336,15 @@ def resolve_config(model: Any, generation_config: Optional[GenerationConfig], kw
             f"unknown generation argument(s) {unknown}: see MaskedDiffusionGenerationConfig for the accepted fields"
         )
     config.update(**kwargs)
-    model_config = getattr(model, "config", None)
-    if config.mask_token_id is None:
-        config.mask_token_id = getattr(model_config, "mask_token_id", None)
+    for name in TOKEN_ID_FIELDS:
+        for source in (getattr(model, "config", None), fallback):
+            if getattr(config, name) is None:
+                setattr(config, name, getattr(source, name, None))
     if config.mask_token_id is None:
         raise ValueError(
-            "no mask token id: pass mask_token_id=... or set config.mask_token_id on the model "
-            "(e.g. 126336 for LLaDA, 151666 for Dream)"
+            "no mask token id: pass mask_token_id=... (to generate, or in --model_args) or set config.mask_token_id "
+            "on the model (e.g. 126336 for LLaDA, 151666 for Dream)"
         )
-    for name in ("eos_token_id", "pad_token_id"):
-        if getattr(config, name) is None:
-            setattr(config, name, getattr(model_config, name, None))
     config.validate_diffusion()
     return config
 

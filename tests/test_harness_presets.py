@@ -175,7 +175,7 @@ CASES = {
 def test_generation_through_lm_eval_is_the_presets_token_for_token(checkpoints, case):
     arch, model_args, preset_args = CASES[case]
     model = lm(checkpoints[arch], batch_size=2, **model_args)
-    assert model.preset == arch  # preset=auto, from config.json's model_type
+    assert model.reference == arch  # reference=auto, from config.json's model_type
     seen = spy_batches(model)
     texts = model.generate_until(requests(PROMPTS, {"until": [], "max_gen_toks": 16, "do_sample": False}))
 
@@ -228,20 +228,28 @@ def test_request_gen_kwargs_of_the_preset_apply(checkpoints):
 
 
 def test_preset_auto_follows_the_model_type(checkpoints, tmp_path):
-    assert lm(checkpoints["llada"]).preset == "llada"
-    assert lm(checkpoints["dream"]).preset == "dream"
+    assert lm(checkpoints["llada"]).reference == "llada"
+    assert lm(checkpoints["dream"]).reference == "dream"
     mdm = build_tiny_models(tmp_path)["mdm"]
-    assert lm(mdm).preset == "none"
+    assert lm(mdm).reference == "none"
     assert lm(mdm, steps=4)._request_config(8, {}).reference is None
-    # preset=none on a LLaDA checkpoint: hf_mdm's sampler and its settings; "none" in --model_args parses to None
-    none = create_lm("hf_mdm", f"pretrained={checkpoints['llada']},preset=none,dtype=float32,strategy=margin,steps=4",
+    # reference=none on a LLaDA checkpoint: hf_mdm's sampler and its settings; "none" in --model_args parses to None
+    none = create_lm("hf_mdm", f"pretrained={checkpoints['llada']},reference=none,dtype=float32,strategy=margin,steps=4",
                       device="cpu")
-    assert none.preset == "none"
+    assert none.reference == "none"
     config = none._request_config(8, {})
     assert config.reference is None and config.strategy == "margin"
-    assert lm(checkpoints["dream"], preset="llada", steps=4).preset == "llada"
-    with pytest.raises(ValueError, match="unknown preset"):
-        lm(checkpoints["dream"], preset="maskgit")
+    assert lm(checkpoints["dream"], reference="llada", steps=4).reference == "llada"
+    with pytest.raises(ValueError, match="unknown reference"):
+        lm(checkpoints["dream"], reference="maskgit")
+
+
+def test_former_argument_name_preset_still_chooses_the_reference(checkpoints):
+    with pytest.warns(FutureWarning, match="`preset` is now `reference`"):
+        model = lm(checkpoints["dream"], preset="llada", steps=4)
+    assert model.reference == "llada" and model._request_config(8, {}).reference == "llada"
+    with pytest.raises(ValueError, match="disagree"), pytest.warns(FutureWarning):
+        lm(checkpoints["dream"], preset="llada", reference="dream")
 
 
 @pytest.mark.parametrize("arch, knob", [("llada", {"transfer": "stochastic"}), ("llada", {"strategy": "margin"}),
@@ -250,20 +258,20 @@ def test_preset_auto_follows_the_model_type(checkpoints, tmp_path):
                                         ("dream", {"remasking": "random"})])  # fmt: skip
 def test_a_setting_the_preset_lacks_is_an_error(checkpoints, arch, knob):
     (name, value), = knob.items()
-    with pytest.raises(ValueError, match=f"{name}=.*preset={arch}.*preset=none"):
+    with pytest.raises(ValueError, match=f"{name}=.*reference={arch}.*reference=none"):
         lm(checkpoints[arch], **knob)
 
 
 def test_foreign_settings_fail_before_loading_and_in_requests(checkpoints, tmp_path):
-    with pytest.raises(ValueError, match="preset=none"):  # not an OSError: checked before anything is loaded
-        lm(tmp_path / "does-not-exist", preset="llada", transfer="threshold")
+    with pytest.raises(ValueError, match="reference=none"):  # not an OSError: checked before anything is loaded
+        lm(tmp_path / "does-not-exist", reference="llada", transfer="threshold")
     model = lm(checkpoints["llada"], steps=8)
-    with pytest.raises(ValueError, match="generation kwarg strategy='margin'.*preset=none"):
+    with pytest.raises(ValueError, match="generation kwarg strategy='margin'.*reference=none"):
         model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 16, "strategy": "margin"}))
-    with pytest.raises(ValueError, match="top_p.*preset=none"):
+    with pytest.raises(ValueError, match="top_p.*reference=none"):
         model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 16, "top_p": 0.9}))
     # reference settings with hf_mdm's own sampler would be ignored: refused instead
-    with pytest.raises(ValueError, match="alg: setting.*preset=dream.*preset=none"):
+    with pytest.raises(ValueError, match="alg: setting.*reference=dream.*reference=none"):
         lm(build_tiny_models(tmp_path / "tiny")["mdm"], alg="entropy")
 
 

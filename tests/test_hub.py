@@ -12,6 +12,8 @@ from hf_mdm import MDMForMaskedDiffusion
 from hf_mdm.hub import CardResult, model_card, push_model
 from hf_mdm.training import ar_config_for, mdm_config_for
 
+from remote_code import exported_files  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def models():
@@ -67,8 +69,7 @@ def test_push_uploads_exact_files(models):
     assert captured["repo_id"] == "org/mdm-2gram"
     assert set(captured["files"]) == {
         "README.md", "config.json", "generation_config.json", "model.safetensors", "training_config.json",
-        "configuration_mdm.py", "modeling_mdm.py", "generation.py", "schedules.py",
-    }
+    } | set(exported_files("modeling_mdm.py", "configuration_mdm.py"))
     assert b"model-index" in captured["files"]["README.md"]
     assert b'"AutoModelForMaskedLM": "modeling_mdm.MDMForMaskedDiffusion"' in captured["files"]["config.json"]
     assert "MDM" in captured["message"]

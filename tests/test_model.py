@@ -1,22 +1,21 @@
 """MDMConfig / MDMForMaskedDiffusion: round trips, Auto classes, remote code, logits_to_keep, ELBO loss."""
 
-import ast
 import json
 import math
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForMaskedLM, GenerationConfig
 
-import hf_mdm
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import MaskedDiffusionGenerationConfig
 from hf_mdm.schedules import get_schedule
+
+from remote_code import EXPORT_ALLOWED_IMPORTS, exported_files  # noqa: E402
 
 
 def tiny_config(**kw):
@@ -153,32 +152,6 @@ def test_auto_classes(tmp_path):
     assert isinstance(config, MDMConfig)
     model = AutoModelForMaskedLM.from_config(config)
     assert isinstance(model, MDMForMaskedDiffusion)
-
-
-PACKAGE_DIR = Path(hf_mdm.__file__).parent
-EXPORT_ALLOWED_IMPORTS = {"torch", "transformers", "__future__"}
-
-
-def exported_files(*roots: str) -> dict[str, set[str]]:
-    """The modules the remote-code export needs, found by following single-dot imports from ``roots``, with the
-    top-level packages each of them imports."""
-    found: dict[str, set[str]] = {}
-    todo = list(roots)
-    while todo:
-        name = todo.pop()
-        if name in found:
-            continue
-        tree = ast.parse((PACKAGE_DIR / name).read_text())
-        found[name] = set()
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                assert node.level == 1 and node.module and "." not in node.module, (name, node.module)
-                todo.append(f"{node.module}.py")
-            elif isinstance(node, ast.ImportFrom):
-                found[name].add(node.module.split(".")[0])
-            elif isinstance(node, ast.Import):
-                found[name].update(alias.name.split(".")[0] for alias in node.names)
-    return found
 
 
 def test_exported_modules_import_only_torch_transformers_and_siblings():

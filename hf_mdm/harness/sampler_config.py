@@ -1,0 +1,191 @@
+"""lm-eval model arguments and request kwargs -> the `MaskedDiffusionGenerationConfig` of a request.
+
+The ``hf_mdm`` model samples with one of two samplers, chosen by the model argument ``reference``:
+
+- ``none``: hf_mdm's sampler; every `MaskedDiffusionGenerationConfig` field is a model argument, on top of the
+  checkpoint's generation config, and a request's ``--gen_kwargs`` override them;
+- ``llada`` / ``dream``: the reference sampler of that family, built with `MaskedDiffusionGenerationConfig.llada`
+  / `.dream` from the settings the reference has (`hf_mdm.generation_reference.REFERENCE_ARGS`, the sampler's
+  own table) and the reference's defaults (one block, one token per step); a setting it lacks is a ValueError;
+- ``auto`` (default): the checkpoint generation config's ``reference`` if set, else ``llada`` for model_type
+  "llada", ``dream`` for "Dream", else ``none``.
+
+Model arguments ``temperature``, ``top_k`` and ``top_p`` win over a request's (lm-eval tasks always send
+temperature 0). Every check and table here is the sampler's own (`hf_mdm.generation_reference`); this module only
+maps lm-eval's names onto them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from transformers import GenerationConfig
+
+from ..generation import MaskedDiffusionGenerationConfig
+from ..generation_reference import (
+    REFERENCE_ARGS,
+    REFERENCE_OF_MODEL_TYPE,
+    REFERENCE_ONLY_ARGS,
+    REFERENCE_TOKEN_ARGS,
+    check_llada_lengths,
+)
+
+logger = logging.getLogger(__name__)
+
+REFERENCE_CHOICES = ("auto", "llada", "dream", "none")
+LM_EVAL_ONLY_KWARGS = ("do_sample",)  # request kwargs that are not sampler settings
+SAMPLING_FIELDS = frozenset({"temperature", "top_k", "top_p", "eos_token_id", "pad_token_id"})
+EXPLICIT_WINS = frozenset({"temperature", "top_k", "top_p"})  # model arguments that win over a request's value
+_REFERENCE_NAMES = {"llada": "LLaDA's generate()", "dream": "Dream's diffusion_generate()"}
+
+
+def diffusion_fields() -> frozenset[str]:
+    """Fields of `MaskedDiffusionGenerationConfig` that a plain `GenerationConfig` does not have."""
+    return frozenset(vars(MaskedDiffusionGenerationConfig())) - frozenset(vars(GenerationConfig()))
+
+
+def sampler_fields() -> frozenset[str]:
+    """Every model argument / request kwarg that is a sampler setting (``reference`` is chosen on its own)."""
+    return (diffusion_fields() | SAMPLING_FIELDS) - {"reference"}
+
+
+def canonical_reference(value: Any) -> str:
+    """``value`` as one of `REFERENCE_CHOICES` (lm-eval parses ``reference=none`` in --model_args to None)."""
+    name = "none" if value is None else str(value).strip().lower()
+    if name not in REFERENCE_CHOICES:
+        raise ValueError(f"unknown reference {value!r}: use one of {list(REFERENCE_CHOICES)}")
+    return name
+
+
+def resolve_reference(choice: str, generation_config: Any, model_type: Optional[str]) -> str:
+    """The sampler ``reference=auto`` stands for (see the module docstring); other choices stay."""
+    if choice != "auto":
+        return choice
+    saved = getattr(generation_config, "reference", None)
+    return saved if saved in REFERENCE_ARGS else REFERENCE_OF_MODEL_TYPE.get(model_type, "none")
+
+
+def foreign_message(reference: str, names: Sequence[str], what: str) -> str:
+    return (
+        f"{what}: reference={reference} runs {_REFERENCE_NAMES[reference]}, which has no {', '.join(names)} (its "
+        f"settings: {', '.join(REFERENCE_ARGS[reference] + REFERENCE_TOKEN_ARGS)}). Pass reference=none to sample "
+        f"with hf_mdm's own sampler and its settings (transfer, strategy, schedule, ...), or drop {', '.join(names)}"
+    )
+
+
+def check_reference_args(reference: str, overrides: dict[str, Any], how: str) -> None:
+    """Model arguments that are sampler settings the reference does not have: a ValueError naming them."""
+    foreign = sorted(set(overrides) - set(REFERENCE_ARGS[reference] + REFERENCE_TOKEN_ARGS))
+    if foreign:
+        given = ", ".join(f"{name}={overrides[name]!r}" for name in foreign)
+        raise ValueError(foreign_message(reference, foreign, f"model argument(s) {given} with reference={reference} ({how})"))
+
+
+def check_no_reference_args(overrides: dict[str, Any], model_type: Optional[str]) -> None:
+    """hf_mdm's sampler ignores the reference samplers' own settings: refuse them instead of ignoring them."""
+    given = sorted(set(overrides) & {name for args in REFERENCE_ONLY_ARGS.values() for name in args})
+    if given:
+        owners = sorted({r for name in given for r, args in REFERENCE_ONLY_ARGS.items() if name in args})
+        raise ValueError(
+            f"{', '.join(given)}: setting(s) of reference={' / '.join(owners)}, but this model samples with "
+            f"reference=none (hf_mdm's sampler; reference=auto picks none for model_type {model_type!r}): pass "
+            f"reference={owners[0]} to sample as that reference, or use hf_mdm's strategy= / transfer= settings"
+        )
+
+
+def _neutral_top(key: str, value: Any) -> bool:
+    """A top_k / top_p that keeps every token (None, top_k 0, top_p 1)."""
+    if key == "top_k":
+        return value is None or value == 0
+    return key == "top_p" and (value is None or float(value) >= 1.0)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r} (model argument or --gen_kwargs {name}=...)")
+    return value
+
+
+@dataclass
+class RequestConfigs:
+    """Builds each request's config from the model's settings.
+
+    ``base``: the resolved generation config (checkpoint config + model arguments, token ids filled in);
+    ``overrides``: the sampler settings given as model arguments; ``stop_ids``: EOS ids generations are cut at;
+    ``pad_token_id``: the tokenizer's (left padding)."""
+
+    reference: str
+    base: MaskedDiffusionGenerationConfig
+    overrides: dict[str, Any]
+    stop_ids: list[int]
+    pad_token_id: Optional[int]
+    ignored: set[str] = field(default_factory=set)
+
+    @property
+    def explicit(self) -> dict[str, Any]:
+        return {k: v for k, v in self.overrides.items() if k in EXPLICIT_WINS}
+
+    def __call__(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
+        if self.reference in REFERENCE_ARGS:
+            return self._reference_config(max_gen_toks, kwargs)
+        config = copy.deepcopy(self.base)
+        config.max_new_tokens = max_gen_toks
+        config.return_dict_in_generate = True
+        for key, value in self._request_kwargs(kwargs).items():
+            if key not in sampler_fields():
+                self._ignore(key, "is not a sampler setting")
+                continue
+            setattr(config, key, value)
+        config.validate_diffusion()
+        return config
+
+    def _request_kwargs(self, kwargs: dict) -> dict[str, Any]:
+        """The request's kwargs that apply: lm-eval's own and those an explicit model argument wins over dropped."""
+        return {k: v for k, v in kwargs.items() if k not in LM_EVAL_ONLY_KWARGS and k not in self.explicit}
+
+    def _ignore(self, key: str, why: str) -> None:
+        if key not in self.ignored:
+            self.ignored.add(key)
+            logger.warning("hf_mdm: generation kwarg %r %s; ignored", key, why)
+
+    def _reference_config(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
+        """`MaskedDiffusionGenerationConfig.llada` / `.dream` from the model arguments of the reference, the
+        request's kwargs of the reference, the reference's defaults; generations padded after the first EOS."""
+        values = self._reference_values(kwargs)
+        steps = _positive_int("steps", values.pop("steps", max_gen_toks))
+        common = dict(
+            eos_token_id=values.pop("eos_token_id", None) or self.stop_ids or None,
+            pad_token_id=values.pop("pad_token_id", self.pad_token_id),
+            stop_at_eos=True,
+            return_dict_in_generate=True,
+        )
+        mask_id = values.pop("mask_token_id", self.base.mask_token_id)
+        if self.reference == "llada":
+            block_length = _positive_int("block_length", values.pop("block_length", max_gen_toks))
+            check_llada_lengths(max_gen_toks, steps, block_length, length_name="max_gen_toks",
+                                length_note=" (the max_gen_toks model argument, else the task's)",
+                                where=" (model argument or --gen_kwargs)")  # fmt: skip
+            return MaskedDiffusionGenerationConfig.llada(
+                gen_length=max_gen_toks, steps=steps, block_length=block_length, mask_id=mask_id, **values, **common
+            )
+        return MaskedDiffusionGenerationConfig.dream(
+            max_new_tokens=max_gen_toks, steps=steps, mask_token_id=mask_id, **values, **common
+        )
+
+    def _reference_values(self, kwargs: dict) -> dict[str, Any]:
+        """The reference's settings: model arguments, then the request's kwargs of the reference (None dropped)."""
+        allowed = REFERENCE_ARGS[self.reference] + REFERENCE_TOKEN_ARGS
+        values = {k: v for k, v in self.overrides.items() if k in allowed}
+        for key, value in self._request_kwargs(kwargs).items():
+            if key in allowed:
+                values[key] = value
+            elif self.reference == "llada" and _neutral_top(key, value):
+                continue  # an autoregressive task's top_k / top_p that filters nothing: nothing to apply
+            elif key in sampler_fields():
+                raise ValueError(foreign_message(self.reference, [key], f"the request's generation kwarg {key}={value!r}"))
+            else:
+                self._ignore(key, f"is not a setting of reference={self.reference}")
+        return {k: v for k, v in values.items() if v is not None}
