@@ -330,51 +330,20 @@ class MarkovBridge:
         log_powers = self._log_powers  # (num_sets, D, W, W), W = V + 1
         num_sets, cap, width, _ = log_powers.shape
         vocab = self.vocab_size
-        num_left, num_right = cap * width, (cap + 1) * width
-        neg_inf = float("-inf")
-
-        # Remaps from raw codes (distances up to the longest sequence) to capped rows.
-        raw_distance = torch.arange(self._max_length + 2).repeat_interleave(width)
-        token = torch.arange(width).repeat(self._max_length + 2)
-        remap_left = torch.zeros((self._max_length + 3) * width, dtype=torch.int32)
-        remap_left[raw_distance * width - token + width] = ((raw_distance.clamp(1, cap) - 1) * width + token).int()
-        remap_left = remap_left[width:].contiguous()  # index d * W - a
-        remap_right = (raw_distance.clamp(max=cap) * width + token).int()  # index e * W + b
-
+        remap_left, remap_right = _distance_remaps(self._max_length, cap, width)
         pair = log_powers.clone()
         pair[..., vocab] = 0.0  # b = EOS
         pair = pair.reshape(num_sets, -1)  # index ((d - 1) * W + a) * W + b
         common = dict(
             remap_left=remap_left.to(device),
             remap_right=remap_right.to(device),
-            num_right=num_right,
+            num_right=(cap + 1) * width,
             max_distance=cap,
             pair=pair[0].to(device),
         )
-
-        # Per-row pieces, float64: left rows (d, a) -> log P_ext^d[a, :V]; right rows (e, b) -> log P^e[:V, b].
-        d = torch.arange(1, cap + 1).repeat_interleave(width)
-        a = torch.arange(width).repeat(cap)
-        e = torch.arange(cap + 1).repeat_interleave(width)
-        b = torch.arange(width).repeat(cap + 1).clamp(max=vocab - 1)
-        is_visible, is_eos = (e == 0), (torch.arange(width).repeat(cap + 1) == vocab)
-        left = log_powers[:, d - 1, a, :vocab]  # (sets, num_left, V)
-        right = log_powers.transpose(2, 3)[:, (e - 1).clamp(min=0), b, :vocab]  # (sets, num_right, V)
-        right = torch.where((is_visible | is_eos).view(1, -1, 1), 0.0, right)
-        one_hot = torch.where(torch.arange(vocab) == b.view(-1, 1), 0.0, neg_inf)  # (num_right, V)
-
-        num_keys = num_left * num_right
-        if num_sets * num_keys * num_columns <= self.JOINT_TABLE_MAX_ELEMENTS:
-            total = (d.view(-1, 1) + e.view(1, -1)).clamp(max=cap)  # (num_left, num_right)
-            pair_index = ((total - 1) * width + a.view(-1, 1)) * width + torch.where(is_eos, vocab, b).view(1, -1)
-            log_norm = pair[:, pair_index]  # (sets, num_left, num_right)
-            masked = left.unsqueeze(2) + right.unsqueeze(1) - log_norm.unsqueeze(-1)
-            joint = torch.where(is_visible.view(1, 1, -1, 1), one_hot.view(1, 1, num_right, vocab), masked)
-            joint = torch.where(torch.isnan(joint), neg_inf, joint)  # keys that only impossible rows reach
-            joint = F.pad(joint, (0, num_columns - vocab), value=neg_inf)
-            if floor is not None:
-                joint = joint.clamp(min=floor)
-            evidence = torch.where(is_visible.view(1, -1), log_norm[0], 0.0)
+        rows = _row_pieces(log_powers, vocab)
+        if num_sets * rows.left.shape[1] * rows.right.shape[1] * num_columns <= self.JOINT_TABLE_MAX_ELEMENTS:
+            joint, evidence = _joint_table(rows, pair, cap, width, vocab, num_columns, floor)
             return _BridgeTables(
                 **common,
                 joint=joint.reshape(-1, num_columns).to(device=device, dtype=dtype),
@@ -382,11 +351,10 @@ class MarkovBridge:
                 bag=None,
                 normaliser=None,
             )
-
-        right = torch.where(is_visible.view(1, -1, 1), one_hot, right)  # visible: left + one-hot - evidence
+        right = torch.where(rows.is_visible.view(1, -1, 1), rows.one_hot, rows.right)  # visible: left + one-hot - evidence
         bag = torch.cat(
             [
-                F.pad(left.reshape(-1, vocab), (0, num_columns - vocab), value=neg_inf),
+                F.pad(rows.left.reshape(-1, vocab), (0, num_columns - vocab), value=float("-inf")),
                 F.pad(right.reshape(-1, vocab), (0, num_columns - vocab), value=0.0),
             ]
         )
@@ -435,3 +403,61 @@ def _pad_powers(log_powers: torch.Tensor, cap: int) -> torch.Tensor:
     if log_powers.shape[0] == cap:
         return log_powers
     return torch.cat([log_powers, log_powers[-1:].expand(cap - log_powers.shape[0], -1, -1)])
+
+
+def _distance_remaps(max_length: int, cap: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Remaps from raw codes (distances up to the longest sequence) to capped rows: left index d * W - a, right
+    index e * W + b."""
+    raw_distance = torch.arange(max_length + 2).repeat_interleave(width)
+    token = torch.arange(width).repeat(max_length + 2)
+    remap_left = torch.zeros((max_length + 3) * width, dtype=torch.int32)
+    remap_left[raw_distance * width - token + width] = ((raw_distance.clamp(1, cap) - 1) * width + token).int()
+    remap_left = remap_left[width:].contiguous()
+    remap_right = (raw_distance.clamp(max=cap) * width + token).int()
+    return remap_left, remap_right
+
+
+class _RowPieces(NamedTuple):
+    """Per-row pieces, float64: left rows (d, a) -> log P_ext^d[a, :V]; right rows (e, b) -> log P^e[:V, b]."""
+
+    d: torch.Tensor
+    a: torch.Tensor
+    e: torch.Tensor
+    b: torch.Tensor
+    is_visible: torch.Tensor
+    is_eos: torch.Tensor
+    left: torch.Tensor  # (sets, num_left, V)
+    right: torch.Tensor  # (sets, num_right, V)
+    one_hot: torch.Tensor  # (num_right, V)
+
+
+def _row_pieces(log_powers: torch.Tensor, vocab: int) -> _RowPieces:
+    _, cap, width, _ = log_powers.shape
+    d = torch.arange(1, cap + 1).repeat_interleave(width)
+    a = torch.arange(width).repeat(cap)
+    e = torch.arange(cap + 1).repeat_interleave(width)
+    b = torch.arange(width).repeat(cap + 1).clamp(max=vocab - 1)
+    is_visible, is_eos = (e == 0), (torch.arange(width).repeat(cap + 1) == vocab)
+    left = log_powers[:, d - 1, a, :vocab]
+    right = log_powers.transpose(2, 3)[:, (e - 1).clamp(min=0), b, :vocab]
+    right = torch.where((is_visible | is_eos).view(1, -1, 1), 0.0, right)
+    one_hot = torch.where(torch.arange(vocab) == b.view(-1, 1), 0.0, float("-inf"))
+    return _RowPieces(d, a, e, b, is_visible, is_eos, left, right, one_hot)
+
+
+def _joint_table(rows: _RowPieces, pair: torch.Tensor, cap: int, width: int, vocab: int, num_columns: int,
+                 floor: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The joint table (sets, num_left, num_right, num_columns) of every (left, right) key, and its evidence."""
+    neg_inf = float("-inf")
+    num_right = rows.right.shape[1]
+    total = (rows.d.view(-1, 1) + rows.e.view(1, -1)).clamp(max=cap)  # (num_left, num_right)
+    pair_index = ((total - 1) * width + rows.a.view(-1, 1)) * width + torch.where(rows.is_eos, vocab, rows.b).view(1, -1)
+    log_norm = pair[:, pair_index]  # (sets, num_left, num_right)
+    masked = rows.left.unsqueeze(2) + rows.right.unsqueeze(1) - log_norm.unsqueeze(-1)
+    joint = torch.where(rows.is_visible.view(1, 1, -1, 1), rows.one_hot.view(1, 1, num_right, vocab), masked)
+    joint = torch.where(torch.isnan(joint), neg_inf, joint)  # keys that only impossible rows reach
+    joint = F.pad(joint, (0, num_columns - vocab), value=neg_inf)
+    if floor is not None:
+        joint = joint.clamp(min=floor)
+    evidence = torch.where(rows.is_visible.view(1, -1), log_norm[0], 0.0)
+    return joint, evidence
