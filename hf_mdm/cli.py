@@ -246,7 +246,15 @@ def _push(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-mdm", description="Masked diffusion language models: tools.")
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_dataset_commands(commands)
+    _add_train_command(commands)
+    _add_sample_and_score_commands(commands)
+    _add_experiment_commands(commands)
+    _add_hub_and_compare_commands(commands)
+    return parser
 
+
+def _add_dataset_commands(commands: Any) -> None:
     dataset = commands.add_parser("dataset", help="build or push synthetic-language datasets")
     dataset_commands = dataset.add_subparsers(dest="dataset_command", required=True)
     build = dataset_commands.add_parser("build", help="generate a synthetic dataset and save it to disk")
@@ -266,6 +274,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_dataset_build)
     push_ds.set_defaults(func=_dataset_push)
 
+
+def _add_train_command(commands: Any) -> None:
     train = commands.add_parser("train", help="train an MDM or the matched AR baseline on a built dataset")
     train.add_argument("--data", required=True, help="a directory written by `hf-mdm dataset build`")
     train.add_argument("--kind", choices=["mdm", "ar"], required=True)
@@ -281,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     train.set_defaults(func=_train)
 
+
+def _add_sample_and_score_commands(commands: Any) -> None:
     sample = commands.add_parser("sample", help="sample from an MDM, an AR model or the exact-posterior oracle")
     sample.add_argument("--model", required=True, help="a checkpoint directory, or `oracle`")
     sample.add_argument("--kind", choices=["mdm", "ar"], default=None, help="check the checkpoint is of this kind")
@@ -302,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--skip-out-of-support", action="store_true")
     score.set_defaults(func=_score)
 
+
+def _add_experiment_commands(commands: Any) -> None:
     for name, func, help_text in (("bench", _bench, "MDM vs AR wall-clock as L grows"),
                                   ("reproduce", _reproduce, "the paper's synthetic experiments and results/REPORT.md")):
         sub = commands.add_parser(name, help=help_text)
@@ -313,6 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--jobs", type=int, default=2, help="experiments run side by side (one per core)")
         sub.set_defaults(func=func)
 
+
+def _add_hub_and_compare_commands(commands: Any) -> None:
     push = commands.add_parser("push", help="upload a trained model with its card to the Hub")
     push.add_argument("--model", required=True)
     push.add_argument("--repo-id", required=True)
@@ -326,7 +342,6 @@ def build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="accuracy vs time of models x settings x tasks (lm-eval)")
     harness_compare.add_arguments(compare)
     compare.set_defaults(func=harness_compare.run)
-    return parser
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
