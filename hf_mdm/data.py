@@ -39,14 +39,15 @@ from huggingface_hub import CommitInfo, CommitOperationAdd, DatasetCard, Dataset
 
 from . import __version__
 from .languages import (
-    DEFAULT_CONCENTRATION,
-    DEFAULT_PRUNE_THRESHOLD,
     LANGUAGE_CONFIG_NAME,
+    LANGUAGE_KINDS,
     LANGUAGE_WEIGHTS_NAME,
+    PAPER_CITATION,
+    REQUIRED_PARAMETERS,
     ChainLanguage,
     HMMLanguage,
-    NGramLanguage,
     SyntheticLanguage,
+    build_language,
     load_language,
 )
 
@@ -64,27 +65,15 @@ DATASET_CARD_TEMPLATE = Path(__file__).resolve().parent.parent / "model_cards" /
 DEFAULT_PUSH_CONFIGS = ("ngram2", "ngram3", "ngram4", "hmm", "chain")
 
 FEATURES = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
-LANGUAGE_KINDS = ("ngram", "hmm", "chain")
 _DATA_FIELDS = (
     "language_kind", "vocab_size", "n", "num_states", "concentration", "prune_threshold", "language_seed",
     "length", "num_train", "num_validation", "num_test", "seed",
 )  # fmt: skip
-_REQUIRED_PARAMETERS = {"ngram": ("vocab_size", "n"), "hmm": ("vocab_size", "num_states"), "chain": ()}
 _LANGUAGE_PARAMETERS = {
     "ngram": ("vocab_size", "n", "concentration", "prune_threshold"),
     "hmm": ("vocab_size", "num_states", "concentration", "prune_threshold"),
     "chain": ("vocab_size",),
 }
-_CITATION = """\
-@inproceedings{feng2025theoretical,
-  title = {Theoretical Benefit and Limitation of Diffusion Language Model},
-  author = {Feng, Guhao and Geng, Yihan and Guan, Jian and Wu, Wei and Wang, Liwei and He, Di},
-  booktitle = {Advances in Neural Information Processing Systems},
-  year = {2025},
-  eprint = {2502.09622},
-  archivePrefix = {arXiv}
-}
-"""
 
 
 @dataclass
@@ -152,7 +141,7 @@ class SyntheticLanguageConfig(datasets.BuilderConfig):
         for name in ("vocab_size", "n", "num_states", "concentration", "prune_threshold"):
             if name not in allowed and getattr(self, name) is not None:
                 raise ValueError(f"{name} is not a parameter of a {self.language_kind!r} language; leave it unset.")
-        for name in _REQUIRED_PARAMETERS[self.language_kind]:
+        for name in REQUIRED_PARAMETERS[self.language_kind]:
             if getattr(self, name) is None:
                 raise ValueError(f"A {self.language_kind!r} language needs {name}; pass {name}=...")
         if self.language_kind == "chain" and self.vocab_size not in (None, 16):
@@ -167,26 +156,26 @@ class SyntheticLanguageConfig(datasets.BuilderConfig):
             raise ValueError(f"chunk_size * length must be in [1, 2**31); got chunk_size={self.rows_per_chunk}.")
 
     def build_language(self) -> SyntheticLanguage:
-        """The language these parameters describe (deterministic: random languages come from ``language_seed``)."""
-        if self.language_kind == "chain":
-            return ChainLanguage()
-        defaults = {"concentration": DEFAULT_CONCENTRATION, "prune_threshold": DEFAULT_PRUNE_THRESHOLD}
-        kwargs = {k: v if getattr(self, k) is None else getattr(self, k) for k, v in defaults.items()}
-        if self.language_kind == "hmm":
-            return HMMLanguage.random(self.num_states, self.vocab_size, self.language_seed, **kwargs)
-        return NGramLanguage.random(self.vocab_size, self.n, self.language_seed, **kwargs)
+        """The language these parameters describe, from ``hf_mdm.languages.build_language`` (deterministic: random
+        languages come from ``language_seed``; unset ``concentration`` and ``prune_threshold`` take the defaults
+        ``DEFAULT_CONCENTRATION`` and ``DEFAULT_PRUNE_THRESHOLD``)."""
+        if self.language_kind == "chain":  # no parameters: vocab_size is 16 or unset (see `validate`)
+            return build_language("chain")
+        names = _LANGUAGE_PARAMETERS[self.language_kind]
+        params = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return build_language(self.language_kind, seed=self.language_seed, **params)
+
+
+def _builder_config(name: str, description: str, **params: Any) -> SyntheticLanguageConfig:
+    """One of the named configurations, at the current ``DATA_FORMAT_VERSION``, with 16 tokens."""
+    version = datasets.Version(f"{DATA_FORMAT_VERSION}.0.0")
+    return SyntheticLanguageConfig(name=name, version=version, description=description, vocab_size=16, **params)
 
 
 def _ngram_config(n: int) -> SyntheticLanguageConfig:
-    return SyntheticLanguageConfig(
-        name=f"ngram{n}",
-        version=datasets.Version(f"{DATA_FORMAT_VERSION}.0.0"),
-        description=f"A random {n}-gram language over 16 tokens (Theorem 4.2: TER needs O(1) steps).",
-        language_kind="ngram",
-        vocab_size=16,
-        n=n,
-        concentration=0.5,
-        prune_threshold=0.01,
+    description = f"A random {n}-gram language over 16 tokens (Theorem 4.2: TER needs O(1) steps)."
+    return _builder_config(
+        f"ngram{n}", description, language_kind="ngram", n=n, concentration=0.5, prune_threshold=0.01
     )
 
 
@@ -238,22 +227,18 @@ class SyntheticLanguageBuilder(datasets.ArrowBasedBuilder):
         _ngram_config(2),
         _ngram_config(3),
         _ngram_config(4),
-        SyntheticLanguageConfig(
-            name="hmm",
-            version=datasets.Version(f"{DATA_FORMAT_VERSION}.0.0"),
-            description="A random HMM over 16 tokens with 16 hidden states (SER experiments).",
+        _builder_config(
+            "hmm",
+            "A random HMM over 16 tokens with 16 hidden states (SER experiments).",
             language_kind="hmm",
-            vocab_size=16,
             num_states=16,
             concentration=0.5,
             prune_threshold=0.1,
         ),
-        SyntheticLanguageConfig(
-            name="chain",
-            version=datasets.Version(f"{DATA_FORMAT_VERSION}.0.0"),
-            description="The Theorem 4.4 language: 16 tokens (u, v), the next u equals the previous v.",
+        _builder_config(
+            "chain",
+            "The Theorem 4.4 language: 16 tokens (u, v), the next u equals the previous v.",
             language_kind="chain",
-            vocab_size=16,
         ),
     ]
     DEFAULT_CONFIG_NAME = "ngram2"
@@ -281,7 +266,7 @@ class SyntheticLanguageBuilder(datasets.ArrowBasedBuilder):
             features=FEATURES,
             splits=splits,  # the expected sizes: progress-bar totals, checked after generation
             homepage="https://arxiv.org/abs/2502.09622",
-            citation=_CITATION,
+            citation=PAPER_CITATION,
             license="apache-2.0",
         )
 
@@ -497,7 +482,7 @@ def render_dataset_card(
         repo_id=repo_id,
         configs_table=[_card_entry(builder) for builder in builders],
         hf_mdm_version=__version__,
-        citation=_CITATION,
+        citation=PAPER_CITATION,
     )
 
 

@@ -60,6 +60,28 @@ def test_configs_sizes_support_and_language(tmp_path, config_name):
         torch.testing.assert_close(builder.language.log_prob(x), expected.log_prob(x), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    "config, spec",
+    [
+        ({"language_kind": "ngram", "vocab_size": 4, "n": 2}, {"kind": "ngram", "vocab_size": 4, "n": 2}),
+        ({"language_kind": "ngram", "vocab_size": 4, "n": 3, "language_seed": 2, "prune_threshold": 0.0},
+         {"kind": "ngram", "vocab_size": 4, "n": 3, "seed": 2, "prune_threshold": 0.0, "train": True}),
+        ({"language_kind": "hmm", "vocab_size": 6, "num_states": 4, "language_seed": 1, "concentration": 1.0},
+         {"kind": "hmm", "vocab_size": 6, "num_states": 4, "seed": 1, "concentration": 1.0, "name": "hmm"}),
+        ({"language_kind": "chain", "vocab_size": 16}, {"kind": "chain", "name": "chain"}),
+    ],
+)
+def test_builder_and_experiments_build_the_same_language(config, spec):
+    """One builder (hf_mdm.languages.build_language) behind the datasets and the experiments' preset entries."""
+    from hf_mdm.experiments import make_language
+
+    ours = hf_mdm.data.SyntheticLanguageConfig(name="x", **config).build_language()
+    theirs = make_language(spec)
+    assert type(ours) is type(theirs) and ours.to_config() == theirs.to_config()
+    assert ours.tensors().keys() == theirs.tensors().keys()
+    assert all(torch.equal(ours.tensors()[k], theirs.tensors()[k]) for k in ours.tensors())
+
+
 def test_same_arguments_give_identical_data_and_seeds_change_it(tmp_path):
     first, second = build(tmp_path / "a").as_dataset(), build(tmp_path / "b").as_dataset()
     for split in SPLITS:

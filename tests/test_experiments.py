@@ -56,6 +56,36 @@ def test_rerun_reuses_finished_pieces(results):
     assert again["rows"] == outputs["ter_vs_steps"]["rows"]
 
 
+def test_rerun_samples_and_times_nothing(results):
+    """The re-run guard above, with the names patched where the experiment modules look them up."""
+    from hf_mdm.experiments import common, speed
+
+    out, outputs, presets = results
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished cell was recomputed")
+
+    with mock.patch.object(common, "sample_mdm", fail), mock.patch.object(common, "sample_ar", fail), \
+            mock.patch.object(common, "trained_pair", fail), mock.patch.object(speed, "median_seconds", fail):
+        again = {name: run_experiment(name, presets[name], out) for name in presets}
+    for name in presets:
+        assert again[name]["rows"] == outputs[name]["rows"], name
+
+
+def test_language_entry_errors_name_the_entry():
+    with pytest.raises(ValueError, match=r"missing 'vocab_size' in \{'kind': 'ngram', 'n': 2, 'train': True\}"):
+        make_language({"kind": "ngram", "n": 2, "train": True})
+    assert make_language({"kind": "chain", "name": "c", "train": True, "training": {}}).vocab_size == 16
+
+
+def test_median_seconds_times_each_call():
+    from hf_mdm.experiments import median_seconds
+
+    calls = []
+    assert median_seconds(lambda: calls.append(1), 3, torch.device("cpu")) >= 0.0
+    assert len(calls) == 3
+
+
 def test_report_puts_paper_numbers_beside_ours(results):
     out, _, _ = results
     report = write_report(out).read_text()

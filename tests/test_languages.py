@@ -9,10 +9,12 @@ import torch
 
 from hf_mdm.languages import (
     LANGUAGE_CONFIG_NAME,
+    LANGUAGE_KINDS,
     ChainLanguage,
     ExpectedNLL,
     HMMLanguage,
     NGramLanguage,
+    build_language,
     load_language,
 )
 from hf_mdm.languages.inference import MarkovBridge, forward_backward
@@ -288,6 +290,46 @@ def test_bad_inputs_raise_value_errors():
         NGramLanguage.random(3, 1, seed=0)
     with pytest.raises(TypeError, match="ChainLanguage"):
         ChainLanguage.random(16, 2, 0)
+
+
+def same_language(a, b) -> bool:
+    """The same class, hyper-parameters and matrices."""
+    same_tensors = a.tensors().keys() == b.tensors().keys() and all(
+        torch.equal(a.tensors()[k], b.tensors()[k]) for k in a.tensors()
+    )
+    return type(a) is type(b) and a.to_config() == b.to_config() and same_tensors
+
+
+@pytest.mark.parametrize(
+    "kind, params, expected",
+    [
+        ("ngram", {"vocab_size": 4, "n": 2}, lambda: NGramLanguage.random(4, 2, 0)),
+        ("ngram", {"vocab_size": 5, "n": 3, "seed": 3, "concentration": 1.0, "prune_threshold": 0.0},
+         lambda: NGramLanguage.random(5, 3, 3, concentration=1.0, prune_threshold=0.0)),
+        ("hmm", {"vocab_size": 6, "num_states": 4, "seed": 1}, lambda: HMMLanguage.random(4, 6, 1)),
+        ("hmm", {"num_states": 4, "vocab_size": 6, "prune_threshold": 0.1},
+         lambda: HMMLanguage.random(4, 6, 0, prune_threshold=0.1)),
+        ("chain", {}, ChainLanguage),
+    ],
+)
+def test_build_language_is_the_constructor_of_its_kind_with_its_defaults(kind, params, expected):
+    assert kind in LANGUAGE_KINDS
+    assert same_language(build_language(kind, **params), expected())
+
+
+def test_build_language_errors_name_the_kind_or_the_parameter():
+    with pytest.raises(ValueError, match=r"language kind must be one of \['ngram', 'hmm', 'chain'\], got 'trigram'"):
+        build_language("trigram", n=3)
+    with pytest.raises(ValueError, match="bad parameters for a hmm language: missing 'num_states'"):
+        build_language("hmm", vocab_size=4)
+    with pytest.raises(ValueError, match="bad parameters for a ngram language: missing 'vocab_size', 'n'"):
+        build_language("ngram")
+    with pytest.raises(ValueError, match="bad parameters for a chain language: .*unexpected keyword argument 'seed'"):
+        build_language("chain", seed=0)
+    with pytest.raises(ValueError, match="bad parameters for a ngram language: .*unexpected keyword argument 'm'"):
+        build_language("ngram", vocab_size=4, n=2, m=1)
+    with pytest.raises(ValueError, match="n must be >= 2"):
+        build_language("ngram", vocab_size=4, n=1)
 
 
 @pytest.mark.parametrize("joint", [True, False], ids=["joint-table", "embedding-bag"])

@@ -3,6 +3,8 @@
 * ``NGramLanguage.random(vocab_size, n, seed, concentration=0.5, prune_threshold=0.01)``
 * ``HMMLanguage.random(num_states, vocab_size, seed, concentration=0.5, prune_threshold=0.01)``
 * ``ChainLanguage()``: the 16-token language of Theorem 4.4.
+* ``build_language(kind, **params)``: any of them from a kind in ``LANGUAGE_KINDS`` and its parameters (the one
+  builder behind ``hf_mdm.data`` and ``hf_mdm.experiments``).
 
 Every language has ``vocab_size``, ``sample``, ``log_prob``, ``in_support``, ``expected_nll`` (an
 ``ExpectedNLL(value, stderr)``), ``posterior`` / ``log_posterior`` (the exact ``q_{0|t}(x^i | x_t)``),
@@ -15,10 +17,12 @@ from .base import (
     DEFAULT_SMOOTHING,
     LANGUAGE_CONFIG_NAME,
     LANGUAGE_WEIGHTS_NAME,
+    PAPER_CITATION,
     ExpectedNLL,
     SyntheticLanguage,
     load_language,
 )
+from .factory import LANGUAGE_KINDS, REQUIRED_PARAMETERS, build_language
 from .hmm import HMMLanguage
 from .ngram import ChainLanguage, NGramLanguage
 from .oracle import IMPOSSIBLE_LOGIT, OracleConfig, OracleDenoiser, OracleOutput
@@ -33,11 +37,15 @@ __all__ = [
     "HMMLanguage",
     "IMPOSSIBLE_LOGIT",
     "LANGUAGE_CONFIG_NAME",
+    "LANGUAGE_KINDS",
     "LANGUAGE_WEIGHTS_NAME",
     "NGramLanguage",
     "OracleConfig",
     "OracleDenoiser",
     "OracleOutput",
+    "PAPER_CITATION",
+    "REQUIRED_PARAMETERS",
     "SyntheticLanguage",
+    "build_language",
     "load_language",
 ]

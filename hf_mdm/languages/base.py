@@ -33,6 +33,17 @@ DEFAULT_PRUNE_THRESHOLD = 0.01
 #: Weight of the uniform distribution mixed into every stochastic row when ``x_t`` is impossible under ``q``
 #: (see ``SyntheticLanguage.log_posterior``).
 DEFAULT_SMOOTHING = 1e-6
+#: The paper these languages come from (the datasets' and the metrics' citation).
+PAPER_CITATION = """\
+@inproceedings{feng2025theoretical,
+  title = {Theoretical Benefit and Limitation of Diffusion Language Model},
+  author = {Feng, Guhao and Geng, Yihan and Guan, Jian and Wu, Wei and Wang, Liwei and He, Di},
+  booktitle = {Advances in Neural Information Processing Systems},
+  year = {2025},
+  eprint = {2502.09622},
+  archivePrefix = {arXiv}
+}
+"""
 
 _LANGUAGE_CLASSES: Dict[str, Type["SyntheticLanguage"]] = {}
 

@@ -12,19 +12,10 @@ from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union
 
 import torch
 
-from hf_mdm.languages import SyntheticLanguage, load_language
+from hf_mdm.languages import PAPER_CITATION, SyntheticLanguage, load_language
 
 
-CITATION = """\
-@inproceedings{feng2025theoretical,
-  title = {Theoretical Benefit and Limitation of Diffusion Language Model},
-  author = {Feng, Guhao and Geng, Yihan and Guan, Jian and Wu, Wei and Wang, Liwei and He, Di},
-  booktitle = {Advances in Neural Information Processing Systems},
-  year = {2025},
-  eprint = {2502.09622},
-  archivePrefix = {arXiv}
-}
-"""
+CITATION = PAPER_CITATION
 
 
 #: Sequences scored by one ``log_prob`` call; bounds the memory of a batch of long sequences.

@@ -1,0 +1,108 @@
+"""The paper's synthetic experiments as functions: TER vs steps, SER vs steps, and MDM vs AR wall-clock.
+
+Each experiment takes a plain dict (a preset from ``evaluation/configs/*.yaml``, read by ``load_preset``), writes
+``<name>.json``, ``<name>.md`` and ``<name>.png`` into an output folder, and reuses finished pieces on re-runs:
+trained models are kept under ``<out>/models/`` and every measured cell is cached in ``<out>/cache/<name>.json``
+(written atomically), so an interrupted run resumes where it stopped. ``run_experiment(name, preset, out)`` runs
+one of ``EXPERIMENTS`` by name.
+
+- ``ter_vs_steps`` (``ter.py``): the TER relative increase TER(p)/TER(q) - 1 (the paper's epsilon_total) of the
+  paper's sampler (stochastic transfer, random order, linear schedule) against the number of steps N, for n-gram
+  languages at several lengths L: with the exact-posterior oracle (no learning error) and with trained MDMs, the
+  trained AR model's TER as reference (Theorem 4.2: it depends on N, not on L).
+- ``ser_vs_steps`` (``ser.py``): the sequence error rate against N for a pruned HMM and for the Theorem 4.4 chain
+  language, oracle and trained MDM, AR as reference, plus SER against N/L for several L (Theorem 4.4: one curve).
+- ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at a fixed number of steps and with the
+  same-size AR model decoding with its KV cache, as L grows (timed with ``hf_mdm.timer.Stopwatch``).
+
+What they share is in ``common.py`` (the cell cache, languages from preset entries through
+``hf_mdm.languages.build_language``, ``sample_mdm`` / ``sample_ar``, trained models, rows and outputs) and
+``plotting.py`` (the matplotlib set-up).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from ..languages import LANGUAGE_KINDS
+from .common import (
+    CellCache,
+    experiment_result,
+    language_name,
+    language_rows,
+    lazy_pair,
+    machine_description,
+    make_language,
+    measure_languages,
+    oracle_rows,
+    sample_ar,
+    sample_mdm,
+    trained_pair,
+    trained_rows,
+    validation_row,
+    validation_table,
+    write_outputs,
+)
+from .ser import plot_ser, ser_table, ser_vs_steps
+from .speed import median_seconds, plot_wallclock, wallclock, wallclock_table
+from .ter import plot_ter, ter_table, ter_vs_steps
+
+
+EXPERIMENTS: dict[str, Callable[[dict, Path], dict]] = {
+    "ter_vs_steps": ter_vs_steps,
+    "ser_vs_steps": ser_vs_steps,
+    "wallclock": wallclock,
+}
+
+
+def run_experiment(name: str, preset: dict, out: Path) -> dict:
+    """Run the experiment ``name`` (a key of ``EXPERIMENTS``) with ``preset``, writing into ``out``."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}: use one of {sorted(EXPERIMENTS)}")
+    return EXPERIMENTS[name](preset, Path(out))
+
+
+def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
+    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections."""
+    import yaml
+
+    config = yaml.safe_load(Path(config_path).read_text())
+    for key in ("experiment", "quick", "full"):
+        if key not in config:
+            raise ValueError(f"{config_path}: missing the `{key}` field")
+    return config["experiment"], config["full" if full else "quick"]
+
+
+__all__ = [
+    "EXPERIMENTS",
+    "LANGUAGE_KINDS",
+    "CellCache",
+    "experiment_result",
+    "language_name",
+    "language_rows",
+    "lazy_pair",
+    "load_preset",
+    "machine_description",
+    "make_language",
+    "measure_languages",
+    "median_seconds",
+    "oracle_rows",
+    "plot_ser",
+    "plot_ter",
+    "plot_wallclock",
+    "run_experiment",
+    "sample_ar",
+    "sample_mdm",
+    "ser_table",
+    "ser_vs_steps",
+    "ter_table",
+    "ter_vs_steps",
+    "trained_pair",
+    "trained_rows",
+    "validation_row",
+    "validation_table",
+    "wallclock",
+    "wallclock_table",
+    "write_outputs",
+]

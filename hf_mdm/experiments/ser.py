@@ -1,0 +1,76 @@
+"""Experiment b: the sequence error rate against the number of sampling steps (Theorem 4.4).
+
+``ser_vs_steps`` measures the SER against N for a pruned HMM and for the Theorem 4.4 chain language, with the
+exact-posterior oracle and with trained MDMs, the trained AR model as reference, at several lengths L with N a
+fixed multiple of L (``preset["steps_over_length"]``): plotted against N/L the curves of all L fall on one
+(Theorem 4.4: SER needs N growing with L); for the chain the oracle rows carry the predicted SER. Writes
+``ser_vs_steps.{json,md,png}``; cells are cached in ``<out>/cache/ser_vs_steps.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from ..languages import ChainLanguage
+from ..metrics import SequenceErrorRate
+from .common import experiment_result, measure_languages, validation_table, write_outputs
+from .plotting import ar_lines, language_panels, mdm_curves
+
+#: What an SER cell keeps of ``SequenceErrorRate.compute``.
+SER_KEYS = ("ser", "ser_ci_low", "ser_ci_high")
+
+
+def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
+    ratios = preset["steps_over_length"]
+    rows = measure_languages("ser_vs_steps", preset, out, metric=SequenceErrorRate(), keys=SER_KEYS,
+                             steps_for=lambda length: steps_at(length, ratios), label="SER")
+    add_ratios_and_predictions(rows)
+    result = experiment_result("ser_vs_steps", preset, rows)
+    write_outputs(out, "ser_vs_steps", result, ser_table(rows), lambda p: plot_ser(rows, p))
+    return result
+
+
+def steps_at(length: int, ratios: list[float]) -> list[int]:
+    """The step counts ``N = round(ratio * L)`` (at least 1) for each ratio N/L."""
+    return [max(1, int(round(ratio * length))) for ratio in ratios]
+
+
+def add_ratios_and_predictions(rows: list[dict]) -> None:
+    """Adds ``steps_over_length`` to every measured row, and the Theorem 4.4 ``predicted`` SER to the chain's
+    oracle rows."""
+    for r in rows:
+        if r["model"] != "validation":
+            r["steps_over_length"] = r["steps"] / r["length"]
+            if r["language"] == "chain" and r["model"] == "oracle MDM":
+                r["predicted"] = ChainLanguage.predicted_ser(r["length"], r["steps"])
+
+
+def ser_table(rows: list[dict]) -> str:
+    """Markdown: one line per measured row (with the 95% CI and the prediction), then the validation table."""
+    lines = ["| language | L | model | N | N/L | SER | 95% CI | predicted (Thm 4.4) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        if r["model"] == "validation":
+            continue
+        pred = f"{r['predicted']:.3f}" if "predicted" in r else ""
+        interval = f"[{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}]"
+        lines.append(f"| {r['language']} | {r['length']} | {r['model']} | {r['steps']} | "
+                     f"{r['steps_over_length']:.3g} | {r['ser']:.3f} | {interval} | {pred} |")
+    return "\n".join(lines + validation_table(rows)) + "\n"
+
+
+def plot_ser(rows: list[dict], path: Path) -> None:
+    """One panel per language: SER against N/L (log x), one curve per model and length; the chain's theory curve."""
+
+    def draw(ax: Any, name: str) -> None:
+        mdm_curves(ax, rows, name, "steps_over_length", "ser")
+        if name == "chain":
+            grid = [2 ** (k / 4) for k in range(-12, 21)]
+            ax.plot(grid, [1 - math.exp(-0.75 / g) for g in grid], "k-", lw=0.8, alpha=0.5, label="1 - exp(-3L/4N)")
+        ar_lines(ax, rows, name, "ser")
+        ax.set(xscale="log", xlabel="steps / length (N/L)", ylabel="SER", ylim=(-0.02, 1.02), title=name)
+
+    language_panels(rows, path, 4.4, "Sequence error rate vs N/L (Theorem 4.4: needs N growing with L)", draw)
