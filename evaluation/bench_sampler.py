@@ -7,16 +7,25 @@
 2. LM head on the revealable positions only: LLaDA's vocabulary (126,464) on a tiny network, 128 new tokens,
    block 32, 128 steps: generate / the same sampler computing full-sequence logits. Target <= 0.5.
 
-Run: ``python evaluation/bench_sampler.py [--repeats 5] [--json out.json]``.
+3. With ``--baseline DIR`` (another checkout of the project, e.g. ``git worktree add /tmp/before <rev>``): the
+   generate time of this checkout's sampler / the baseline's sampler on the same model and inputs, both settings
+   above, interleaved repeats in one process (the baseline's ``hf_mdm/generation*.py`` loaded under another
+   package name); the tokens must be identical.
+
+Run: ``python evaluation/bench_sampler.py [--repeats 5] [--json out.json] [--baseline DIR]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import statistics
+import sys
 import time
+import types
+from pathlib import Path
 
 import torch
 
@@ -112,11 +121,41 @@ def lm_head(repeats: int) -> dict:
     }
 
 
+def load_baseline(checkout: str):
+    """``diffusion_generate`` of another checkout's sampler (its flat generation modules import only torch,
+    transformers and each other, so they load as a package of their own without its ``__init__``)."""
+    name = "_baseline_hf_mdm"
+    package = types.ModuleType(name)
+    package.__path__ = [str(Path(checkout) / "hf_mdm")]
+    sys.modules[name] = package
+    return importlib.import_module(f"{name}.generation").diffusion_generate
+
+
+@torch.no_grad()
+def versus_baseline(baseline_generate, repeats: int) -> dict:
+    """This checkout's generate time / the baseline's, interleaved, on both settings above."""
+    settings = {
+        "overhead": (tiny_model(vocab_size=1024, hidden=128, layers=2), 8),
+        "lm_head": (tiny_model(vocab_size=126464, hidden=64, layers=2), 1),
+    }
+    results = {}
+    for name, (model, bsz) in settings.items():
+        x = torch.randint(0, 1000, (bsz, 32), generator=torch.Generator().manual_seed(0))
+        kwargs = dict(max_new_tokens=128, steps=128, block_length=32)
+        ours, theirs = diffusion_generate(model, x, **kwargs), baseline_generate(model, x, **kwargs)
+        assert torch.equal(ours, theirs), f"{name}: the tokens differ from the baseline's"
+        ratios = [median_time(lambda: diffusion_generate(model, x, **kwargs), 1)
+                  / median_time(lambda: baseline_generate(model, x, **kwargs), 1) for _ in range(repeats)]  # fmt: skip
+        results[name] = {"ratio": statistics.median(ratios), "ratios": ratios, "same_tokens": True}
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--baseline", default=None, help="another checkout to compare this sampler's speed with")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results = {
@@ -124,6 +163,8 @@ def main() -> None:
         "overhead": overhead(args.repeats),
         "lm_head": lm_head(args.repeats),
     }
+    if args.baseline:
+        results["versus_baseline"] = versus_baseline(load_baseline(args.baseline), args.repeats)
     o, h = results["overhead"], results["lm_head"]
     print(f"[1] {o['setting']}")
     print(f"    generate {o['generate_s']:.3f} s, NFE {o['nfe']}, full forward {o['forward_full_s'] * 1e3:.2f} ms, "
@@ -135,6 +176,10 @@ def main() -> None:
     print(f"[2] {h['setting']}")
     print(f"    generate {h['generate_s']:.3f} s vs full-logits sampler {h['full_logits_generate_s']:.3f} s")
     print(f"    ratio = {h['ratio']:.3f}   (target <= 0.5; identical tokens)")
+    for name, row in results.get("versus_baseline", {}).items():
+        low, high = min(row["ratios"]), max(row["ratios"])
+        print(f"[3] {name} setting: generate / baseline's generate = {row['ratio']:.3f} (median of "
+              f"{len(row['ratios'])} interleaved repeats, range {low:.3f}-{high:.3f}; identical tokens)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -42,14 +42,14 @@ def finished_rows(x, gen_mask0, upto: int, eos_ids, stopping_criteria, still_mas
 def finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled) -> torch.Tensor:
     """Tokens after the first generated EOS become ``pad_id`` (in place); returns generated-token counts (B,),
     not counting ``unfilled`` positions (masks of rows that stopped early, set to padding)."""
-    keep = gen_mask0 & ~unfilled
+    generated = gen_mask0 & ~unfilled
     if eos_ids is not None:
         is_eos = torch.isin(x, eos_ids) & gen_mask0
         after = (is_eos.long().cumsum(1) - is_eos.long()) > 0
         after &= gen_mask0
         x.masked_fill_(after, pad_id)
-        keep &= ~after
-    return keep.sum(1)
+        generated &= ~after
+    return generated.sum(1)
 
 
 class Streamer:

@@ -5,6 +5,7 @@ matplotlib is imported on first use only, so importing the experiments does not 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -53,16 +54,17 @@ def language_panels(rows: list[dict], path: Path, panel_width: float, title: str
 
 
 def mdm_curves(ax: Any, rows: list[dict], name: str, x: str, y: str, clip: Clip = _unchanged) -> None:
-    """The oracle and trained MDM curves of language ``name``, one per length: ``clip(row[y])`` against ``row[x]``."""
+    """The oracle and trained MDM curves of language ``name``, one per length: ``clip(row[y])`` against ``row[x]``
+    (infinite values, e.g. TER with samples outside the support, are left out of the plot; the tables keep them)."""
     for model, style in MDM_STYLES:
         for length in sorted({r["length"] for r in rows if r["language"] == name and r["model"] == model}):
-            pts = sorted((r[x], r[y]) for r in rows
-                         if r["language"] == name and r["model"] == model and r["length"] == length)
+            pts = sorted((r[x], r[y]) for r in rows if r["language"] == name and r["model"] == model
+                         and r["length"] == length and math.isfinite(r[y]))
             ax.plot([p[0] for p in pts], [clip(p[1]) for p in pts], style, label=f"{model}, L={length}", ms=4)
 
 
 def ar_lines(ax: Any, rows: list[dict], name: str, y: str, clip: Clip = _unchanged) -> None:
     """The trained AR model of language ``name`` as a dotted horizontal line at ``clip(row[y])``."""
     for r in rows:
-        if r["language"] == name and r["model"] == "trained AR":
+        if r["language"] == name and r["model"] == "trained AR" and math.isfinite(r[y]):
             ax.axhline(clip(r[y]), color="k", ls=":", label=f"trained AR, L={r['length']}")

@@ -138,7 +138,6 @@ class OracleDenoiser(nn.Module):
         Returns:
             ``OracleOutput`` with ``logits`` of shape ``(B, K, V)`` in ``self.dtype``.
         """
-        length = input_ids.shape[1]
         positions = _positions_to_keep(logits_to_keep, input_ids)
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             logits = select_positions(self._padded_log_posterior(input_ids, attention_mask.bool()), positions)
