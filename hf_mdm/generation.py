@@ -115,7 +115,8 @@ def diffusion_generate(
     mask_id = int(config.mask_token_id)
     canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id)
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
-    denoiser = Denoiser.for_model(model, mask_id, config.cfg_scale, logits_shift_of(model, config))
+    denoiser = Denoiser.for_model(model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache,
+                                  config.kv_cache_refresh)  # fmt: skip
     eos_ids = eos_tensor(config, canvas.x.device)
     pad_id = config.pad_token_id if config.pad_token_id is not None else (int(eos_ids[0]) if eos_ids is not None else mask_id)
     trace = Trace(Streamer(streamer, canvas.x, canvas.gen_mask0, mask_id), keep_history=bool(config.output_history))
@@ -134,6 +135,7 @@ def diffusion_generate(
         sequences=canvas.x,
         steps=trace.steps,
         nfe=denoiser.nfe,
+        forward_tokens=denoiser.forward_tokens,
         elapsed_s=watch.seconds,
         num_generated_tokens=num_generated,
         tokens_per_forward=float(num_generated.sum()) / max(denoiser.nfe, 1),
@@ -178,7 +180,7 @@ def _default_sampler(config, denoiser: Denoiser, logits_processor, generator) ->
     )
     schedule = get_schedule(config.schedule, **(config.schedule_kwargs or {}))
     return Sampler(denoiser, proposer, canonical_strategy(config.strategy), config.transfer, schedule,
-                   config.threshold, generator)  # fmt: skip
+                   config.threshold, generator, config.entropy_bound)  # fmt: skip
 
 
 def _finalize(canvas: Canvas, finished: torch.Tensor, eos_ids, pad_id: int, mask_id: int) -> torch.Tensor:

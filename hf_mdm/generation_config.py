@@ -15,6 +15,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
+from .generation_denoiser import KV_CACHES
 from .generation_reference import reject_foreign_args, validate_reference
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFERS
@@ -28,6 +29,9 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "transfer": "deterministic",
     "strategy": "confidence",
     "threshold": None,
+    "entropy_bound": None,
+    "kv_cache": None,
+    "kv_cache_refresh": None,
     "cfg_scale": 0.0,
     "mask_token_id": None,
     "stop_at_eos": True,
@@ -66,12 +70,23 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             ``"deterministic"``: floor(m0 (alpha(s) - alpha(t))) with the remainder given to the earliest steps
             (m0 = masked count at block start; LLaDA's split for the linear schedule);
             ``"threshold"``: every position whose confidence >= ``threshold``, at least one, and at least what the
-            remaining steps need to finish the block, so a block never takes more than its steps.
+            remaining steps need to finish the block, so a block never takes more than its steps;
+            ``"entropy_bound"``: the masked positions of the block in the strategy's order while the sum of their
+            entropies stays within ``entropy_bound``, at least one (EB-sampler). With ``steps=None`` the two adaptive
+            rules run a block until it is done.
         strategy (`str`, defaults to ``"confidence"``): which positions: ``"random"``, ``"confidence"`` (probability
             of the proposed token), ``"margin"`` (top-1 minus top-2 probability), ``"entropy"`` (lowest entropy
             first) or ``"left_to_right"``. Aliases: ``low_confidence``, ``maskgit_plus`` (confidence),
             ``topk_margin`` (margin), ``origin`` (random).
         threshold (`float`, *optional*): in (0, 1], for ``transfer="threshold"``.
+        entropy_bound (`float`, *optional*): > 0, nats per step, for ``transfer="entropy_bound"``.
+        kv_cache (`str`, *optional*): ``"prefix"`` or ``"dual"``: Fast-dLLM's approximate block caches (see
+            `hf_mdm.generation_denoiser`; models with ``supports_diffusion_cache``). The first forward of every block
+            runs the whole canvas and keeps every layer's keys/values; the block's later forwards run the block and
+            what follows it (prefix) or the block alone (dual) against them. Counts, strategy, threshold,
+            temperature, EOS, history and streamer are unchanged; the cache is dropped at the end of the call.
+        kv_cache_refresh (`int`, *optional*): a full forward (cache refresh) every ``k`` forwards inside a block
+            (default: only at the block's start); ``1`` gives the tokens of ``kv_cache=None``.
         cfg_scale (`float`, defaults to 0): classifier-free guidance; the unconditional input is the canvas with
             the prompt masked, and logits = u + (cfg_scale + 1)(c - u). Costs a second forward per step.
         mask_token_id (`int`, *optional*): [MASK] id (default: the model config's).
@@ -143,7 +158,19 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
         if self.logits_shift not in (None, 0, 1):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
+        self._validate_fast_sampling()
         self._validate_reference()
+
+    def _validate_fast_sampling(self) -> None:
+        if self.transfer == "entropy_bound" and self.entropy_bound is None:
+            raise ValueError("transfer='entropy_bound' needs entropy_bound > 0 (nats per step), e.g. entropy_bound=0.5")
+        if self.entropy_bound is not None and not float(self.entropy_bound) > 0:
+            raise ValueError(f"entropy_bound must be > 0 (nats per step), got {self.entropy_bound!r}")
+        if self.kv_cache not in (None,) + KV_CACHES:
+            raise ValueError(f"unknown kv_cache {self.kv_cache!r}: use None, {' or '.join(map(repr, KV_CACHES))}")
+        refresh = self.kv_cache_refresh
+        if refresh is not None and (isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1):
+            raise ValueError(f"kv_cache_refresh must be an integer >= 1 (a full forward every k), got {refresh!r}")
 
     def _validate_reference(self) -> None:
         # Without a reference, its parameters are inert: Dream's published generation_config.json carries alg, eps,
@@ -367,6 +394,7 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
     sequences: Optional[torch.LongTensor] = None
     steps: Optional[int] = None
     nfe: Optional[int] = None
+    forward_tokens: Optional[int] = None
     elapsed_s: Optional[float] = None
     num_generated_tokens: Optional[torch.LongTensor] = None
     tokens_per_forward: Optional[float] = None

@@ -9,10 +9,16 @@ exact-posterior oracle) and is the only place that calls it:
   (`logits_shift_of`);
 - classifier-free guidance: the unconditional input is the canvas with the prompt masked, run in the same batch,
   and logits = u + (s + 1)(c - u) (`classifier_free_guidance`);
-- the count of forward passes (``nfe``; guidance counts two).
+- the count of forward passes (``nfe``; guidance counts two) and of the positions they computed
+  (``forward_tokens``: rows x input length, summed);
+- the approximate block caches of Fast-dLLM (``kv_cache``, models that declare ``supports_diffusion_cache``; see
+  `hf_mdm.kv_cache`): the first forward of a block (and every ``kv_cache_refresh``-th) runs the whole canvas and
+  keeps every layer's keys/values; the block's other forwards run only the block and what follows it
+  (``"prefix"``) or the block alone (``"dual"``) against them. With a logits shift the span starts one column
+  before the block, so the logits predicting the block's first position come from a fresh hidden state.
 
-Transfers and strategies never see the model; the denoiser knows nothing of them. Exported with the model as
-remote code (imports only torch).
+Transfers and strategies never see the model nor the cache; the denoiser knows nothing of them: the loop only says
+where a block starts (`Denoiser.begin_block`). Exported with the model as remote code (imports only torch).
 """
 
 from __future__ import annotations
@@ -63,6 +69,24 @@ class Rows:
         return Rows(self.x[index], None if self.attn is None else self.attn[index], self.prompt_mask[index])
 
 
+KV_CACHES = ("prefix", "dual")
+
+
+def supports_kv_cache(model: Any) -> bool:
+    """Whether ``model.forward`` keeps keys/values across denoising steps as `hf_mdm.kv_cache` describes."""
+    return bool(getattr(model, "supports_diffusion_cache", False)) and accepts(model, "cache_position")
+
+
+@dataclass
+class BlockCache:
+    """The keys/values of the current block (``kv_cache``): the block's columns, the cache, forwards run so far."""
+
+    start: int
+    end: int
+    cache: Any = None
+    forwards: int = 0
+
+
 @dataclass
 class Denoiser:
     """Logits of a model at the positions a step needs (see the module docstring); counts its forward passes."""
@@ -73,11 +97,23 @@ class Denoiser:
     cfg_scale: float = 0.0
     pass_logits_to_keep: bool = False
     per_row_logits: bool = False  # the model takes logits_to_keep as (B, K) positions per row
+    kv_cache: Optional[str] = None
+    kv_cache_refresh: Optional[int] = None
     nfe: int = 0
+    forward_tokens: int = 0
+    block: Optional[BlockCache] = None
 
     @classmethod
-    def for_model(cls, model: Any, mask_id: int, cfg_scale: float = 0.0, shift: Optional[int] = None) -> "Denoiser":
-        """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model."""
+    def for_model(cls, model: Any, mask_id: int, cfg_scale: float = 0.0, shift: Optional[int] = None,
+                  kv_cache: Optional[str] = None, kv_cache_refresh: Optional[int] = None) -> "Denoiser":  # fmt: skip
+        """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model. A ValueError when
+        ``kv_cache`` is asked of a model that cannot keep keys/values."""
+        if kv_cache is not None and not supports_kv_cache(model):
+            raise ValueError(
+                f"kv_cache={kv_cache!r} needs a model whose forward keeps keys/values across steps (past_key_values "
+                f"and cache_position, as hf_mdm.kv_cache describes: MDMForMaskedDiffusion, LLaDAModelLM, DreamModel); "
+                f"{type(model).__name__} does not: drop kv_cache"
+            )
         return cls(
             model=model,
             mask_id=int(mask_id),
@@ -85,11 +121,22 @@ class Denoiser:
             cfg_scale=float(cfg_scale or 0.0),
             pass_logits_to_keep=accepts(model, "logits_to_keep"),
             per_row_logits=bool(getattr(model, "supports_per_row_logits_to_keep", False)),
+            kv_cache=kv_cache,
+            kv_cache_refresh=kv_cache_refresh,
         )
 
     @property
     def guided(self) -> bool:
         return self.cfg_scale > 0
+
+    @property
+    def row_subsets(self) -> bool:
+        """Whether a step may run the model on some of the block's rows only (not with a cache of all of them)."""
+        return self.kv_cache is None
+
+    def begin_block(self, start: int, end: int) -> None:
+        """A semi-autoregressive block of columns [start, end) begins: the next forward refreshes the cache."""
+        self.block = BlockCache(start, end) if self.kv_cache is not None else None
 
     def logits(self, rows: Rows, keep: torch.Tensor) -> torch.Tensor:
         """Logits predicting the tokens at positions ``keep``: (B, K, V) for columns ``keep`` (K,), or for per-row
@@ -103,6 +150,9 @@ class Denoiser:
         kwargs: dict[str, Any] = {}
         if mask is not None:
             kwargs["attention_mask"] = mask
+        start = self._cache_arguments(inputs, kwargs)
+        if start is not None:
+            inputs, query = inputs[:, start : start + kwargs["cache_position"].numel()], (query - start).clamp(min=0)
         if self.pass_logits_to_keep:
             kwargs["logits_to_keep"] = query
         logits = self._forward(inputs, kwargs)
@@ -112,6 +162,23 @@ class Denoiser:
             else:
                 logits = logits[:, query]
         return self._combine(logits)
+
+    def _cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:
+        """Adds the cache arguments of this forward to ``kwargs``: a full forward that keeps keys/values at a
+        refresh, else the span against the cache. Returns the span's first column (None for a full forward)."""
+        block = self.block
+        if block is None:
+            return None
+        refresh = block.cache is None or (self.kv_cache_refresh is not None and block.forwards % self.kv_cache_refresh == 0)
+        block.forwards += 1
+        if refresh:
+            block.cache = None
+            kwargs["use_cache"] = True
+            return None
+        start = max(block.start - self.shift, 0)
+        end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
+        kwargs.update(past_key_values=block.cache, cache_position=torch.arange(start, end, device=inputs.device))
+        return start
 
     def full_logits(self, x: torch.Tensor, prompt_mask: torch.Tensor, model_kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
         """Logits (B, L, V) of the whole canvas as the reference samplers compute them: the LM head on every
@@ -127,9 +194,12 @@ class Denoiser:
         return logits.to(x.device)
 
     def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-        logits = self.model(inputs, **kwargs).logits
+        output = self.model(inputs, **kwargs)
+        if kwargs.get("use_cache"):
+            self.block.cache = output.past_key_values
         self.nfe += 2 if self.guided else 1
-        return logits
+        self.forward_tokens += inputs.shape[0] * inputs.shape[1]
+        return output.logits
 
     def _combine(self, logits: torch.Tensor) -> torch.Tensor:
         if not self.guided:

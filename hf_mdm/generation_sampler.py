@@ -33,7 +33,7 @@ from .generation_strategy import (
     positional_scores,
     strategy_scores,
 )
-from .generation_transfer import count_rule, reveal_steps, split_steps, threshold_counts
+from .generation_transfer import count_rule, entropy_bound_counts, reveal_steps, split_steps, threshold_counts
 
 
 @dataclass
@@ -86,10 +86,16 @@ class Sampler:
     schedule: Any
     threshold: Optional[float] = None
     generator: Optional[torch.Generator] = None
+    entropy_bound: Optional[float] = None
 
     @property
     def mask_id(self) -> int:
         return self.denoiser.mask_id
+
+    @property
+    def needs_distributions(self) -> bool:
+        """Whether a step needs the whole proposal distributions (margin, entropy, the entropy bound)."""
+        return self.strategy in NEEDS_DISTRIBUTIONS or self.transfer == "entropy_bound"
 
 
 def prepare_canvas(input_ids, attention_mask, max_new_tokens: int, mask_id: int) -> Canvas:
@@ -152,6 +158,7 @@ def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor,
     """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
     all_rows = active.numel() == canvas.x.shape[0]
     rows = canvas.rows() if all_rows else canvas.rows().select(active)
+    sampler.denoiser.begin_block(*span)
     region = torch.zeros_like(canvas.gen_mask0[:1])
     region[:, span[0] : span[1]] = True
     region = region & (canvas.gen_mask0 if all_rows else canvas.gen_mask0[active])
@@ -211,10 +218,18 @@ def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch
     proposals = _propose_at(sampler, rows, keep)
     scores = strategy_scores(sampler.strategy, proposals, keep, rows.x.shape[1], sampler.generator)
     if counts is None:
-        confident = ((proposals.confidence >= float(sampler.threshold)) & block_mask[:, keep]).sum(1)
-        counts = threshold_counts(confident, remaining, steps_left)
+        counts = _adaptive_counts(sampler, proposals, scores[:, keep], block_mask[:, keep], steps_left)
     chosen = choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
+
+
+def _adaptive_counts(sampler: Sampler, proposals: Proposals, scores, candidates, steps_left: int) -> torch.Tensor:
+    """Counts (B,) of the threshold and entropy-bound transfers, from the proposals at the step's columns."""
+    if sampler.transfer == "threshold":
+        confident = ((proposals.confidence >= float(sampler.threshold)) & candidates).sum(1)
+        return threshold_counts(confident, candidates.sum(1), steps_left)
+    entropy = -(proposals.probs * torch.log(proposals.probs + 1e-10)).sum(-1)
+    return entropy_bound_counts(scores, entropy, candidates, float(sampler.entropy_bound), steps_left)
 
 
 def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
@@ -223,7 +238,7 @@ def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
     bsz, k, vocab = logits.shape
     flat_rows = torch.arange(bsz, device=rows.x.device).repeat_interleave(k)
     ids = sampler.proposer.processor_ids(rows.x, flat_rows)
-    flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.strategy in NEEDS_DISTRIBUTIONS)
+    flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions)
     probs = flat.probs.view(bsz, k, vocab) if flat.probs is not None else None
     return Proposals(flat.tokens.view(bsz, k), flat.confidence.view(bsz, k), probs)
 
@@ -231,7 +246,7 @@ def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
 def _reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor) -> None:
     """Propose and write tokens at the ``chosen`` (B, L) positions, running the model only on rows with one."""
     active = chosen.any(1)
-    if bool(active.all()):
+    if bool(active.all()) or not sampler.denoiser.row_subsets:
         return _reveal_chosen(sampler, rows, chosen)
     sub = active.nonzero().flatten()  # rows never see each other: the others need no forward
     subset = rows.select(sub)

@@ -9,7 +9,13 @@ says how many of a row's masked positions step i reveals:
 - ``deterministic``: floor(m0 (alpha(s) - alpha(t))), the remainder to the earliest steps (`deterministic_counts`;
   LLaDA's split for the linear schedule);
 - ``threshold``: every position whose confidence reaches the threshold, at least one, and at least what the
-  remaining steps need to finish the block (`threshold_counts`, decided from the step's proposals).
+  remaining steps need to finish the block (`threshold_counts`, decided from the step's proposals);
+- ``entropy_bound`` (EB-sampler, arXiv 2505.24857): the masked positions of the block in the strategy's order
+  while the sum of their entropies stays within the bound, at least one, and at least what the remaining steps
+  need (`entropy_bound_counts`).
+
+With ``steps=None`` a block has as many steps as masked positions, so the two adaptive rules run until the block
+is done (Fast-dLLM's parallel decoding) and the fixed rules reveal one token a step.
 
 Which positions: `hf_mdm.generation_strategy`. Nothing here sees the model; exported with the model as remote code.
 """
@@ -21,7 +27,8 @@ from typing import Any, Callable, Optional
 
 import torch
 
-TRANSFERS = ("stochastic", "deterministic", "threshold")
+TRANSFERS = ("stochastic", "deterministic", "threshold", "entropy_bound")
+ADAPTIVE_TRANSFERS = ("threshold", "entropy_bound")  # counts decided inside the step, from its proposals
 
 # counts(step index, (B, L) masked positions of the block) -> (B,) tokens to reveal, or None (decided in the step)
 CountRule = Callable[[int, torch.Tensor], Optional[torch.Tensor]]
@@ -104,7 +111,7 @@ def count_rule(transfer: str, schedule: Any, num_steps: int, m0: torch.Tensor, g
     if transfer == "deterministic":
         table = deterministic_counts(m0, num_steps, schedule)
         return lambda i, block_mask: table[:, i]
-    if transfer == "threshold":
+    if transfer in ADAPTIVE_TRANSFERS:
         return lambda i, block_mask: None
     grid = time_grid(num_steps).tolist()
 
@@ -124,3 +131,16 @@ def threshold_counts(confident: torch.Tensor, remaining: torch.Tensor, steps_lef
     and at least ``ceil(remaining / steps_left)`` so that the block never takes more than its steps."""
     needed = (remaining + steps_left - 1) // steps_left
     return torch.maximum(torch.maximum(confident, needed), (remaining > 0).long())
+
+
+def entropy_bound_counts(
+    scores: torch.Tensor, entropy: torch.Tensor, candidates: torch.Tensor, bound: float, steps_left: int
+) -> torch.Tensor:
+    """Counts (B,) of the entropy-bound transfer from the (B, K) ``scores`` (higher first), ``entropy`` and
+    ``candidates`` (masked positions of the block) at the step's K columns: the longest prefix of the candidates
+    in score order whose summed entropy is at most ``bound``, then as `threshold_counts` (at least one, at least
+    what the remaining steps need)."""
+    order = scores.masked_fill(~candidates, -float("inf")).argsort(dim=-1, descending=True, stable=True)
+    sorted_entropy = entropy.gather(1, order).masked_fill(~candidates.gather(1, order), float("inf"))
+    within = (sorted_entropy.cumsum(1) <= bound).sum(1)
+    return threshold_counts(within, candidates.sum(1), steps_left)

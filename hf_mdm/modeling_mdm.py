@@ -1,8 +1,9 @@
 """``MDMForMaskedDiffusion``: a Llama-style transformer with bidirectional attention and the MDM ELBO loss.
 
 Self-contained (relative imports of single files only), so that ``save_pretrained`` exports this file,
-``configuration_mdm.py``, ``schedules.py`` and ``generation.py`` as remote code that loads with
-``trust_remote_code=True`` on a machine without hf_mdm. Parameter names follow Llama
+``configuration_mdm.py`` and the flat modules they import (``schedules.py``, ``kv_cache.py``, ``generation*.py``,
+``timer.py``) as remote code that loads with ``trust_remote_code=True`` on a machine without hf_mdm. Keys and values
+can be kept across denoising steps (``past_key_values``, ``use_cache``, ``cache_position``: see `hf_mdm.kv_cache`). Parameter names follow Llama
 (``model.embed_tokens``, ``model.layers.N.self_attn.q_proj``, ...).
 """
 
@@ -13,11 +14,12 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers import Cache, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .configuration_mdm import MDMConfig
 from .generation import MaskedDiffusionGenerationMixin
+from .kv_cache import MaskedLMOutputWithPast, cached_keys_values, new_cache, span_position_ids
 from .schedules import get_schedule
 
 
@@ -55,8 +57,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class MDMAttention(nn.Module):
     """Multi-head (optionally grouped-query) self-attention without a causal mask."""
 
-    def __init__(self, config: MDMConfig):
+    def __init__(self, config: MDMConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -66,12 +69,16 @@ class MDMAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: Optional[torch.Tensor]):
+    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: Optional[torch.Tensor],
+                cache: Optional[Cache] = None, columns: Optional[torch.Tensor] = None):  # fmt: skip
+        """hidden_states (B, l, hidden) at canvas columns ``columns`` (None: the whole canvas); keys/values through
+        `hf_mdm.kv_cache.cached_keys_values`; key_mask (B, 1, 1, L) over the canvas or None."""
         bsz, length, _ = hidden_states.shape
         q = self.q_proj(hidden_states).view(bsz, length, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(hidden_states).view(bsz, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(hidden_states).view(bsz, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k, v = cached_keys_values(cache, self.layer_idx, k, v, columns)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=key_mask, is_causal=False, enable_gqa=self.num_kv_heads != self.num_heads
         )
@@ -90,15 +97,15 @@ class MDMMLP(nn.Module):
 
 
 class MDMDecoderLayer(nn.Module):
-    def __init__(self, config: MDMConfig):
+    def __init__(self, config: MDMConfig, layer_idx: int = 0):
         super().__init__()
         self.input_layernorm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = MDMAttention(config)
+        self.self_attn = MDMAttention(config, layer_idx)
         self.post_attention_layernorm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MDMMLP(config)
 
-    def forward(self, hidden_states, cos, sin, key_mask):
-        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, key_mask)
+    def forward(self, hidden_states, cos, sin, key_mask, cache=None, columns=None):
+        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, key_mask, cache, columns)
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
@@ -136,7 +143,7 @@ class MDMModel(MDMPreTrainedModel):
     def __init__(self, config: MDMConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList(MDMDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(MDMDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
 
@@ -153,26 +160,54 @@ class MDMModel(MDMPreTrainedModel):
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        cache_position: Optional[torch.LongTensor] = None,
         **kwargs: Any,
-    ) -> BaseModelOutput:
+    ) -> BaseModelOutputWithPast:
         """
         Args:
-            input_ids: (B, L) token ids, [MASK] included.
-            attention_mask: (B, L), 1 for real tokens and 0 for padding; padding is never attended to.
-            position_ids: (B, L); default ``cumsum(attention_mask) - 1`` so left and right padding give the
-                same result as no padding, else ``0..L-1``.
+            input_ids: (B, L) token ids, [MASK] included (with ``cache_position``: (B, l), the canvas columns
+                ``cache_position``).
+            attention_mask: (B, L), 1 for real tokens and 0 for padding; padding is never attended to. Always the
+                whole canvas.
+            position_ids: (B, L) of the whole canvas; default ``cumsum(attention_mask) - 1`` so left and right
+                padding give the same result as no padding, else ``0..L-1``.
             inputs_embeds: (B, L, hidden) instead of ``input_ids``.
+            past_key_values, use_cache, cache_position: keep keys/values across denoising steps (see
+                `hf_mdm.kv_cache`): ``use_cache=True`` stores every layer's keys/values of a full forward in
+                ``past_key_values`` (returned); with ``past_key_values`` and ``cache_position`` (l,) the input is
+                those canvas columns, their keys/values replace the cached ones and attention reads the whole cache.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        cache = new_cache(past_key_values, use_cache, cache_position)
         bsz, length = inputs_embeds.shape[:2]
-        if length > self.config.max_position_embeddings:
+        canvas = cache.get_seq_length() if cache_position is not None else length
+        if canvas > self.config.max_position_embeddings:
             raise ValueError(
-                f"sequence length {length} exceeds max_position_embeddings={self.config.max_position_embeddings}: "
+                f"sequence length {canvas} exceeds max_position_embeddings={self.config.max_position_embeddings}: "
                 "shorten the prompt or max_new_tokens"
             )
+        key_mask, position_ids = self._padding(attention_mask, position_ids, bsz, canvas, inputs_embeds.device)
+        position_ids = span_position_ids(cache, cache_position, attention_mask, position_ids)
+        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, inputs_embeds.dtype)
+        hidden_states = inputs_embeds
+        all_hidden = [hidden_states] if output_hidden_states else None
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, cos, sin, key_mask, cache, cache_position)
+            if all_hidden is not None:
+                all_hidden.append(hidden_states)
+        hidden_states = self.norm(hidden_states)
+        return BaseModelOutputWithPast(
+            last_hidden_state=hidden_states, past_key_values=cache, hidden_states=tuple(all_hidden) if all_hidden else None
+        )
+
+    @staticmethod
+    def _padding(attention_mask, position_ids, bsz: int, length: int, device) -> tuple[Optional[torch.Tensor], torch.Tensor]:
+        """The key mask (B, 1, 1, L) (None when nothing is padded) and the (B, L) positions of the canvas."""
         key_mask = None
         if attention_mask is not None:
             if attention_mask.shape != (bsz, length):
@@ -185,16 +220,8 @@ class MDMModel(MDMPreTrainedModel):
             if not bool(attention_mask.all()):
                 key_mask = attention_mask[:, None, None, :]
         if position_ids is None:
-            position_ids = torch.arange(length, device=inputs_embeds.device).expand(bsz, length)
-        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, inputs_embeds.dtype)
-        hidden_states = inputs_embeds
-        all_hidden = [hidden_states] if output_hidden_states else None
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, cos, sin, key_mask)
-            if all_hidden is not None:
-                all_hidden.append(hidden_states)
-        hidden_states = self.norm(hidden_states)
-        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=tuple(all_hidden) if all_hidden else None)
+            position_ids = torch.arange(length, device=device).expand(bsz, length)
+        return key_mask, position_ids
 
 
 class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
@@ -215,6 +242,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
+    supports_diffusion_cache = True  # past_key_values / cache_position as in hf_mdm.kv_cache
 
     def __init__(self, config: MDMConfig):
         super().__init__(config)
@@ -238,8 +266,11 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
         logits_to_keep: Union[int, torch.Tensor] = 0,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        cache_position: Optional[torch.LongTensor] = None,
         **kwargs: Any,
-    ) -> MaskedLMOutput:
+    ) -> MaskedLMOutputWithPast:
         r"""
         Args:
             input_ids: (B, L) partly masked token ids x_t.
@@ -252,9 +283,13 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
                 loss is the plain mean cross-entropy over labelled positions.
             logits_to_keep: ``0`` = logits at every position; an int ``k`` = the last ``k`` positions; a 1-D index
                 tensor = those positions; a 2-D (B, K) tensor = K positions per row (the LM head runs only there).
+                Indices count in the input (with ``cache_position``: in the span).
+            past_key_values, use_cache, cache_position: keys/values kept across denoising steps, see
+                `MDMModel.forward` and `hf_mdm.kv_cache`.
 
         Returns:
-            `MaskedLMOutput` with ``logits`` (B, L or K, vocab_size) and ``loss`` when ``labels`` is given.
+            `MaskedLMOutputWithPast` with ``logits`` (B, L or K, vocab_size), ``loss`` when ``labels`` is given and
+            the cache in ``past_key_values`` when one was used.
             With ``config.logits_shift == 1`` the logits at index i are those computed from hidden state i, which
             predict token i+1; the sampler and the loss apply the shift.
         """
@@ -264,12 +299,15 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            cache_position=cache_position,
         )
         hidden_states = outputs.last_hidden_state
         if labels is not None:
             logits = self.lm_head(hidden_states)
             loss = self.elbo_loss(logits, labels, t, attention_mask)
-            return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+            return MaskedLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
         if isinstance(logits_to_keep, int):
             hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
         elif logits_to_keep.dim() == 2:  # (B, K) positions per row
@@ -277,7 +315,8 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             hidden_states = hidden_states.gather(1, index)
         else:
             hidden_states = hidden_states[:, logits_to_keep]
-        return MaskedLMOutput(logits=self.lm_head(hidden_states), hidden_states=outputs.hidden_states)
+        return MaskedLMOutputWithPast(logits=self.lm_head(hidden_states), hidden_states=outputs.hidden_states,
+                                      past_key_values=outputs.past_key_values)  # fmt: skip
 
     def elbo_loss(
         self,

@@ -24,21 +24,21 @@ from typing import Any, Optional, Union
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import Cache, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from ...generation import MaskedDiffusionGenerationMixin
+from ...kv_cache import MaskedLMOutputWithPast, cached_keys_values, new_cache
 
 from ..llada.modeling_llada import (
     RMSNorm,
     apply_rotary,
     bidirectional_attention,
-    default_position_ids,
+    canvas_inputs,
     keep_positions,
     masked_token_loss,
-    padding_attention_mask,
     rotary_cos_sin,
     split_heads,
 )
@@ -48,8 +48,9 @@ from .configuration_dream import DreamConfig
 class DreamAttention(nn.Module):
     """Bidirectional grouped-query self-attention with q/k/v biases (Qwen2 without the causal mask)."""
 
-    def __init__(self, config: DreamConfig):
+    def __init__(self, config: DreamConfig, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.num_key_value_heads = config.num_key_value_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
@@ -61,13 +62,16 @@ class DreamAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor]
-    ) -> torch.Tensor:
-        """x (B, L, hidden); cos, sin (B, L, head_dim) -> (B, L, hidden). RoPE is applied in the model dtype."""
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
+        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """x (B, L, hidden); cos, sin (B, L, head_dim) -> (B, L, hidden). RoPE is applied in the model dtype; keys
+        and values through `hf_mdm.kv_cache.cached_keys_values`."""
         query = split_heads(self.q_proj(x), self.num_heads)
         key = split_heads(self.k_proj(x), self.num_key_value_heads)
         value = split_heads(self.v_proj(x), self.num_key_value_heads)
         query, key = apply_rotary(query, cos, sin, x.dtype), apply_rotary(key, cos, sin, x.dtype)
+        key, value = cached_keys_values(cache, self.layer_idx, key, value, columns)
         dropout = self.dropout if self.training else 0.0
         return self.o_proj(bidirectional_attention(query, key, value, attention_mask, dropout))
 
@@ -89,17 +93,18 @@ class DreamMLP(nn.Module):
 class DreamDecoderLayer(GradientCheckpointingLayer):
     """Pre-norm block: ``x + self_attn(input_layernorm(x))``, then ``+ mlp(post_attention_layernorm(x))``."""
 
-    def __init__(self, config: DreamConfig):
+    def __init__(self, config: DreamConfig, layer_idx: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DreamAttention(config)
+        self.self_attn = DreamAttention(config, layer_idx)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DreamMLP(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor]
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention_mask)
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
+        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
+    ) -> torch.Tensor:  # fmt: skip
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention_mask, cache, columns)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -123,7 +128,7 @@ class DreamBaseModel(DreamPreTrainedModel):
                 f"got rope_scaling={config.rope_scaling}"
             )
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
-        self.layers = nn.ModuleList(DreamDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DreamDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
 
@@ -140,8 +145,11 @@ class DreamBaseModel(DreamPreTrainedModel):
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        cache_position: Optional[torch.LongTensor] = None,
         **kwargs: Any,
-    ) -> BaseModelOutput:
+    ) -> BaseModelOutputWithPast:
         """
         Args:
             input_ids: (B, L) token ids, [MASK] included.
@@ -151,28 +159,32 @@ class DreamBaseModel(DreamPreTrainedModel):
                 it (with left padding the two differ by a shift per row, which RoPE ignores up to rounding).
             inputs_embeds: (B, L, hidden_size) instead of ``input_ids``.
             output_hidden_states: also return the input of every layer and the final normalised state.
+            past_key_values, use_cache, cache_position: keys/values kept across denoising steps (see
+                `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those canvas columns, while
+                ``attention_mask`` and ``position_ids`` still describe the whole canvas.
 
         Returns:
-            `BaseModelOutput` with ``last_hidden_state`` (B, L, hidden_size) after the final norm.
+            `BaseModelOutputWithPast` with ``last_hidden_state`` (B, L, hidden_size) after the final norm, and the
+            cache.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        input_shape = tuple(x.shape[:2])
-        mask = padding_attention_mask(attention_mask, input_shape)
-        if position_ids is None:
-            position_ids = default_position_ids(input_shape, x.device)
+        cache = new_cache(past_key_values, use_cache, cache_position)
+        mask, position_ids = canvas_inputs(attention_mask, position_ids, tuple(x.shape[:2]), x.device, cache,
+                                           cache_position)  # fmt: skip
         head_dim = self.config.hidden_size // self.config.num_attention_heads
         cos, sin = rotary_cos_sin(position_ids, head_dim, self.config.rope_theta)
         hidden_states = [] if output_hidden_states else None
         for layer in self.layers:
             if hidden_states is not None:
                 hidden_states.append(x)
-            x = layer(x, cos, sin, mask)
+            x = layer(x, cos, sin, mask, cache, cache_position)
         x = self.norm(x)
         if hidden_states is not None:
             hidden_states.append(x)
-        return BaseModelOutput(last_hidden_state=x, hidden_states=tuple(hidden_states) if hidden_states else None)
+        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache,
+                                       hidden_states=tuple(hidden_states) if hidden_states else None)  # fmt: skip
 
 
 class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
@@ -198,6 +210,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
+    supports_diffusion_cache = True  # past_key_values / cache_position as in hf_mdm.kv_cache
 
     def __init__(self, config: DreamConfig):
         super().__init__(config)
@@ -226,8 +239,11 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
         labels: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        cache_position: Optional[torch.LongTensor] = None,
         **kwargs: Any,
-    ) -> MaskedLMOutput:
+    ) -> MaskedLMOutputWithPast:
         r"""
         Args:
             input_ids: (B, L) partly masked token ids.
@@ -240,10 +256,13 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
                 cross-entropy with the logits shifted by one (the token at j is scored with the logits at j - 1;
                 logits at every position are computed, ``logits_to_keep`` is ignored).
             inputs_embeds: (B, L, hidden_size) instead of ``input_ids``.
-            kwargs: ignored (``use_cache`` and other generation keywords).
+            past_key_values, use_cache, cache_position: keys/values kept across denoising steps, see
+                `DreamBaseModel.forward`; ``logits_to_keep`` then counts in the input span.
+            kwargs: ignored (other generation keywords).
 
         Returns:
-            `MaskedLMOutput` with unshifted ``logits`` (B, K, vocab_size) = ``lm_head(h)`` at the kept positions.
+            `MaskedLMOutputWithPast` with unshifted ``logits`` (B, K, vocab_size) = ``lm_head(h)`` at the kept
+            positions, and the cache in ``past_key_values`` when one was used.
         """
         outputs = self.model(
             input_ids=input_ids,
@@ -251,6 +270,9 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            cache_position=cache_position,
         )
         hidden_states = outputs.last_hidden_state
         loss = None
@@ -259,7 +281,8 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             loss = masked_token_loss(logits, labels, self.config.logits_shift)
         else:
             logits = self.lm_head(keep_positions(hidden_states, logits_to_keep))
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return MaskedLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                      past_key_values=outputs.past_key_values)  # fmt: skip
 
 
 __all__ = ["DreamBaseModel", "DreamModel", "DreamPreTrainedModel"]

@@ -27,12 +27,13 @@ from typing import Any, Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import Cache, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from ...generation import MaskedDiffusionGenerationMixin
+from ...kv_cache import MaskedLMOutputWithPast, cached_keys_values, new_cache, span_position_ids
 
 from .configuration_llada import LLaDAConfig
 
@@ -155,6 +156,23 @@ def bidirectional_attention(
     return output.transpose(1, 2).reshape(batch, length, heads * head_dim)
 
 
+def canvas_inputs(
+    attention_mask: Optional[torch.Tensor], position_ids: Optional[torch.LongTensor], input_shape: tuple[int, int],
+    device: torch.device, cache: Optional[Cache], cache_position: Optional[torch.LongTensor],
+) -> tuple[Optional[torch.Tensor], torch.LongTensor]:  # fmt: skip
+    """The SDPA mask and the (B, l) RoPE positions of a forward. ``attention_mask`` and ``position_ids`` describe
+    the whole canvas: the input itself, or with ``cache_position`` the cached canvas whose columns the input is
+    (see `hf_mdm.kv_cache`); a 4-D mask then keeps the rows of the input's columns."""
+    batch, length = input_shape
+    canvas = (batch, cache.get_seq_length()) if cache_position is not None else input_shape
+    mask = padding_attention_mask(attention_mask, canvas)
+    if mask is not None and cache_position is not None and mask.shape[-2] > 1:
+        mask = mask[:, :, cache_position]
+    if position_ids is None:
+        position_ids = default_position_ids(canvas, device)
+    return mask, span_position_ids(cache, cache_position, attention_mask, position_ids)
+
+
 def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
     """(B, L, heads * head_dim) -> (B, heads, L, head_dim)."""
     batch, length, _ = x.shape
@@ -214,9 +232,9 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
     """OLMo's "llama" block: ``x + attn_out(attn(attn_norm(x)))``, then ``+ ff_out(act(ff_proj(h)) * up_proj(h))``
     with ``h = ff_norm(x)``. Attention is bidirectional."""
 
-    def __init__(self, config: LLaDAConfig):
+    def __init__(self, config: LLaDAConfig, layer_idx: int = 0):
         super().__init__()
-        self.config = config
+        self.config, self.layer_idx = config, layer_idx
         d_model, head_dim = config.d_model, config.head_dim
         kv_dim = config.effective_n_kv_heads * head_dim
         qkv_bias = bool(config.include_bias or config.include_qkv_bias)
@@ -234,23 +252,27 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.residual_dropout)
 
     def attention(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor]
-    ) -> torch.Tensor:
-        """(B, L, d_model) normalised input -> (B, L, d_model) attention output (before the residual)."""
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
+        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """(B, L, d_model) normalised input -> (B, L, d_model) attention output (before the residual); keys/values
+        through `hf_mdm.kv_cache.cached_keys_values` (the input at canvas ``columns``, None: the whole canvas)."""
         config = self.config
         query = split_heads(self.q_proj(x), config.n_heads)
         key = split_heads(self.k_proj(x), config.effective_n_kv_heads)
         value = split_heads(self.v_proj(x), config.effective_n_kv_heads)
         rope_dtype = torch.float32 if config.rope_full_precision else x.dtype
         query, key = apply_rotary(query, cos, sin, rope_dtype), apply_rotary(key, cos, sin, rope_dtype)
+        key, value = cached_keys_values(cache, self.layer_idx, key, value, columns)
         dropout = config.attention_dropout if self.training else 0.0
         return self.attn_out(bidirectional_attention(query, key, value, attention_mask, dropout))
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor]
-    ) -> torch.Tensor:
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
+        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
+    ) -> torch.Tensor:  # fmt: skip
         """x (B, L, d_model); cos, sin (B, L, head_dim) float32; attention_mask from `padding_attention_mask`."""
-        x = x + self.dropout(self.attention(self.attn_norm(x), cos, sin, attention_mask))
+        x = x + self.dropout(self.attention(self.attn_norm(x), cos, sin, attention_mask, cache, columns))
         h = self.ff_norm(x)
         return x + self.dropout(self.ff_out(self.act(self.ff_proj(h)) * self.up_proj(h)))
 
@@ -276,7 +298,7 @@ class LLaDAModel(LLaDAPreTrainedModel):
         self.transformer = nn.ModuleDict(
             {
                 "wte": nn.Embedding(config.effective_embedding_size, config.d_model),
-                "blocks": nn.ModuleList(LLaDALlamaBlock(config) for _ in range(config.n_layers)),
+                "blocks": nn.ModuleList(LLaDALlamaBlock(config, i) for i in range(config.n_layers)),
                 "ln_f": RMSNorm(config.d_model, config.rms_norm_eps),
             }
         )
@@ -300,8 +322,11 @@ class LLaDAModel(LLaDAPreTrainedModel):
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        cache_position: Optional[torch.LongTensor] = None,
         **kwargs: Any,
-    ) -> BaseModelOutput:
+    ) -> BaseModelOutputWithPast:
         """
         Args:
             input_ids: (B, L) token ids, [MASK] included.
@@ -310,9 +335,12 @@ class LLaDAModel(LLaDAPreTrainedModel):
                 model does (RoPE is shift-invariant, so left padding does not change a row's result).
             inputs_embeds: (B, L, d_model) instead of ``input_ids``.
             output_hidden_states: also return the input of every block and the final normalised state.
+            past_key_values, use_cache, cache_position: keys/values kept across denoising steps (see
+                `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those canvas columns, while
+                ``attention_mask`` and ``position_ids`` still describe the whole canvas.
 
         Returns:
-            `BaseModelOutput` with ``last_hidden_state`` (B, L, d_model) after ``ln_f``.
+            `BaseModelOutputWithPast` with ``last_hidden_state`` (B, L, d_model) after ``ln_f`` and the cache.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -320,20 +348,20 @@ class LLaDAModel(LLaDAPreTrainedModel):
         if self.config.input_emb_norm:
             x = x * (self.config.d_model**0.5)
         x = self.embedding_dropout(x)
-        input_shape = tuple(x.shape[:2])
-        mask = padding_attention_mask(attention_mask, input_shape)
-        if position_ids is None:
-            position_ids = default_position_ids(input_shape, x.device)
+        cache = new_cache(past_key_values, use_cache, cache_position)
+        mask, position_ids = canvas_inputs(attention_mask, position_ids, tuple(x.shape[:2]), x.device, cache,
+                                           cache_position)  # fmt: skip
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         hidden_states = [] if output_hidden_states else None
         for block in self.transformer["blocks"]:
             if hidden_states is not None:
                 hidden_states.append(x)
-            x = block(x, cos, sin, mask)
+            x = block(x, cos, sin, mask, cache, cache_position)
         x = self.transformer["ln_f"](x)
         if hidden_states is not None:
             hidden_states.append(x)
-        return BaseModelOutput(last_hidden_state=x, hidden_states=tuple(hidden_states) if hidden_states else None)
+        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache,
+                                       hidden_states=tuple(hidden_states) if hidden_states else None)  # fmt: skip
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Final hidden states (B, K, d_model) -> logits (B, K, embedding_size) in the model dtype."""
@@ -366,6 +394,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
     """
 
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
+    supports_diffusion_cache = True  # past_key_values / cache_position as in hf_mdm.kv_cache
 
     def __init__(self, config: LLaDAConfig):
         super().__init__(config)
@@ -393,23 +422,28 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
         labels: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        past_key_values: Optional[Cache] = None,
+        use_cache: Optional[bool] = None,
+        cache_position: Optional[torch.LongTensor] = None,
         **kwargs: Any,
-    ) -> MaskedLMOutput:
+    ) -> MaskedLMOutputWithPast:
         r"""
         Args:
             input_ids: (B, L) partly masked token ids.
             attention_mask: (B, L), 1 = token, 0 = padding (never attended to). Left or right padding.
             position_ids: (B, L); default 0..L-1, see `LLaDAModel.forward`.
+            past_key_values, use_cache, cache_position: keys/values kept across denoising steps, see
+                `LLaDAModel.forward`; ``logits_to_keep`` then counts in the input span.
             logits_to_keep: 0 = logits at every position; an int k = the last k positions; a 1-D LongTensor of
                 positions = those positions; a (B, K) tensor = K positions per row. The output layer runs only there.
             labels: (B, L) target ids at the positions to score and -100 elsewhere; the loss is their mean
                 cross-entropy (logits at every position are computed, ``logits_to_keep`` is ignored).
             inputs_embeds: (B, L, d_model) instead of ``input_ids``.
-            kwargs: ignored (``use_cache`` and other generation keywords).
+            kwargs: ignored (other generation keywords).
 
         Returns:
-            `MaskedLMOutput` with ``logits`` (B, K, embedding_size), K = L or the kept positions; the logits at
-            position i predict the token at position i.
+            `MaskedLMOutputWithPast` with ``logits`` (B, K, embedding_size), K = L or the kept positions (the logits
+            at position i predict the token at position i), and the cache in ``past_key_values`` when one was used.
         """
         outputs = self.model(
             input_ids=input_ids,
@@ -417,6 +451,9 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            cache_position=cache_position,
         )
         hidden_states = outputs.last_hidden_state
         loss = None
@@ -425,7 +462,8 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             loss = masked_token_loss(logits, labels, self.config.logits_shift)
         else:
             logits = self.model.compute_logits(keep_positions(hidden_states, logits_to_keep))
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return MaskedLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
+                                      past_key_values=outputs.past_key_values)  # fmt: skip
 
 
 __all__ = ["LLaDAModel", "LLaDAModelLM", "LLaDAPreTrainedModel"]
