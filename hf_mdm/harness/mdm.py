@@ -228,6 +228,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
             "tokens": tokens,
             "generate_s": float(output.elapsed_s),
             "nfe": int(output.nfe),
+            "forward_tokens": float(output.forward_tokens or 0),
             "generated_tokens": [int(n) for n in output.num_generated_tokens.tolist()],
         }
 

@@ -151,6 +151,7 @@ class TimedGeneration:
             nfe=generation["nfe"],
             generated_tokens=generation["generated_tokens"],
             output_tokens=output_tokens,
+            forward_tokens=generation.get("forward_tokens", 0.0),
         )
         return texts
 
@@ -183,7 +184,8 @@ class TimedGeneration:
         kwargs: dict,
     ) -> dict[str, Any]:  # fmt: skip
         """Generate for one left-padded batch. Returns ``tokens`` (B, T) after the prompt, ``generate_s`` (the
-        model's own generation seconds), ``nfe`` (forward passes of the batch) and per-row ``generated_tokens``."""
+        model's own generation seconds), ``nfe`` (forward passes of the batch), per-row ``generated_tokens`` and
+        optionally ``forward_tokens`` (positions the forwards computed, rows x span summed)."""
 
     def _autocast(self) -> torch.autocast:
         """HFLM's ``mixed_precision_dtype`` autocast (a no-op when unset)."""

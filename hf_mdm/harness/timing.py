@@ -58,6 +58,7 @@ class RequestTiming:
     nfe: float
     generated_tokens: int
     output_tokens: int
+    forward_tokens: float = 0.0  # positions the network computed for this request (its share of rows x span)
 
     @property
     def tokens_per_s(self) -> float:
@@ -105,8 +106,9 @@ class TimingRecorder:
         nfe: float,
         generated_tokens: Sequence[int],
         output_tokens: Sequence[int],
+        forward_tokens: float = 0.0,
     ) -> None:
-        """Record one batch: its time and forward passes are split evenly among its requests."""
+        """Record one batch: its time, forward passes and computed positions are split evenly among its requests."""
         size = len(tags)
         for tag, generated, output in zip(tags, generated_tokens, output_tokens):
             self.records.append(
@@ -124,6 +126,7 @@ class TimingRecorder:
                     nfe=nfe / size,
                     generated_tokens=int(generated),
                     output_tokens=int(output),
+                    forward_tokens=forward_tokens / size,
                 )
             )
 
@@ -142,7 +145,8 @@ def summarize(records: Iterable[RequestTiming]) -> dict[str, Any]:
     """Totals of records (padding copies excluded, except in the per-rank time):
 
     ``requests``, ``wall_s`` (harness seconds summed over processes: a single-device run's benchmark time),
-    ``generate_s`` (model seconds), ``nfe``, ``generated_tokens``, ``output_tokens``, ``tokens_per_s``
+    ``generate_s`` (model seconds), ``nfe``, ``generated_tokens``, ``output_tokens``, ``forward_tokens``
+    (positions the network computed: with a KV cache fewer than nfe x canvas), ``tokens_per_s``
     (generated_tokens / wall_s), ``seconds_per_request``, ``nfe_per_request``, ``elapsed_s`` (the slowest
     process's seconds: the wall-clock of a multi-process run) and ``ranks``.
     """
@@ -161,6 +165,7 @@ def summarize(records: Iterable[RequestTiming]) -> dict[str, Any]:
         "nfe": sum(r.nfe for r in counted),
         "generated_tokens": generated,
         "output_tokens": sum(r.output_tokens for r in counted),
+        "forward_tokens": sum(r.forward_tokens for r in counted),
         "tokens_per_s": generated / wall if wall > 0 else 0.0,
         "seconds_per_request": wall / requests if requests else 0.0,
         "nfe_per_request": sum(r.nfe for r in counted) / requests if requests else 0.0,
