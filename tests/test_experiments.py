@@ -14,15 +14,23 @@ TRAINING = {"size": "tiny", "num_train": 256, "num_validation": 64, "batch_size"
             "learning_rate": 1e-3, "seed": 0}
 
 
+FAST = {"block_length": 4, "baseline": "one token a step", "samplers": [
+    {"name": "one token a step", "transfer": "deterministic", "strategy": "confidence"},
+    {"name": "threshold 0.5 + dual cache", "transfer": "threshold", "threshold": 0.5, "kv_cache": "dual"},
+    {"name": "entropy bound 1", "transfer": "entropy_bound", "entropy_bound": 1.0},
+]}
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
     ter = {"num_samples": 32, "steps": [2, 8], "lengths": [8, 16], "train_length": 8, "progress": False,
            "languages": [{"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "train": True}],
-           "training": TRAINING}
+           "training": TRAINING, "fast_samplers": FAST}
     ser = {"num_samples": 32, "lengths": [8, 16], "steps_over_length": [0.5, 2], "train_length": 8, "progress": False,
            "languages": [{"kind": "chain", "name": "chain", "train": True}], "training": TRAINING}
-    wall = {"vocab_size": 8, "size": "tiny", "batch_size": 2, "mdm_steps": 4, "lengths": [8, 16], "repeats": 1}
+    wall = {"vocab_size": 8, "size": "tiny", "batch_size": 2, "mdm_steps": 4, "lengths": [8, 16], "repeats": 1,
+            "dual_cache_blocks": 2}
     outputs = {name: run_experiment(name, preset, out) for name, preset in
                (("ter_vs_steps", ter), ("ser_vs_steps", ser), ("wallclock", wall))}
     return out, outputs, {"ter_vs_steps": ter, "ser_vs_steps": ser, "wallclock": wall}
@@ -42,6 +50,24 @@ def test_outputs_written(results):
     chain = [r for r in outputs["ser_vs_steps"]["rows"] if r["model"] == "oracle MDM"]
     assert all(0.0 <= r["ser"] <= 1.0 and "predicted" in r for r in chain)
     assert [r["length"] for r in outputs["wallclock"]["rows"]] == [8, 16]
+    assert all(r["mdm_dual_s"] > 0 for r in outputs["wallclock"]["rows"])
+    assert "MDM + dual cache, 2 blocks (s)" in (out / "wallclock.md").read_text()
+
+
+def test_fast_samplers_rows(results):
+    """Every sampler on the trained MDM, the cache-free ones on the oracle too; one token a step costs one forward
+    per token and the parallel rules fewer; the interval holds the estimate; the table compares with the baseline."""
+    out, outputs, _ = results
+    rows = outputs["ter_vs_steps"]["fast_rows"]
+    assert {(r["model"], r["sampler"]) for r in rows} == {
+        ("oracle MDM", "one token a step"), ("oracle MDM", "entropy bound 1"), ("trained MDM", "one token a step"),
+        ("trained MDM", "threshold 0.5 + dual cache"), ("trained MDM", "entropy bound 1")}
+    for r in rows:
+        assert r["ci_low"] <= r["relative_increase"] <= r["ci_high"] and r["num_samples"] == 32
+        assert r["forwards_per_token"] == 1.0 if r["sampler"] == "one token a step" else r["forwards_per_token"] <= 1
+    assert any(r["forwards_per_token"] < 1 for r in rows)
+    table = (out / "ter_vs_steps.md").read_text()
+    assert "| 2-gram | trained MDM | threshold 0.5 + dual cache |" in table and "change vs one token a step" in table
 
 
 def test_rerun_reuses_finished_pieces(results):
@@ -58,7 +84,7 @@ def test_rerun_reuses_finished_pieces(results):
 
 def test_rerun_samples_and_times_nothing(results):
     """The re-run guard above, with the names patched where the experiment modules look them up."""
-    from hf_mdm.experiments import common, speed
+    from hf_mdm.experiments import common, fast, speed
 
     out, outputs, presets = results
 
@@ -66,7 +92,8 @@ def test_rerun_samples_and_times_nothing(results):
         raise AssertionError("a finished cell was recomputed")
 
     with mock.patch.object(common, "sample_mdm", fail), mock.patch.object(common, "sample_ar", fail), \
-            mock.patch.object(common, "trained_pair", fail), mock.patch.object(speed, "median_seconds", fail):
+            mock.patch.object(common, "trained_pair", fail), mock.patch.object(speed, "median_seconds", fail), \
+            mock.patch.object(fast, "sample_with", fail):
         again = {name: run_experiment(name, presets[name], out) for name in presets}
     for name in presets:
         assert again[name]["rows"] == outputs[name]["rows"], name

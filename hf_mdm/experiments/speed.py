@@ -2,7 +2,8 @@
 
 ``wallclock`` times the generation of one batch by an MDM at a fixed number of steps and by the same-size AR model
 (Llama) decoding with its KV cache, at each length L, with untrained models (the time does not depend on the
-weights). Each time is the median of ``repeats`` runs, measured with ``hf_mdm.timer.Stopwatch`` (the device
+weights). With ``dual_cache_blocks`` in the preset, the MDM is also timed with Fast-dLLM's dual KV cache in that
+many semi-autoregressive blocks (the same steps; ``hf_mdm.kv_cache``). Each time is the median of ``repeats`` runs, measured with ``hf_mdm.timer.Stopwatch`` (the device
 synchronised at both ends). Writes ``wallclock.{json,md,png}``; cells are cached in ``<out>/cache/wallclock.json``
 keyed on L, the batch size, the steps and the device type.
 """
@@ -68,7 +69,18 @@ def timing_row(mdm: Any, ar: Any, length: int, preset: dict, cache: CellCache, d
 
     cell = cache.get(f"{length}|{batch}|{steps}|{device.type}", lambda: {
         "mdm_s": median_seconds(run_mdm, repeats, device), "ar_s": median_seconds(run_ar, repeats, device)})
-    return {"length": length, **cell, "ar_over_mdm": cell["ar_s"] / cell["mdm_s"]}
+    row = {"length": length, **cell, "ar_over_mdm": cell["ar_s"] / cell["mdm_s"]}
+    blocks = preset.get("dual_cache_blocks")
+    if blocks:
+        block_length = -(-length // blocks)
+
+        def run_dual() -> None:
+            diffusion_generate(mdm, prompt, max_new_tokens=length, steps=steps, transfer="deterministic",
+                               strategy="confidence", stop_at_eos=False, block_length=block_length, kv_cache="dual")
+
+        row["mdm_dual_s"] = cache.get(f"dual|{blocks}|{length}|{batch}|{steps}|{device.type}",
+                                      lambda: median_seconds(run_dual, repeats, device))  # fmt: skip
+    return row
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
@@ -84,9 +96,12 @@ def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) ->
 def wallclock_table(result: dict) -> str:
     """Markdown: seconds per batch of each model at each L, and a line on the set-up and the crossover."""
     preset, rows, crossover = result["preset"], result["rows"], result["crossover_length"]
-    lines = [f"| L | MDM, {preset['mdm_steps']} steps (s) | AR with KV cache (s) | AR / MDM |",
-             "| --- | --- | --- | --- |"]
-    lines += [f"| {r['length']} | {r['mdm_s']:.3f} | {r['ar_s']:.3f} | {r['ar_over_mdm']:.2f} |" for r in rows]
+    dual = "mdm_dual_s" in rows[0]
+    lines = [f"| L | MDM, {preset['mdm_steps']} steps (s) | AR with KV cache (s) | AR / MDM |"
+             + (f" MDM + dual cache, {preset['dual_cache_blocks']} blocks (s) | AR / (MDM + dual cache) |" if dual else ""),
+             "| --- | --- | --- | --- |" + (" --- | --- |" if dual else "")]  # fmt: skip
+    lines += [f"| {r['length']} | {r['mdm_s']:.3f} | {r['ar_s']:.3f} | {r['ar_over_mdm']:.2f} |"
+              + (f" {r['mdm_dual_s']:.3f} | {r['ar_s'] / r['mdm_dual_s']:.2f} |" if dual else "") for r in rows]
     lines += ["", f"Batch {preset['batch_size']}, {result['machine']}, {result['parameters']['mdm']:,} / "
               f"{result['parameters']['ar']:,} parameters (MDM / AR); medians of {preset['repeats']} runs. "
               + (f"AR is slower from L = {crossover} on." if crossover else "AR is faster at every L measured.")]
@@ -99,6 +114,8 @@ def plot_wallclock(rows: list[dict], steps: int, path: Path) -> None:
     lengths = [r["length"] for r in rows]
     ax.plot(lengths, [r["mdm_s"] for r in rows], "-o", label=f"MDM, {steps} steps")
     ax.plot(lengths, [r["ar_s"] for r in rows], "-s", label="AR, KV cache")
+    if "mdm_dual_s" in rows[0]:
+        ax.plot(lengths, [r["mdm_dual_s"] for r in rows], "-^", label=f"MDM + dual cache, {steps} steps")
     ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel="seconds per batch", title="Wall-clock vs L")
     ax.grid(alpha=0.3)
     ax.legend()

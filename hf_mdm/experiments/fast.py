@@ -1,0 +1,118 @@
+"""What fast sampling costs on the synthetic languages: KV caches and parallel decoding, measured exactly.
+
+Fast-dLLM's block caches (``kv_cache="prefix"`` / ``"dual"``) approximate the network's output; threshold and
+entropy-bound decoding reveal several tokens per forward. On a synthetic language the cost of each is exact to
+measure: the TER and SER of its samples against the true language, next to the same sampler without the speed-up.
+A preset's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_steps.yaml``) lists the samplers, as
+`MaskedDiffusionGenerationConfig` fields, run at ``train_length`` in blocks of ``block_length`` at temperature 1
+(samples, not argmax, so that TER and SER measure the distribution). Every sampler runs on the trained MDM;
+those without a cache also on the exact-posterior oracle (which has no keys/values), where the difference to the
+one-token-a-step row is the parallel rule's own cost, free of learning error. Each row reports the mean forwards
+per token of a row (the steps in which it revealed something, over L). Cells are cached with the experiment's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..generation import diffusion_generate
+from ..languages import OracleDenoiser
+from .common import CellCache, _device, language_name, lazy_pair, make_language
+
+#: Forwards per row and sample counts are reported with each cell.
+FAST_COLUMNS = ("forwards_per_token",)
+
+
+def fast_rows(preset: dict, out: Path, cache: CellCache, score: Callable[[Any, torch.Tensor], dict]) -> list[dict]:
+    """Rows of every fast sampler of ``preset["fast_samplers"]`` for every language entry of the preset (oracle
+    rows for cache-free samplers, trained-MDM rows for languages with ``train``); [] without that section.
+    ``score(language, samples)`` gives a cell's metric values."""
+    section = preset.get("fast_samplers")
+    if not section:
+        return []
+    rows: list[dict] = []
+    for spec in preset["languages"]:
+        language, name = make_language(spec), language_name(spec)
+        models = {"oracle MDM": lambda: OracleDenoiser(language, mask_token_id=language.vocab_size)}
+        if spec.get("train", False):
+            pair = lazy_pair(language, preset["train_length"], preset, out, name, spec.get("training"))
+            models["trained MDM"] = lambda: pair()["mdm"]
+        for sampler in tqdm(section["samplers"], desc=f"fast samplers {name}", leave=False):
+            for model_name, model in models.items():
+                if model_name == "oracle MDM" and sampler.get("kv_cache"):
+                    continue
+                cell = cache.get(_cell_key(model_name, name, preset["train_length"], section, sampler),
+                                 lambda: _measure(model(), language, preset, section, sampler, score))  # fmt: skip
+                rows.append({"language": name, "length": preset["train_length"], "model": model_name,
+                             "sampler": sampler["name"], **cell})  # fmt: skip
+    return rows
+
+
+def _cell_key(model: str, language: str, length: int, section: dict, sampler: dict) -> str:
+    settings = json.dumps([section.get("block_length"), section.get("seed", 0), sampler], sort_keys=True)
+    return f"fast|{model}|{language}|{length}|{hashlib.sha1(settings.encode()).hexdigest()[:10]}"
+
+
+def _measure(model: Any, language: Any, preset: dict, section: dict, sampler: dict, score) -> dict:
+    settings = {k: v for k, v in sampler.items() if k != "name"}
+    samples, forwards = sample_with(model, preset["num_samples"], preset["train_length"], section, settings)
+    return {**score(language, samples), "forwards_per_token": forwards / preset["train_length"],
+            "num_samples": int(samples.shape[0])}  # fmt: skip
+
+
+def sample_with(model: Any, num: int, length: int, section: dict, settings: dict,
+                batch_size: int = 256) -> tuple[torch.Tensor, float]:  # fmt: skip
+    """``num`` samples of ``length`` tokens drawn with ``settings`` (default ``steps=None``) at temperature 1 in
+    blocks of ``section["block_length"]``, and the mean number of forwards in which a row revealed something."""
+    kwargs = {"steps": None, **settings, "block_length": section.get("block_length"), "temperature": 1.0}
+    samples, forwards = [], []
+    for start in range(0, num, batch_size):
+        rows = min(batch_size, num - start)
+        empty = torch.zeros(rows, 0, dtype=torch.long, device=_device(model))
+        out = diffusion_generate(model, empty, max_new_tokens=length, seed=section.get("seed", 0) + start,
+                                 stop_at_eos=False, output_history=True, return_dict_in_generate=True, **kwargs)
+        samples.append(out.sequences.cpu())
+        forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
+    return torch.cat(samples), float(torch.cat(forwards).float().mean())
+
+
+def active_steps(history: tuple, mask_id: int) -> torch.Tensor:
+    """(B,) the steps in which each row revealed at least one token (its forwards), from the step canvases."""
+    canvases = torch.stack([torch.full_like(history[0], mask_id), *history])
+    return (canvases[1:] != canvases[:-1]).any(-1).sum(0)
+
+
+def ter_interval(language: Any, samples: torch.Tensor, reference: float) -> tuple[float, float]:
+    """95% interval of the TER relative increase: exp(mean -log q(x)/L +- 1.96 standard errors) / TER(q) - 1
+    (infinite when a sample is outside the support)."""
+    nll = -language.log_prob(samples).double() / samples.shape[1]
+    if not bool(torch.isfinite(nll).all()):
+        return math.inf, math.inf
+    half = 1.96 * float(nll.std()) / math.sqrt(nll.numel()) if nll.numel() > 1 else 0.0
+    mean = float(nll.mean())
+    return math.exp(mean - half) / reference - 1.0, math.exp(mean + half) / reference - 1.0
+
+
+def fast_table(rows: list[dict], preset: dict, value: str, interval: tuple[str, str], label: str) -> str:
+    """Markdown: one line per fast-sampling row: the metric with its 95% interval, forwards per token, and the
+    change against the preset's ``fast_samplers.baseline`` sampler of the same language and model."""
+    if not rows:
+        return ""
+    baseline = preset["fast_samplers"].get("baseline")
+    base = {(r["language"], r["model"]): r[value] for r in rows if r["sampler"] == baseline}
+    lines = ["", f"Fast sampling at L = {rows[0]['length']} (temperature 1, {rows[0]['num_samples']} samples per row):",
+             "", f"| language | model | sampler | {label} | 95% CI | forwards / token | change vs {baseline} |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for r in rows:
+        ref = base.get((r["language"], r["model"]))
+        change = f"{r[value] - ref:+.4f}" if ref is not None and math.isfinite(r[value]) else ""
+        lines.append(f"| {r['language']} | {r['model']} | {r['sampler']} | {r[value]:.4f} | "
+                     f"[{r[interval[0]]:.4f}, {r[interval[1]]:.4f}] | {r['forwards_per_token']:.3f} | {change} |")
+    return "\n".join(lines) + "\n"
