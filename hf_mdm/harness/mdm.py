@@ -162,7 +162,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
     def _resolve_generation_config(self, overrides: dict[str, Any]) -> MaskedDiffusionGenerationConfig:
         """The sampler's own resolution (`hf_mdm.generation.resolve_config`), the tokenizer filling in token ids
         that neither config has; the reference sampler is chosen by ``reference``, not by the saved config."""
-        return resolve_config(self.model, None, {**overrides, "reference": None}, fallback=self.tokenizer)
+        return resolve_config(self.model, None, {**overrides, "reference": "none"}, fallback=self.tokenizer)
 
     def _use_pad_token_other_than_mask(self) -> None:
         """Left padding must not use the [MASK] id (it would be generated, and LLaDA's sampler counts [MASK]s)."""
