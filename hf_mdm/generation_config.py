@@ -136,14 +136,14 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         # Hidden from transformers' checks: max_new_tokens == 0 is legal here (pure infilling), temperature 0 means
         # argmax and top-k/top-p apply whenever temperature > 0, so its do_sample consistency rules do not apply.
         hidden = {"max_new_tokens": max_new_tokens or None, "temperature": None, "top_k": None, "top_p": None}
-        saved = {name: getattr(self, name) for name in hidden}
+        saved = {name: self.__dict__[name] for name in hidden if name in self.__dict__}
         try:
-            for name, value in hidden.items():
-                setattr(self, name, value)
+            self.__dict__.update(hidden)
             super().validate(strict=strict, user_set_attributes=user_set_attributes)
         finally:
-            for name, value in saved.items():
-                setattr(self, name, value)
+            for name in hidden:  # as it was: an unset field stays unset
+                self.__dict__.pop(name, None)
+            self.__dict__.update(saved)
         self.validate_diffusion()
 
     def validate_diffusion(self) -> None:
