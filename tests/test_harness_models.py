@@ -140,3 +140,14 @@ def test_explicit_model_args_win_over_the_task(tiny):
     model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 40, "do_sample": False}))
     record = model.timing.records[-1]
     assert record.nfe == 4 and record.generated_tokens <= 12
+
+
+def test_model_argument_mistakes_are_named(tiny, tmp_path):
+    with pytest.raises(ValueError, match=r"unknown model argument 'stepz' for --model hf_mdm \(did you mean 'steps'"):
+        mdm(tiny, stepz=8)
+    with pytest.raises(ValueError, match=r"unknown model argument 'max_gen_tok' .*did you mean 'max_gen_toks'"):
+        TimedHFLM(pretrained=tiny["llama"], device="cpu", max_gen_tok=8)
+    with pytest.raises(ValueError, match=r"pretrained=.*/mdn: no such file or directory .*has mdm"):
+        MaskedDiffusionLM(pretrained=tiny["mdm"][:-1] + "n", device="cpu")
+    with pytest.raises(ValueError, match="'llama' checkpoint, an autoregressive LM, not a masked diffusion model.*hf_timed"):
+        MaskedDiffusionLM(pretrained=tiny["llama"], device="cpu")
