@@ -50,6 +50,9 @@ def test_one_precedence_order():
     given = MaskedDiffusionGenerationConfig(schedule="loglinear")  # its unset fields come from the model's config
     assert (resolve(given).schedule, resolve(given).steps) == ("loglinear", 5)
     assert (resolve(given, schedule="linear", steps=None).schedule, resolve(given, steps=None).steps) == ("linear", 5)
+    shifted = MDMForMaskedDiffusion(MDMConfig(vocab_size=9, mask_token_id=8, hidden_size=16, num_attention_heads=2,
+                                              intermediate_size=16, logits_shift=1))  # fmt: skip
+    assert (resolve_config(shifted, None, {}).logits_shift, resolve_config(shifted, None, {}).mask_token_id) == (1, 8)
     # a config serialises only what it sets, so a saved generation config does not pin the defaults
     assert given.to_diff_dict()["schedule"] == "loglinear" and "transfer" not in given.to_diff_dict()
 
