@@ -346,6 +346,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
 
 for _name, _default in {**_DIFFUSION_DEFAULTS, **_GENERATION_DEFAULTS}.items():
     setattr(MaskedDiffusionGenerationConfig, _name, _default)  # what an unset field reads
+del _name, _default
 DIFFUSION_FIELDS = tuple(_DIFFUSION_DEFAULTS)
 TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
 MODEL_FIELDS = TOKEN_ID_FIELDS + ("logits_shift",)  # the model's own: every level gives them, to any config
