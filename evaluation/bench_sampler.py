@@ -28,6 +28,7 @@ import types
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import diffusion_generate
@@ -45,10 +46,10 @@ class FullLogitsOnly(torch.nn.Module):
         return self.model(input_ids, attention_mask=attention_mask)
 
 
-def median_time(fn, repeats: int) -> float:
+def median_time(fn, repeats: int, desc: str = "") -> float:
     fn()  # warm-up
     times = []
-    for _ in range(repeats):
+    for _ in tqdm(range(repeats), desc=desc, disable=not desc, leave=False):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -82,7 +83,7 @@ def overhead(repeats: int) -> dict:
     gen_times, fwd_times, block_times = [], [], []
     generate = lambda: diffusion_generate(model, x, max_new_tokens=new, steps=steps, block_length=32)  # noqa: E731
     generate()
-    for _ in range(repeats):
+    for _ in tqdm(range(repeats), desc="[1] overhead", leave=False):
         gen_times.append(median_time(generate, 1))
         fwd_times.append(median_time(lambda: forwards(0), 1))
         block_times.append(median_time(lambda: forwards(block), 1))
@@ -110,8 +111,8 @@ def lm_head(repeats: int) -> dict:
     ours = diffusion_generate(model, x, **kwargs)
     naive = diffusion_generate(FullLogitsOnly(model), x, **kwargs)
     assert torch.equal(ours, naive), "restricting the LM head must not change the tokens"
-    t_ours = median_time(lambda: diffusion_generate(model, x, **kwargs), repeats)
-    t_naive = median_time(lambda: diffusion_generate(FullLogitsOnly(model), x, **kwargs), repeats)
+    t_ours = median_time(lambda: diffusion_generate(model, x, **kwargs), repeats, "[2] LM head on the block")
+    t_naive = median_time(lambda: diffusion_generate(FullLogitsOnly(model), x, **kwargs), repeats, "[2] full logits")
     return {
         "setting": f"batch {bsz}, prompt {plen}, {new} new tokens, {steps} steps, block 32, hidden 64, vocab 126464",
         "generate_s": t_ours,
@@ -145,7 +146,8 @@ def versus_baseline(baseline_generate, repeats: int) -> dict:
         ours, theirs = diffusion_generate(model, x, **kwargs), baseline_generate(model, x, **kwargs)
         assert torch.equal(ours, theirs), f"{name}: the tokens differ from the baseline's"
         ratios = [median_time(lambda: diffusion_generate(model, x, **kwargs), 1)
-                  / median_time(lambda: baseline_generate(model, x, **kwargs), 1) for _ in range(repeats)]  # fmt: skip
+                  / median_time(lambda: baseline_generate(model, x, **kwargs), 1)
+                  for _ in tqdm(range(repeats), desc=f"[3] {name} vs baseline", leave=False)]  # fmt: skip
         results[name] = {"ratio": statistics.median(ratios), "ratios": ratios, "same_tokens": True}
     return results
 
@@ -158,6 +160,8 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="another checkout to compare this sampler's speed with")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"bench_sampler: {args.repeats} repeats of each timing (a few minutes on 2 CPU cores; progress below)",
+          flush=True)  # fmt: skip
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}",
         "overhead": overhead(args.repeats),

@@ -100,6 +100,7 @@ def _load_sampler_model(args: argparse.Namespace):
     """(model, kind, language): ``--model oracle`` needs ``--language``; checkpoints carry ``language/``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    from .checkpoints import check_local_path
     from .hub import is_mdm
     from .languages import OracleDenoiser, load_language
 
@@ -108,6 +109,7 @@ def _load_sampler_model(args: argparse.Namespace):
         if language is None:
             raise ValueError("--model oracle needs --language (a saved language directory)")
         return OracleDenoiser(language, mask_token_id=language.vocab_size), "mdm", language
+    check_local_path(args.model, "--model")
     if language is None and (Path(args.model) / "language").is_dir():
         language = load_language(Path(args.model) / "language")
     config = AutoConfig.from_pretrained(args.model)
@@ -129,25 +131,33 @@ def _load_sampler_model(args: argparse.Namespace):
     return model, "mdm" if mdm else "ar", language
 
 
+SAMPLER_FLAGS = ("steps", "transfer", "strategy", "schedule", "temperature")
+
+
 def _sample(args: argparse.Namespace) -> int:
+    """MDMs sample with the sampler's own resolution: the flags given, then the model's generation config and
+    training schedule, then the paper's sampler (`PAPER_SAMPLER`)."""
     import torch
 
-    from .experiments import sample_ar
+    from .experiments import PAPER_SAMPLER, sample_ar
     from .fileio import write_atomic
-    from .generation import diffusion_generate
+    from .generation import diffusion_generate, resolve_config
 
     model, kind, _ = _load_sampler_model(args)
+    sampler: dict[str, Any] = {}
     if kind == "ar":
         samples = sample_ar(model, args.num, args.length, seed=args.seed)
     else:
-        samples = diffusion_generate(
-            model, torch.zeros(args.num, 0, dtype=torch.long), max_new_tokens=args.length, steps=args.steps,
-            transfer=args.transfer, strategy=args.strategy, schedule=args.schedule or "linear",
-            temperature=args.temperature, seed=args.seed, stop_at_eos=False,
-        )
+        given = {name: getattr(args, name) for name in SAMPLER_FLAGS}
+        config = resolve_config(model, None, {**given, "max_new_tokens": args.length, "stop_at_eos": False},
+                                defaults=PAPER_SAMPLER)  # fmt: skip
+        sampler = {name: getattr(config, name) for name in SAMPLER_FLAGS}
+        samples = diffusion_generate(model, torch.zeros(args.num, 0, dtype=torch.long), generation_config=config,
+                                     seed=args.seed)  # fmt: skip
     write_atomic(Path(args.output), json.dumps({"model": args.model, "kind": kind, "steps": args.steps,
-                                                "samples": samples.tolist()}))
-    print(f"wrote {samples.shape[0]} samples of length {samples.shape[1]} to {args.output}")
+                                                "sampler": sampler, "samples": samples.tolist()}, default=str))
+    used = "".join(f", {name} {value}" for name, value in sampler.items() if value is not None)
+    print(f"wrote {samples.shape[0]} samples of length {samples.shape[1]} to {args.output}{used}")
     return 0
 
 
@@ -160,8 +170,22 @@ def _score(args: argparse.Namespace) -> int:
     language = load_language(args.language)
     ter = TokenErrorRate().compute(predictions=samples, language=language, skip_out_of_support=args.skip_out_of_support)
     ser = SequenceErrorRate().compute(predictions=samples, language=language)
-    print(json.dumps({**ter, **ser}, indent=1))
+    print(json.dumps(_json_scores({**ter, **ser}, args.skip_out_of_support), indent=1, allow_nan=False))
     return 0
+
+
+def _json_scores(scores: dict[str, Any], skipped: bool) -> dict[str, Any]:
+    """Scores as JSON allows: an infinite or undefined value becomes null, with a note saying why."""
+    import math
+
+    finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in scores.items()}
+    outside, total = scores["num_out_of_support"], scores["num_sequences"]
+    if finite["ter"] is None and not skipped:
+        finite["note"] = (f"{outside} of {total} samples are outside the language's support, so TER is infinite "
+                          "(null here): pass --skip-out-of-support for the TER of the samples inside it")  # fmt: skip
+    elif finite["ter"] is None:
+        finite["note"] = f"all {total} samples are outside the language's support: TER is undefined (null)"
+    return finite
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -226,17 +250,27 @@ def _reproduce(args: argparse.Namespace) -> int:
 def _push(args: argparse.Namespace) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
+    from .checkpoints import check_local_path
     from .hub import is_mdm, push_model
     from .languages import load_language
 
+    check_local_path(args.model, "--model")
     config = AutoConfig.from_pretrained(args.model)
     loader = AutoModelForMaskedLM if is_mdm(config) else AutoModelForCausalLM
     model = loader.from_pretrained(args.model)
     language_dir = args.language or (Path(args.model) / "language" if (Path(args.model) / "language").is_dir() else None)
     results = json.loads(Path(args.results).read_text()) if args.results else []
     info = push_model(model, args.repo_id, language=load_language(language_dir) if language_dir else None,
-                      results=results, private=args.private)
+                      results=results, private=args.private, project_url=args.project_url)
     print(info)
+    return 0
+
+
+def _tiny_models(args: argparse.Namespace) -> int:
+    from .harness.tiny import build_tiny_models
+
+    paths = build_tiny_models(args.directory, seed=args.seed)
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
     return 0
 
 
@@ -299,11 +333,12 @@ def _add_sample_and_score_commands(commands: Any) -> None:
     sample.add_argument("--language", default=None, help="saved language directory (needed for --model oracle)")
     sample.add_argument("--num", type=int, default=256)
     sample.add_argument("--length", type=int, required=True)
-    sample.add_argument("--steps", type=int, default=None)
-    sample.add_argument("--transfer", default="stochastic")
-    sample.add_argument("--strategy", default="random")
-    sample.add_argument("--schedule", default=None, help="must match the model's training schedule")
-    sample.add_argument("--temperature", type=float, default=1.0)
+    unset = "default: the model's generation config, else the paper's sampler"
+    sample.add_argument("--steps", type=int, default=None, help="default: the model's generation config, else one per token")
+    sample.add_argument("--transfer", default=None, help=f"{unset} (stochastic)")
+    sample.add_argument("--strategy", default=None, help=f"{unset} (random)")
+    sample.add_argument("--schedule", default=None, help="default: the model's training schedule, which it must match")
+    sample.add_argument("--temperature", type=float, default=None, help=f"{unset} (1.0)")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--output", required=True)
     sample.set_defaults(func=_sample)
@@ -335,9 +370,16 @@ def _add_hub_and_compare_commands(commands: Any) -> None:
     push.add_argument("--language", default=None)
     push.add_argument("--results", default=None, help="JSON list of {metric, value, setting}")
     push.add_argument("--private", action="store_true")
+    push.add_argument("--project-url", default=None, help="an address the card links hf_mdm to (none by default)")
     push.set_defaults(func=_push)
 
     from .harness import compare as harness_compare  # stdlib and yaml only at import
+
+    tiny = commands.add_parser("tiny-models", help="write the tiny local MDM and Llama (untrained, byte tokenizer) "
+                               "that the hf-mdm-eval examples run offline")  # fmt: skip
+    tiny.add_argument("directory", help="writes DIRECTORY/mdm and DIRECTORY/llama")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_tiny_models)
 
     compare = commands.add_parser("compare", help="accuracy vs time of models x settings x tasks (lm-eval)")
     harness_compare.add_arguments(compare)

@@ -154,7 +154,15 @@ def _new_tokens(config: MaskedDiffusionGenerationConfig, input_ids: torch.Tensor
 
 
 def _check_inputs(model, config, canvas: Canvas, input_ids, logits_processor, stopping_criteria) -> None:
-    """ValueErrors for a canvas longer than the model's positions and for inputs a reference sampler cannot take."""
+    """ValueErrors for nothing to generate, a canvas longer than the model's positions and inputs a reference
+    sampler cannot take."""
+    if config.max_new_tokens is None and not bool(canvas.gen_mask0.any()):
+        raise ValueError(
+            f"nothing to generate: input_ids hold no [MASK] (id {config.mask_token_id}) and no length is set "
+            f"(max_new_tokens is unset in the call, the generation config and the model's generation config"
+            + (f"; max_length={config.max_length} leaves no room after the prompt" if config.max_length else "")
+            + "): pass max_new_tokens=..., or set model.generation_config.max_new_tokens"
+        )
     model_config = getattr(model, "config", None)
     max_positions = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "max_sequence_length", None)
     length = canvas.x.shape[1]

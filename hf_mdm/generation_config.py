@@ -2,7 +2,22 @@
 
 The config is a `transformers.GenerationConfig` with the diffusion fields (steps, blocks, schedule, transfer,
 strategy, guidance, ...) and the reference samplers' own parameters (`hf_mdm.generation_reference`), serialised
-with it. `resolve_config` gives the config a call runs with. Exported with the model as remote code.
+with it. A field is *set* when the instance holds a value for it (given to the constructor or assigned, not None);
+an unset field reads its default (a class attribute) and is neither serialised nor counted by `resolve_config`,
+which gives the config a call runs with, in one precedence order (highest first):
+
+1. the call's keyword arguments;
+2. the generation config given to the call;
+3. the model's generation config (a checkpoint's ``generation_config.json``);
+4. the model config: ``schedule`` (the one the model was trained with), ``mask_token_id``, ``logits_shift``,
+   ``eos_token_id``, ``pad_token_id``;
+5. the caller's fallback for token ids (e.g. a tokenizer) and the entry point's own defaults (e.g. ``hf-mdm
+   sample``'s paper sampler);
+6. the field defaults below.
+
+A config that selects a reference sampler (``reference="llada"`` / ``"dream"``, from levels 1-3) is complete as
+built: lower levels give it only the model's own ids and logits shift (`MODEL_FIELDS`). Exported with the model
+as remote code.
 """
 
 from __future__ import annotations
@@ -15,8 +30,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
-from .generation_denoiser import KV_CACHES
-from .generation_reference import reject_foreign_args, validate_reference
+from .generation_denoiser import KV_CACHES, logits_shift_of
+from .generation_reference import REFERENCES, reject_foreign_args, validate_reference
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFERS
 from .schedules import get_schedule
@@ -48,6 +63,8 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "alg": None,
     "alg_temp": None,
 }
+# GenerationConfig fields whose default differs here (transformers' own default is None)
+_GENERATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
 
 
 class MaskedDiffusionGenerationConfig(GenerationConfig):
@@ -62,8 +79,8 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             per block. More steps than masked tokens is allowed: steps that would reveal nothing are skipped.
         block_length (`int`, *optional*): semi-autoregressive block size in columns (default: one block). It need
             not divide the generation length (the last block is shorter).
-        schedule (`str` or schedule object, defaults to ``"linear"``), schedule_kwargs (`dict`): alpha(t), see
-            `hf_mdm.schedules`.
+        schedule (`str` or schedule object), schedule_kwargs (`dict`): alpha(t), see `hf_mdm.schedules`; default:
+            the schedule the model was trained with (its config's ``schedule``), else ``"linear"``.
         transfer (`str`, defaults to ``"deterministic"``): how many positions a step reveals:
             ``"stochastic"``: Binomial(m, (alpha(s) - alpha(t)) / (1 - alpha(t))) of the m still-masked positions
             (with ``strategy="random"`` this is the paper's sampler: each masked position revealed independently);
@@ -97,7 +114,8 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         logits_shift (`int`, *optional*): 1 if position i is predicted from hidden state i-1 (Dream); default from
             the model config.
         reference (`str`, *optional*): ``"llada"`` or ``"dream"``: run the reference sampler of that model family,
-            token for token, instead of the sampler above. Build such a config with `llada` or `dream`, whose
+            token for token, instead of the sampler above (``"none"``: the sampler above, even where the model's
+            generation config names a reference). Build such a config with `llada` or `dream`, whose
             docstrings give the exact semantics. Its parameters are fields too, serialised with the config:
             ``remasking``, ``logits_eos_inf``, ``confidence_eos_eot_inf``, ``eot_token_id`` (LLaDA) and ``eps``,
             ``alg``, ``alg_temp`` (Dream), read only by their own preset (inert otherwise, as in Dream's published
@@ -111,13 +129,18 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
     """
 
     def __init__(self, **kwargs: Any):
-        kwargs.setdefault("temperature", 0.0)
-        for key, default in _DIFFUSION_DEFAULTS.items():
-            value = kwargs.pop(key, default)
-            setattr(self, key, copy.deepcopy(value) if isinstance(value, dict) else value)
-        if self.schedule_kwargs is None:
-            self.schedule_kwargs = {}
+        given = {key: kwargs.pop(key) for key in _DIFFUSION_DEFAULTS if key in kwargs}
+        for key, value in given.items():
+            if value is not None:  # None: unset, the field reads its default
+                setattr(self, key, copy.deepcopy(value) if isinstance(value, dict) else value)
         super().__init__(**kwargs)
+        for name in _GENERATION_DEFAULTS:
+            if self.__dict__.get(name) is None:
+                self.__dict__.pop(name, None)  # unset: reads the class default
+
+    def explicit_values(self) -> dict[str, Any]:
+        """The fields this config sets (see the module docstring): name -> value, None values left out."""
+        return {k: v for k, v in vars(self).items() if v is not None and not k.startswith("_")}
 
     def validate(self, strict: bool = False, user_set_attributes: Optional[set] = None) -> None:
         # GenerationConfig rejects max_new_tokens == 0, which is legal here (pure infilling).
@@ -127,14 +150,14 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         # Hidden from transformers' checks: max_new_tokens == 0 is legal here (pure infilling), temperature 0 means
         # argmax and top-k/top-p apply whenever temperature > 0, so its do_sample consistency rules do not apply.
         hidden = {"max_new_tokens": max_new_tokens or None, "temperature": None, "top_k": None, "top_p": None}
-        saved = {name: getattr(self, name) for name in hidden}
+        saved = {name: self.__dict__[name] for name in hidden if name in self.__dict__}
         try:
-            for name, value in hidden.items():
-                setattr(self, name, value)
+            self.__dict__.update(hidden)
             super().validate(strict=strict, user_set_attributes=user_set_attributes)
         finally:
-            for name, value in saved.items():
-                setattr(self, name, value)
+            for name in hidden:  # as it was: an unset field stays unset
+                self.__dict__.pop(name, None)
+            self.__dict__.update(saved)
         self.validate_diffusion()
 
     def validate_diffusion(self) -> None:
@@ -175,7 +198,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
     def _validate_reference(self) -> None:
         # Without a reference, its parameters are inert: Dream's published generation_config.json carries alg, eps,
         # alg_temp (and steps), which a Dream checkpoint's default config keeps without selecting the reference.
-        if self.reference is not None:
+        if self.reference not in (None, "none"):
             validate_reference(self, _DIFFUSION_DEFAULTS)
 
     @classmethod
@@ -331,7 +354,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         config = super().to_dict()
         # An auto-created config would be reloaded by transformers with its custom keys dropped: never mark it so.
         config.pop("_from_model_config", None)
-        if not isinstance(config.get("schedule"), (str, type(None))):
+        if not isinstance(config.get("schedule"), (str, dict, type(None))):
             schedule = config["schedule"]
             config["schedule"] = schedule.to_dict() if hasattr(schedule, "to_dict") else repr(schedule)
         return config
@@ -347,26 +370,40 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         return cls(**values)
 
 
+for _name, _default in {**_DIFFUSION_DEFAULTS, **_GENERATION_DEFAULTS}.items():
+    setattr(MaskedDiffusionGenerationConfig, _name, _default)  # what an unset field reads
+del _name, _default
+DIFFUSION_FIELDS = tuple(_DIFFUSION_DEFAULTS)
 TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
+MODEL_FIELDS = TOKEN_ID_FIELDS + ("logits_shift",)  # the model's own: every level gives them, to any config
 
 
 def resolve_config(
-    model: Any, generation_config: Optional[GenerationConfig], kwargs: dict[str, Any], fallback: Any = None
+    model: Any,
+    generation_config: Optional[GenerationConfig],
+    kwargs: dict[str, Any],
+    fallback: Any = None,
+    defaults: Optional[dict[str, Any]] = None,
 ) -> MaskedDiffusionGenerationConfig:
-    """The config a call runs with: ``kwargs`` over ``generation_config`` (default: the model's generation config);
-    token ids still unset come from the model config, then from ``fallback`` (e.g. a tokenizer); validated."""
-    base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
-    config = MaskedDiffusionGenerationConfig.from_any(base)
+    """The config a call runs with, validated: each field from the highest level that sets it (see the module
+    docstring): ``kwargs`` (None values are not settings), ``generation_config``, the model's generation config,
+    the model config (trained ``schedule``, ids, ``logits_shift``), ``fallback``'s token ids (e.g. a tokenizer),
+    ``defaults`` (the entry point's own), the field defaults."""
+    config = MaskedDiffusionGenerationConfig.from_any(generation_config)
     unknown = [k for k in kwargs if not hasattr(config, k)]
     if unknown:
         raise ValueError(
             f"unknown generation argument(s) {unknown}: see MaskedDiffusionGenerationConfig for the accepted fields"
         )
-    config.update(**kwargs)
-    for name in TOKEN_ID_FIELDS:
-        for source in (getattr(model, "config", None), fallback):
-            if getattr(config, name) is None:
-                setattr(config, name, getattr(source, name, None))
+    config.update(**{k: v for k, v in kwargs.items() if v is not None})
+    saved = getattr(model, "generation_config", None)
+    if saved is not None:
+        _fill(config, MaskedDiffusionGenerationConfig.from_any(saved).explicit_values())
+    _fill(config, _model_config_values(model))
+    _fill(config, {name: getattr(fallback, name, None) for name in TOKEN_ID_FIELDS})
+    _fill(config, defaults or {})
+    if config.reference == "none":
+        config.reference = None
     if config.mask_token_id is None:
         raise ValueError(
             "no mask token id: pass mask_token_id=... (to generate, or in --model_args) or set config.mask_token_id "
@@ -374,6 +411,23 @@ def resolve_config(
         )
     config.validate_diffusion()
     return config
+
+
+def _fill(config: MaskedDiffusionGenerationConfig, values: dict[str, Any]) -> None:
+    """Set the fields ``config`` leaves unset from ``values`` (None values skipped); a reference config takes
+    only `MODEL_FIELDS`."""
+    complete = config.reference in REFERENCES
+    for name, value in values.items():
+        if value is not None and config.__dict__.get(name) is None and (not complete or name in MODEL_FIELDS):
+            setattr(config, name, value)
+
+
+def _model_config_values(model: Any) -> dict[str, Any]:
+    """What the model config says about sampling: the schedule it was trained with, its ids and logits shift."""
+    model_config = getattr(model, "config", None)
+    values = {name: getattr(model_config, name, None) for name in TOKEN_ID_FIELDS}
+    values.update(schedule=getattr(model_config, "schedule", None), logits_shift=logits_shift_of(model))
+    return values
 
 
 @dataclass

@@ -72,8 +72,10 @@ def model_card(
     training_config: Optional[dict] = None,
     results: Sequence[Union[CardResult, dict]] = (),
     license: str = "apache-2.0",
+    project_url: Optional[str] = None,
 ) -> ModelCard:
-    """Render the MDM or AR-baseline card for ``model`` (picked from its model type)."""
+    """Render the MDM or AR-baseline card for ``model`` (picked from its model type); ``project_url``, when given,
+    is where the card links "hf_mdm" to (no link otherwise)."""
     results = [r if isinstance(r, CardResult) else CardResult(**r) for r in results]
     mdm = is_mdm(model)
     model_name = repo_id.split("/")[-1]
@@ -104,6 +106,7 @@ def model_card(
         example_prompt=", ".join(str(i % max(vocab - 1, 1)) for i in range(3)),
         example_new_tokens=32,
         example_steps=32,
+        project_url=project_url,
     )
 
 
@@ -114,6 +117,7 @@ def save_for_hub(
     language: Any = None,
     training_config: Optional[dict] = None,
     results: Sequence[Union[CardResult, dict]] = (),
+    project_url: Optional[str] = None,
 ) -> Path:
     """Write everything ``push_model`` uploads into ``folder``: model files, ``language/``, ``README.md``."""
     folder = Path(folder)
@@ -122,7 +126,7 @@ def save_for_hub(
         language.save_pretrained(folder / "language")
     if training_config:
         (folder / "training_config.json").write_text(json.dumps(training_config, indent=2, default=str))
-    model_card(model, repo_id, language, training_config, results).save(folder / "README.md")
+    model_card(model, repo_id, language, training_config, results, project_url=project_url).save(folder / "README.md")
     return folder
 
 
@@ -136,15 +140,17 @@ def push_model(
     private: bool = False,
     commit_message: Optional[str] = None,
     api: Optional[HfApi] = None,
+    project_url: Optional[str] = None,
 ):
-    """Upload a trained MDM or AR baseline with its card (and language definition) to the Hub in one commit.
+    """Upload a trained MDM or AR baseline with its card (and language definition) to the Hub in one commit;
+    ``project_url``: the address the card links "hf_mdm" to (none by default).
 
     No tokenizer is uploaded: synthetic-language models read token ids directly.
     """
     api = api or HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     with tempfile.TemporaryDirectory() as tmp:
-        save_for_hub(model, tmp, repo_id, language, training_config, results)
+        save_for_hub(model, tmp, repo_id, language, training_config, results, project_url)
         operations = [
             CommitOperationAdd(path_in_repo=path.relative_to(tmp).as_posix(), path_or_fileobj=str(path))
             for path in sorted(Path(tmp).rglob("*"))

@@ -140,8 +140,9 @@ def greedy_matches(
             mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
             logits_shift=config.logits_shift, cfg_scale=config.cfg_scale, max_new_tokens=0,
             steps=max(len(c) for _, c in batch), strategy="confidence", transfer="deterministic", temperature=0.0,
-            stop_at_eos=False,
-        )  # fmt: skip
+            stop_at_eos=False, schedule="linear", block_length=width, return_dict_in_generate=False,
+            kv_cache_refresh=1,  # exact even under a saved kv_cache (a full forward every step)
+        )  # fmt: skip  (every field it reads is set: the model's generation config fills only unset ones)
         output = diffusion_generate(model, ids, attention_mask=attention, generation_config=greedy)
         for row, (_, continuation) in zip(output.tolist(), batch):
             matches.append(row[width - len(continuation) :] == continuation)

@@ -140,6 +140,8 @@ def check_attention_mask(input_ids: torch.Tensor, attention_mask: Optional[torch
 class MDMModel(MDMPreTrainedModel):
     """The bare transformer: embeddings, bidirectional blocks, final norm. Returns hidden states (B, L, hidden)."""
 
+    _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]  # AutoModel on a saved MDMForMaskedDiffusion: no head here
+
     def __init__(self, config: MDMConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .experiments.speed import crossover_sentence
 from .fileio import write_atomic
 
 PAPER_TER = {  # epsilon_total in %, trained MDMs; steps 64, 128, 256, 512, 1024, 2048
@@ -64,11 +65,9 @@ def _wallclock_summary(folder: Path) -> str:
     rows = result["rows"]
     growth_mdm = rows[-1]["mdm_s"] / rows[0]["mdm_s"]
     growth_ar = rows[-1]["ar_s"] / rows[0]["ar_s"]
-    cross = result.get("crossover_length")
-    where = f"AR becomes slower than the MDM from L = {cross} on" if cross else "AR stays faster over this range"
     return (f"From L = {rows[0]['length']} to {rows[-1]['length']} the MDM's time grows {growth_mdm:.1f}x and AR's "
-            f"{growth_ar:.1f}x; {where} ({result['machine']}). The paper: MDM 3.7x and AR 51x from 256 to 8192, "
-            "crossover near L = 2048.")
+            f"{growth_ar:.1f}x; {crossover_sentence(rows)} ({result['machine']}). The paper: MDM 3.7x and AR 51x "
+            "from 256 to 8192, crossover near L = 2048.")
 
 
 def write_report(folder: Path, full: bool = False) -> Path:

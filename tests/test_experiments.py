@@ -149,7 +149,42 @@ def test_cli_oracle_sample_then_score(tmp_path, capsys):
     assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["num_sequences"] == 64 and 0.0 <= scores["ser"] <= 0.6  # 1 - exp(-3 * 11 / (4 * 48)) = 0.16
-    assert torch.isfinite(torch.tensor(scores["ter"])) or scores["num_out_of_support"] > 0
+    assert (scores["ter"] is None) == (scores["num_out_of_support"] > 0)  # JSON has no Infinity: null, with a note
+
+
+def test_cli_score_writes_json_with_null_ter_outside_the_support(tmp_path, capsys):
+    language = make_language({"kind": "chain"})
+    language.save_pretrained(tmp_path / "lang")
+    samples = tmp_path / "samples.json"
+    samples.write_text(json.dumps({"samples": [[1, 4, 2, 9], [1, 2, 2, 9], [1, 4, 2, 9]]}))  # the second is invalid
+    assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
+    text = capsys.readouterr().out
+    scores = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert scores["ter"] is None and scores["relative_increase"] is None and scores["num_out_of_support"] == 1
+    assert "1 of 3 samples are outside" in scores["note"] and "--skip-out-of-support" in scores["note"]
+    assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang"),
+                     "--skip-out-of-support"]) == 0  # fmt: skip
+    kept = json.loads(capsys.readouterr().out)
+    assert kept["ter"] == pytest.approx(2 ** 2.5) and "note" not in kept  # 4 choices, then 2 bits per token: 2^(10/4)
+
+
+def test_cli_names_a_missing_local_model(tmp_path, capsys):
+    (tmp_path / "runs" / "mdm" / "final").mkdir(parents=True)
+    code = cli.main(["sample", "--model", str(tmp_path / "runs" / "mdm" / "finall"), "--length", "4",
+                     "--output", str(tmp_path / "s.json")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "finall: no such file or directory" in err and "has final" in err and "huggingface" not in err
+
+
+def test_wallclock_crossover_is_where_ar_stays_slower():
+    from hf_mdm.experiments.speed import crossover_length, wallclock_table
+
+    ratios = {16: 1.01, 32: 0.98, 64: 2.01, 128: 2.7}  # AR / MDM, as in results/wallclock.md
+    rows = [{"length": n, "mdm_s": 1.0, "ar_s": r, "ar_over_mdm": r} for n, r in ratios.items()]
+    assert crossover_length(rows) == 64 and crossover_length(rows[:2]) is None and crossover_length(rows[:1]) == 16
+    result = {"preset": {"mdm_steps": 4, "batch_size": 1, "repeats": 1}, "rows": rows, "machine": "cpu",
+              "parameters": {"mdm": 1, "ar": 1}}  # fmt: skip
+    assert "AR is slower than the MDM at every L from 64 on." in wallclock_table(result)
 
 
 def test_cli_dataset_build_then_train_then_sample(tmp_path, capsys):

@@ -3,7 +3,6 @@ on tiny local checkpoints and real GSM8K / HumanEval rows."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -83,22 +82,27 @@ def test_hf_timed_eval_writes_accuracy_and_timing(tiny, tmp_path):
         assert record["generated_tokens"] >= len(text.encode()) and record["time_s"] > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def readme_command(start: str) -> str:
+    """The README's shell command that starts with ``start`` (continuation lines joined)."""
+    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    (line,) = [line.split("  #")[0].strip() for line in text.splitlines() if line.startswith(start)]
+    return line
 
 
 @pytest.mark.slow
 def test_two_processes_give_the_single_process_scores(tiny, mdm_run, tmp_path):
-    """ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2: requests are sharded across the two
-    processes and gathered; every answer and score equals the single-process run's."""
-    env = dict(_env(), ACCELERATE_USE_CPU="1")
-    _run([str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-          "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-          "-m", "hf_mdm.harness", *_eval_args("hf_mdm", tiny["mdm"], tmp_path, ",steps=8")], env=env)  # fmt: skip
+    """The README's `ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 ...`, as written, with
+    runs/tiny the tiny models: requests are sharded across the two processes and gathered; every answer and score
+    equals the single-process run's, a request's NFE does not depend on the batch size, and the wall-clock is the
+    slowest process's (not the sum over processes)."""
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "tiny").symlink_to(Path(tiny["mdm"]).parent)
+    command = readme_command("ACCELERATE_USE_CPU=1 accelerate launch")
+    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=dict(_env(), PATH=f"{BIN}:{os.environ['PATH']}"),
+                            capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     _, single, single_samples = mdm_run
-    sharded, sharded_samples = _outputs(tmp_path)
+    sharded, sharded_samples = _outputs(tmp_path / "runs" / "eval-2proc")
 
     def answers(samples):
         return sorted((s["doc_id"], s["filter"], s["resps"][0][0], s["filtered_resps"][0]) for s in samples)
@@ -110,6 +114,29 @@ def test_two_processes_give_the_single_process_scores(tiny, mdm_run, tmp_path):
     assert ranks == {0, 1}  # really two processes
     assert sharded["timing"]["all"]["ranks"] == 2 and sharded["timing"]["all"]["requests"] == 3
     assert sharded["timing"]["all"]["nfe"] == single["timing"]["all"]["nfe"]
+    records = [r for s in sharded_samples for r in s["timing"] if s["filter"] == "strict-match"]
+    assert max(r["batch_size"] for r in records) == 2 and all(r["nfe"] == 8 for r in records)  # batch 2, NFE 8 each
+    assert all(r["batch_forward_rows"] == 8 * r["batch_size"] for r in records)
+    for run, samples in ((single, single_samples), (sharded, sharded_samples)):
+        timing = run["timing"]["all"]
+        assert timing["wall_s"] == max(timing["rank_s"]) and len(timing["rank_s"]) == timing["ranks"]
+        kept = [r["time_s"] for s in samples if s["filter"] == "strict-match" for r in s["timing"]]
+        assert timing["summed_s"] == pytest.approx(sum(kept))
+        assert timing["tokens_per_s"] == pytest.approx(timing["generated_tokens"] / timing["wall_s"])
+        assert timing["nfe_per_request"] == 8 and set(run["timing"]["fields"]) >= set(timing)
+    assert single["timing"]["all"]["wall_s"] == pytest.approx(single["timing"]["all"]["summed_s"])
+    assert sharded["timing"]["all"]["wall_s"] < sum(sharded["timing"]["all"]["rank_s"])  # the max, not the sum
+
+
+def test_plain_accelerate_launch_says_it_started_one_process(tiny, tmp_path):
+    """`accelerate launch --num_processes 2` without --multi_gpu starts one process on CPU: refused, with the
+    command that shards."""
+    command = [str(BIN / "accelerate"), "launch", "--num_processes", "2", "-m", "hf_mdm.harness", "run", "--model",
+               "hf_mdm", "--model_args", f"pretrained={tiny['mdm']}", "--tasks", "mdm_gsm8k", "--limit", "1",
+               "--output_path", str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400)
+    assert result.returncode != 0 and not list(tmp_path.rglob("results_*.json"))
+    assert "started this one alone" in result.stderr and "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in result.stderr
 
 
 @pytest.mark.slow
@@ -137,6 +164,48 @@ def test_compare_on_the_tiny_config_writes_table_and_plot(tmp_path, monkeypatch)
     assert {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()} == stamps
     (out / "cells" / "tiny-llama__autoregressive__mdm_gsm8k.json").unlink()
     assert [p.name for p in compare.run_matrix(loaded)] == ["tiny-llama__autoregressive__mdm_gsm8k.json"]
+
+
+def test_compare_refuses_before_its_first_cell(tmp_path, monkeypatch):
+    """Every requirement of the whole matrix is checked first: the HumanEval cells need HF_ALLOW_CODE_EVAL=1, so
+    not even the GSM8K cells before them run."""
+    config = yaml.safe_load((REPO / "evaluation" / "configs" / "tiny.yaml").read_text())
+    config.update(output_dir=str(tmp_path / "out"), tiny_models=str(tmp_path / "models"))
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    with pytest.raises(ValueError, match="mdm_humaneval run generated code: set HF_ALLOW_CODE_EVAL=1"):
+        compare.main(["--config", str(path)])
+    assert not (tmp_path / "out" / "cells").exists()
+    monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
+    monkeypatch.delenv("HF_MDM_DATA_DIR")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ValueError, match="offline .*set HF_MDM_DATA_DIR"):
+        compare.main(["--config", str(path)])
+    config["models"][0]["model_args"]["pretrained"] = str(tmp_path / "models" / "mdn")
+    path.write_text(yaml.safe_dump(config))
+    monkeypatch.setenv("HF_MDM_DATA_DIR", DATA_DIR)
+    with pytest.raises(ValueError, match=f"pretrained={tmp_path / 'models' / 'mdn'}: no such file.* has mdm"):
+        compare.main(["--config", str(path)])
+    assert not (tmp_path / "out" / "cells").exists()
+
+
+def test_hf_mdm_eval_refuses_a_code_task_without_the_opt_in(tiny, tmp_path, monkeypatch, capsys):
+    from hf_mdm.harness.__main__ import main
+
+    monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
+    argv = ["run", "--model", "hf_mdm", "--model_args", f"pretrained={tiny['mdm']}", "--tasks", "mdm_humaneval",
+            "--limit", "1", "--confirm_run_unsafe_code", "--output_path", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 2 and not list(tmp_path.iterdir())
+    assert "mdm_humaneval run generated code: set HF_ALLOW_CODE_EVAL=1" in capsys.readouterr().err
+
+
+def test_offline_without_a_data_folder_points_to_it(monkeypatch):
+    from hf_mdm.harness.data import load_gsm8k
+
+    monkeypatch.delenv("HF_MDM_DATA_DIR")
+    with pytest.raises(ConnectionError, match="openai/gsm8k.*point HF_MDM_DATA_DIR at a local copy"):
+        load_gsm8k()
 
 
 def csvreader(path: Path):

@@ -38,7 +38,8 @@ def test_batched_generation_equals_one_by_one(tiny):
     batched = model.generate_until(requests(PROMPTS, kwargs))
     assert batched == alone
     records = model.timing.records
-    assert [r.batch_size for r in records] == [3, 3, 3] and all(r.nfe == pytest.approx(8 / 3) for r in records)
+    assert [r.batch_size for r in records] == [3, 3, 3]
+    assert all(r.nfe == 8 and r.batch_forward_rows == 3 * 8 for r in records)  # each request took part in 8 forwards
     assert all(0 < r.generate_s <= r.time_s for r in records)
     assert all(r.generated_tokens <= 24 and r.output_tokens <= r.generated_tokens for r in records)
 
@@ -119,7 +120,8 @@ def test_timed_hf_counts_tokens_until_the_stop(tiny):
     assert texts == [free[: free.index(stop)]] * 2
     for record in model.timing.records[-2:]:
         assert record.generated_tokens < 20 and record.output_tokens == record.generated_tokens
-        assert record.batch_size == 2 and record.nfe <= 10
+        assert record.batch_size == 2 and record.generated_tokens <= record.nfe <= 20  # the batch's decoding steps
+        assert record.batch_forward_rows == 2 * record.nfe
 
 
 def test_tokens_until_stop(tiny):
@@ -138,3 +140,14 @@ def test_explicit_model_args_win_over_the_task(tiny):
     model.generate_until(requests(PROMPTS[:1], {"until": [], "max_gen_toks": 40, "do_sample": False}))
     record = model.timing.records[-1]
     assert record.nfe == 4 and record.generated_tokens <= 12
+
+
+def test_model_argument_mistakes_are_named(tiny, tmp_path):
+    with pytest.raises(ValueError, match=r"unknown model argument 'stepz' for --model hf_mdm \(did you mean 'steps'"):
+        mdm(tiny, stepz=8)
+    with pytest.raises(ValueError, match=r"unknown model argument 'max_gen_tok' .*did you mean 'max_gen_toks'"):
+        TimedHFLM(pretrained=tiny["llama"], device="cpu", max_gen_tok=8)
+    with pytest.raises(ValueError, match=r"pretrained=.*/mdn: no such file or directory .*has mdm"):
+        MaskedDiffusionLM(pretrained=tiny["mdm"][:-1] + "n", device="cpu")
+    with pytest.raises(ValueError, match="'llama' checkpoint, an autoregressive LM, not a masked diffusion model.*hf_timed"):
+        MaskedDiffusionLM(pretrained=tiny["llama"], device="cpu")

@@ -193,9 +193,10 @@ def test_generation_through_lm_eval_is_the_presets_token_for_token(checkpoints, 
             assert all(token == pad for token in got[cut:])  # ... then padding
     if case == "llada-greedy-2-blocks":
         assert any(eos in row[1:] and row[0] != eos for *_, new, _ in batches for row in new.tolist())
-    records = model.timing.records  # one per request, the batch's forward passes shared among its requests
+    records = model.timing.records  # one per request, each with its batch's forward passes
     assert len(records) == 3 and all(r.generate_s > 0 and r.nfe > 0 for r in records)
-    assert sum(r.nfe for r in records) == pytest.approx(sum(nfe for *_, nfe in batches))
+    assert sorted(r.nfe for r in records) == sorted(nfe for ids, *_, nfe in batches for _ in range(ids.shape[0]))
+    assert all(r.batch_forward_rows == r.nfe * r.batch_size for r in records)
 
 
 def test_stop_strings_cut_the_preset_generation(checkpoints):

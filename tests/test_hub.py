@@ -41,6 +41,14 @@ def test_mdm_card_carries_results_as_model_index(models):
     assert "mask_token_id | 8" in text and "schedule `linear`" in text
 
 
+def test_cards_link_only_to_an_address_given(models):
+    for model in models:
+        text = str(model_card(model, "org/x"))
+        assert "hf_mdm" in text and "github.com" not in text and "](http" not in text.split("arXiv")[0]
+        linked = str(model_card(model, "org/x", project_url="https://example.org/hf_mdm"))
+        assert "[hf_mdm](https://example.org/hf_mdm)" in linked
+
+
 def test_ar_card(models):
     _, ar = models
     card = model_card(ar, "org/ar-2gram")

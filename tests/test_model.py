@@ -147,6 +147,18 @@ def test_plain_generation_config_keeps_custom_keys(tmp_path):
     assert converted.transfer == "deterministic" and converted.steps is None
 
 
+def test_auto_model_loads_the_bare_transformer_of_a_saved_mdm_quietly(model, tmp_path, capfd, caplog):
+    from transformers import AutoModel
+
+    model.save_pretrained(tmp_path)
+    capfd.readouterr()
+    caplog.clear()
+    bare = AutoModel.from_pretrained(tmp_path)
+    said = capfd.readouterr().err + caplog.text  # transformers' load report goes through logging
+    assert type(bare).__name__ == "MDMModel" and "UNEXPECTED" not in said and "lm_head" not in said
+    torch.testing.assert_close(bare.embed_tokens.weight, model.model.embed_tokens.weight)
+
+
 def test_auto_classes(tmp_path):
     config = AutoConfig.for_model("hf_mdm", vocab_size=11, mask_token_id=10, hidden_size=16, num_attention_heads=2)
     assert isinstance(config, MDMConfig)

@@ -87,16 +87,19 @@ def machine_description() -> str:
 # Sampling
 
 
+PAPER_SAMPLER = {"transfer": "stochastic", "strategy": "random", "temperature": 1.0}  # the paper's sampler
+
+
 def sample_mdm(model: Any, num: int, length: int, steps: int, seed: int, batch_size: int = 512) -> torch.Tensor:
-    """The paper's sampler: stochastic transfer, random order, linear schedule, tokens drawn at temperature 1."""
+    """The paper's sampler (`PAPER_SAMPLER`: stochastic transfer, random order, tokens drawn at temperature 1)
+    with the linear schedule."""
     out = []
     for start in range(0, num, batch_size):
         rows = min(batch_size, num - start)
         out.append(
             diffusion_generate(
                 model, torch.zeros(rows, 0, dtype=torch.long, device=_device(model)), max_new_tokens=length,
-                steps=steps, transfer="stochastic", strategy="random", schedule="linear", temperature=1.0,
-                seed=seed + start, stop_at_eos=False,
+                steps=steps, schedule="linear", seed=seed + start, stop_at_eos=False, **PAPER_SAMPLER,
             ).cpu()
         )
     return torch.cat(out)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -31,7 +31,7 @@ def wallclock(preset: dict, out: Path) -> dict[str, Any]:
     mdm, ar = untrained_models(preset, device)
     rows = [timing_row(mdm, ar, length, preset, cache, device)
             for length in tqdm(preset["lengths"], desc="wall-clock", leave=False)]
-    crossover = next((r["length"] for r in rows if r["ar_s"] > r["mdm_s"]), None)
+    crossover = crossover_length(rows)
     parameters = {"mdm": sum(p.numel() for p in mdm.parameters()), "ar": sum(p.numel() for p in ar.parameters())}
     result = experiment_result("wallclock", preset, rows, crossover_length=crossover, parameters=parameters)
     steps = preset["mdm_steps"]
@@ -93,9 +93,26 @@ def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) ->
     return statistics.median(times)
 
 
+def crossover_length(rows: list[dict]) -> Optional[int]:
+    """The length from which AR stays slower than the MDM (at that L and every longer one measured), or None when
+    AR is not slower at the longest L; rows are ordered by length."""
+    crossover = None
+    for row in rows:
+        crossover = (crossover or row["length"]) if row["ar_s"] > row["mdm_s"] else None
+    return crossover
+
+
+def crossover_sentence(rows: list[dict]) -> str:
+    """The crossover in words (`crossover_length`)."""
+    crossover = crossover_length(rows)
+    if crossover is None:
+        return "AR is not slower than the MDM at the longest L measured"
+    return f"AR is slower than the MDM at every L from {crossover} on"
+
+
 def wallclock_table(result: dict) -> str:
     """Markdown: seconds per batch of each model at each L, and a line on the set-up and the crossover."""
-    preset, rows, crossover = result["preset"], result["rows"], result["crossover_length"]
+    preset, rows = result["preset"], result["rows"]
     dual = "mdm_dual_s" in rows[0]
     lines = [f"| L | MDM, {preset['mdm_steps']} steps (s) | AR with KV cache (s) | AR / MDM |"
              + (f" MDM + dual cache, {preset['dual_cache_blocks']} blocks (s) | AR / (MDM + dual cache) |" if dual else ""),
@@ -104,7 +121,7 @@ def wallclock_table(result: dict) -> str:
               + (f" {r['mdm_dual_s']:.3f} | {r['ar_s'] / r['mdm_dual_s']:.2f} |" if dual else "") for r in rows]
     lines += ["", f"Batch {preset['batch_size']}, {result['machine']}, {result['parameters']['mdm']:,} / "
               f"{result['parameters']['ar']:,} parameters (MDM / AR); medians of {preset['repeats']} runs. "
-              + (f"AR is slower from L = {crossover} on." if crossover else "AR is faster at every L measured.")]
+              + crossover_sentence(rows) + "."]
     return "\n".join(lines) + "\n"
 
 

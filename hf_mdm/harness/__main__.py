@@ -15,6 +15,9 @@ Examples::
     HF_ALLOW_CODE_EVAL=1 hf-mdm-eval run --model hf_timed --model_args pretrained=Qwen/Qwen2.5-1.5B \\
         --tasks mdm_humaneval --confirm_run_unsafe_code --output_path runs/qwen
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 -m hf_mdm.harness run ...
+
+A run checks before it starts that it can finish (`hf_mdm.harness.requirements`: code-execution opt-ins, offline
+data) and that ``accelerate launch`` really started the processes it was asked for (`hf_mdm.harness.launch`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from lm_eval._cli import HarnessCLI as LMEvalCLI
 from lm_eval.utils import setup_logging
 
 from .evaluator import TASKS_DIR, build_task_manager, simple_evaluate, task_names
+from .launch import check_launch
+from .requirements import check_requirements
 
 __all__ = ["HarnessCLI", "main"]
 
@@ -117,11 +122,23 @@ def _our_task_manager(tasks: list[str], include_path: Any = None, metadata: Opti
     return build_task_manager(tasks, include_path=user, metadata=metadata)
 
 
+def _check_run(args: argparse.Namespace) -> None:
+    """A ``run`` that cannot finish fails before it starts (`hf_mdm.harness.launch`, `.requirements`)."""
+    check_launch()
+    if getattr(args, "command", None) == "run":
+        check_requirements(_requested_tasks(args), bool(getattr(args, "confirm_run_unsafe_code", False)))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry point of ``hf-mdm-eval``."""
     setup_logging()
     cli = HarnessCLI()
     args = cli.parse_args(argv)
+    try:
+        _check_run(args)
+    except ValueError as err:
+        print(f"hf-mdm-eval: error: {err}", file=sys.stderr)
+        return 2
     cli.execute(args)
     return 0
 

@@ -53,7 +53,7 @@ DEFAULT_METRICS = {
     "mdm_humaneval": "pass_at_1,sandbox",
 }
 PAPER_NUMBERS = Path(__file__).resolve().parent / "paper_numbers.json"
-CSV_FIELDS = ["benchmark", "task", "model", "setting", "metric", "accuracy", "stderr", "time_s", "elapsed_s",
+CSV_FIELDS = ["benchmark", "task", "model", "setting", "metric", "accuracy", "stderr", "time_s", "summed_s",
               "generate_s", "requests", "nfe_per_request", "tokens_per_s", "paper_accuracy", "paper_time_s",
               "limit"]  # fmt: skip
 
@@ -259,7 +259,7 @@ def collect_rows(config: CompareConfig) -> list[dict]:
                 "accuracy": None if accuracy is None else 100.0 * accuracy,
                 "stderr": None if record["stderr"] is None else 100.0 * record["stderr"],
                 "time_s": timing["wall_s"],
-                "elapsed_s": timing["elapsed_s"],
+                "summed_s": timing.get("summed_s"),
                 "generate_s": timing["generate_s"],
                 "requests": timing["requests"],
                 "nfe_per_request": timing["nfe_per_request"],
@@ -305,8 +305,8 @@ def _markdown(config: CompareConfig, rows: Sequence[dict]) -> str:
     lines = [
         f"# {config.name}: accuracy against time",
         "",
-        "Time: wall-clock seconds of all requests (device synchronised, summed over processes); the paper's time is "
-        "for the whole benchmark" + (", ours for `limit` requests." if any(r["limit"] for r in rows) else "."),
+        "Time: the run's wall-clock seconds (device synchronised; with several processes the slowest one's); the "
+        "paper's time is for the whole benchmark" + (", ours for `limit` requests." if any(r["limit"] for r in rows) else "."),
         "Paper: " + json.loads(PAPER_NUMBERS.read_text(encoding="utf-8"))["source"],
         "",
         "| " + " | ".join(header) + " |",
@@ -380,9 +380,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``hf-mdm compare`` with parsed arguments."""
+    """Run ``hf-mdm compare`` with parsed arguments: every requirement of the whole matrix is checked before its
+    first cell."""
+    from .launch import check_launch
+    from .requirements import check_requirements
+
+    check_launch()
     config = load_config(args.config, limit=args.limit)
     if not args.report_only:
+        check_requirements([c.task for c in config.cells], config.evaluate.get("confirm_run_unsafe_code", False),
+                           [c.model_args.get("pretrained") for c in config.cells])  # fmt: skip
         run_matrix(config, force=args.force)
     if _is_main_process():
         paths = write_report(config)

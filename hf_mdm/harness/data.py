@@ -44,7 +44,7 @@ def load_gsm8k(data_dir: Optional[str] = None, **_: Any) -> datasets.DatasetDict
     """GSM8K ``main``: ``train`` (7473) and ``test`` (1319) with ``question`` and ``answer``."""
     root = _resolve(data_dir)
     if root is None:
-        return datasets.load_dataset("openai/gsm8k", "main")
+        return _from_hub("openai/gsm8k", "main")
     return _local("gsm8k", *(root / "gsm8k" / f"{split}.jsonl" for split in ("train", "test")))
 
 
@@ -52,7 +52,7 @@ def load_mbpp(data_dir: Optional[str] = None, **_: Any) -> datasets.DatasetDict:
     """MBPP ``full``: ``prompt``, ``test`` (500), ``validation`` and ``train`` splits by task_id."""
     root = _resolve(data_dir)
     if root is None:
-        return datasets.load_dataset("google-research-datasets/mbpp", "full")
+        return _from_hub("google-research-datasets/mbpp", "full")
     return _local("mbpp", root / "mbpp" / "mbpp.jsonl")
 
 
@@ -60,8 +60,20 @@ def load_humaneval(data_dir: Optional[str] = None, **_: Any) -> datasets.Dataset
     """HumanEval: ``test`` (164) with ``task_id``, ``prompt``, ``entry_point``, ``canonical_solution``, ``test``."""
     root = _resolve(data_dir)
     if root is None:
-        return datasets.load_dataset("openai/openai_humaneval")
+        return _from_hub("openai/openai_humaneval")
     return _local("humaneval", root / "humaneval" / "HumanEval.jsonl.gz")
+
+
+def _from_hub(*args: str) -> datasets.DatasetDict:
+    """``datasets.load_dataset(*args)``; when the Hub cannot be reached, the error says how to read local files."""
+    try:
+        return datasets.load_dataset(*args)
+    except ConnectionError as err:
+        raise ConnectionError(
+            f"{err}. Without the Hub, point {DATA_DIR_ENV} at a local copy of the benchmarks "
+            f"({DATA_DIR_ENV}=/path/to/data with gsm8k/train.jsonl, gsm8k/test.jsonl, mbpp/mbpp.jsonl, "
+            "humaneval/HumanEval.jsonl.gz; see hf_mdm/harness/data.py)"
+        ) from err
 
 
 def _resolve(path: Optional[str]) -> Optional[Path]:

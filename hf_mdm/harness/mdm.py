@@ -9,6 +9,7 @@ strings and timing are `hf_mdm.harness.timed.TimedGeneration`'s.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from typing import Any, Optional, Sequence
@@ -32,6 +33,7 @@ from .sampler_config import (
     resolve_reference,
     sampler_fields,
 )
+from .model_args import check_pretrained, explain_model_arguments, hflm_arguments
 from .timed import StopStringCriteria, TimedGeneration
 from .timing import RequestTag, Stopwatch, tag_requests
 
@@ -114,7 +116,9 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         if int(mc_num) < 1:
             raise ValueError(f"mc_num must be >= 1, got {mc_num}")
         kwargs.setdefault("backend", "causal")
-        super().__init__(pretrained, **kwargs)
+        check_pretrained(pretrained)
+        with explain_model_arguments("hf_mdm", kwargs, _known_arguments()):
+            super().__init__(pretrained, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
         self.mc_num, self.greedy_check, self.seed = int(mc_num), bool(greedy_check), int(seed)
         self.reference = self._choose_reference(choice, overrides)
@@ -162,7 +166,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
     def _resolve_generation_config(self, overrides: dict[str, Any]) -> MaskedDiffusionGenerationConfig:
         """The sampler's own resolution (`hf_mdm.generation.resolve_config`), the tokenizer filling in token ids
         that neither config has; the reference sampler is chosen by ``reference``, not by the saved config."""
-        return resolve_config(self.model, None, {**overrides, "reference": None}, fallback=self.tokenizer)
+        return resolve_config(self.model, None, {**overrides, "reference": "none"}, fallback=self.tokenizer)
 
     def _use_pad_token_other_than_mask(self) -> None:
         """Left padding must not use the [MASK] id (it would be generated, and LLaDA's sampler counts [MASK]s)."""
@@ -327,8 +331,15 @@ def _former_preset_argument(reference: Any, kwargs: dict[str, Any]) -> Any:
     return preset
 
 
+def _known_arguments() -> dict[str, list[str]]:
+    """The arguments of ``hf_mdm`` by kind (for the message about an unknown one)."""
+    own = [name for name in inspect.signature(MaskedDiffusionLM.__init__).parameters if name not in ("self", "kwargs")]
+    return {"hf_mdm's": own, "the sampler's": sorted(sampler_fields()), "lm-eval HFLM's": hflm_arguments()}
+
+
 def _auto_model_class(config: Any, trust_remote_code: bool) -> type:
-    """AutoModelForMaskedLM for registered masked LMs (hf_mdm, LLaDA, Dream), else what the remote code offers."""
+    """AutoModelForMaskedLM for registered masked LMs (hf_mdm, LLaDA, Dream), else what the remote code offers; a
+    checkpoint that is neither (an autoregressive one) is a ValueError."""
     if type(config) in transformers.AutoModelForMaskedLM._model_mapping:
         return transformers.AutoModelForMaskedLM
     auto_map = getattr(config, "auto_map", None) or {}
@@ -336,4 +347,10 @@ def _auto_model_class(config: Any, trust_remote_code: bool) -> type:
         for name in ("AutoModelForMaskedLM", "AutoModel", "AutoModelForCausalLM"):
             if name in auto_map:
                 return getattr(transformers, name)
-    return transformers.AutoModelForMaskedLM
+    causal = type(config) in transformers.AutoModelForCausalLM._model_mapping
+    raise ValueError(
+        f"pretrained is a {getattr(config, 'model_type', type(config).__name__)!r} checkpoint, "
+        + ("an autoregressive LM" if causal else "not a masked LM")
+        + ", not a masked diffusion model: --model hf_mdm takes hf_mdm's MDMs, LLaDA and Dream (or masked diffusion "
+        "remote code with trust_remote_code=True)" + ("; time an autoregressive LM with --model hf_timed" if causal else "")
+    )

@@ -22,9 +22,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from transformers import GenerationConfig
-
 from ..generation import MaskedDiffusionGenerationConfig
+from ..generation_config import DIFFUSION_FIELDS
 from ..generation_reference import (
     REFERENCE_ARGS,
     REFERENCE_OF_MODEL_TYPE,
@@ -43,8 +42,8 @@ _REFERENCE_NAMES = {"llada": "LLaDA's generate()", "dream": "Dream's diffusion_g
 
 
 def diffusion_fields() -> frozenset[str]:
-    """Fields of `MaskedDiffusionGenerationConfig` that a plain `GenerationConfig` does not have."""
-    return frozenset(vars(MaskedDiffusionGenerationConfig())) - frozenset(vars(GenerationConfig()))
+    """Fields of `MaskedDiffusionGenerationConfig` that a plain `transformers.GenerationConfig` does not have."""
+    return frozenset(DIFFUSION_FIELDS)
 
 
 def sampler_fields() -> frozenset[str]:

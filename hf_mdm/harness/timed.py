@@ -23,6 +23,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm import tqdm
 from transformers import StoppingCriteria
 
+from .model_args import check_pretrained, explain_model_arguments, hflm_arguments
 from .timing import RequestTag, Stopwatch, TimingRecorder, tag_requests
 
 __all__ = ["TimedGeneration", "TimedHFLM", "StopStringCriteria", "tokens_until_stop"]
@@ -209,7 +210,9 @@ class TimedHFLM(TimedGeneration, HFLM):
     """
 
     def __init__(self, *args: Any, max_gen_toks: Optional[int] = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+        check_pretrained(kwargs.get("pretrained", args[0] if args else None))
+        with explain_model_arguments("hf_timed", kwargs, {"hf_timed's": ["max_gen_toks"], "lm-eval HFLM's": hflm_arguments()}):
+            super().__init__(*args, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
         self._init_timing()
 

@@ -1,19 +1,22 @@
 """Per-request timing of lm-eval requests, and its totals in lm-eval's results.
 
 Every batch the harness runs is timed with the device synchronised before and after (``torch.cuda.synchronize``
-on CUDA), from the tokenisation of its prompts to the decoded texts. A batch's wall-clock time, its model time
-(the ``generate()`` call itself; for masked diffusion models the sampler's own ``elapsed_s``) and its forward
-passes (NFE) are split evenly among its requests; generated tokens are counted per request with the prompt
-excluded:
+on CUDA), from the tokenisation of its prompts to the decoded texts. A batch's wall-clock time and its model time
+(the ``generate()`` call itself; for masked diffusion models the sampler's own ``elapsed_s``) are split evenly
+among its requests. A request's NFE is the number of sequential forward passes of its batch (every row of the
+batch is in each of them), so it does not depend on the batch size; the batch's rows x forwards is its own field.
+Generated tokens are counted per request with the prompt excluded:
 
 - ``generated_tokens``: tokens the model produced for the request: for an autoregressive model up to and
   including its EOS or the token that completed a stop string (what it generated before stopping); for a masked
   diffusion model every token of its canvas up to and including EOS (what the sampler denoised);
 - ``output_tokens``: tokens of the answer as returned to lm-eval, i.e. up to the first stop string.
 
-`summarize` adds these up per task; `attach_timing` writes the totals into lm-eval's results dict (``results
-["timing"]`` and, for the printed table, ``results["results"][task]["<name>,timing"]``) and the per-request
-values into the samples log (``sample["timing"]``), so that accuracy and time come from one run.
+`summarize` adds these up per task; the run's wall-clock is the slowest process's time, not a sum over processes
+(`SUMMARY_FIELDS` and `REQUEST_FIELDS` say what each field means, and travel with the results). `attach_timing`
+writes the totals into lm-eval's results dict (``results["timing"]`` and, for the printed table,
+``results["results"][task]["<name>,timing"]``) and the per-request values into the samples log
+(``sample["timing"]``), so that accuracy and time come from one run.
 """
 
 from __future__ import annotations
@@ -24,9 +27,45 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ..timer import Stopwatch, synchronize
 
-__all__ = ["RequestTiming", "TimingRecorder", "RequestTag", "summarize", "attach_timing", "synchronize", "Stopwatch"]
+__all__ = ["RequestTiming", "TimingRecorder", "RequestTag", "summarize", "attach_timing", "synchronize", "Stopwatch",
+           "SUMMARY_FIELDS", "REQUEST_FIELDS"]  # fmt: skip
 
-TABLE_FIELDS = ("wall_s", "generate_s", "nfe", "generated_tokens", "tokens_per_s", "requests")
+TABLE_FIELDS = ("wall_s", "generate_s", "nfe", "nfe_per_request", "generated_tokens", "tokens_per_s", "requests")
+SUMMARY_FIELDS = {
+    "requests": "requests evaluated (lm-eval's padding copies, which balance the processes, excluded)",
+    "wall_s": "the run's wall-clock seconds: the slowest process's seconds (= summed_s with one process)",
+    "rank_s": "each process's seconds, by rank: the sum of its batches' wall-clock, device synchronised at both "
+              "ends of every batch (padding copies included: the process spent that time)",
+    "summed_s": "the requests' seconds summed over processes (the compute time of the requests)",
+    "generate_s": "model seconds (the generate() call alone) summed over requests and processes",
+    "nfe": "per-request NFE summed over requests",
+    "nfe_per_request": "mean per-request NFE: the sequential forward passes a request took part in (see the "
+                       "request fields); does not depend on the batch size",
+    "forward_rows": "rows x forward passes summed over batches: the sequences the network computed",
+    "forward_tokens": "positions the network computed, summed (rows x input length of every forward pass; with a "
+                      "KV cache a forward covers only its span, so fewer than forward_rows x the canvas length)",
+    "generated_tokens": "tokens the model generated, prompt excluded, summed over requests",
+    "output_tokens": "tokens of the answers returned to lm-eval (up to the first stop string), summed",
+    "tokens_per_s": "generated_tokens / wall_s: the run's throughput",
+    "seconds_per_request": "summed_s / requests: a request's share of the compute time",
+    "ranks": "processes that evaluated requests",
+    "padding_requests": "padding copies lm-eval ran to balance the processes (timed, not counted)",
+}
+REQUEST_FIELDS = {
+    "time_s": "the request's share of its batch's wall-clock (batch_time_s / batch_size)",
+    "batch_time_s": "wall-clock of the request's batch, device synchronised",
+    "generate_s": "the request's share of the batch's model seconds",
+    "nfe": "sequential forward passes of the request's batch, every row in each (classifier-free guidance counts "
+           "two; rows that finished early skip the batch's later blocks); for loglikelihood requests the masked "
+           "copies scored (mc_num)",
+    "batch_forward_rows": "rows x forward passes of the request's batch",
+    "forward_tokens": "the request's share of the positions its batch's forward passes computed",
+    "batch_size": "requests in the batch",
+    "rank": "the process that evaluated the request",
+    "generated_tokens": "tokens the model generated for the request (prompt excluded; through EOS)",
+    "output_tokens": "tokens of the answer returned to lm-eval (up to the first stop string)",
+    "tokens_per_s": "generated_tokens / time_s",
+}
 
 
 @dataclass(frozen=True)
@@ -59,6 +98,7 @@ class RequestTiming:
     generated_tokens: int
     output_tokens: int
     forward_tokens: float = 0.0  # positions the network computed for this request (its share of rows x span)
+    batch_forward_rows: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -108,7 +148,8 @@ class TimingRecorder:
         output_tokens: Sequence[int],
         forward_tokens: float = 0.0,
     ) -> None:
-        """Record one batch: its time, forward passes and computed positions are split evenly among its requests."""
+        """Record one batch: its times are split evenly among its requests; each request took part in its ``nfe``
+        sequential forward passes, and its share of the positions they computed is ``forward_tokens`` / size."""
         size = len(tags)
         for tag, generated, output in zip(tags, generated_tokens, output_tokens):
             self.records.append(
@@ -123,10 +164,11 @@ class TimingRecorder:
                     time_s=batch_time_s / size,
                     batch_time_s=batch_time_s,
                     generate_s=generate_s / size,
-                    nfe=nfe / size,
+                    nfe=nfe,
                     generated_tokens=int(generated),
                     output_tokens=int(output),
                     forward_tokens=forward_tokens / size,
+                    batch_forward_rows=nfe * size,
                 )
             )
 
@@ -134,7 +176,7 @@ class TimingRecorder:
         """Record one scored request (loglikelihood): no generated tokens."""
         self.records.append(
             RequestTiming(tag.task, tag.doc_id, tag.request_type, tag.repeat, tag.padding, self.rank, 1,
-                          time_s, time_s, generate_s, nfe, 0, 0)  # fmt: skip
+                          time_s, time_s, generate_s, nfe, 0, 0, nfe)  # fmt: skip
         )
 
     def clear(self) -> None:
@@ -142,34 +184,30 @@ class TimingRecorder:
 
 
 def summarize(records: Iterable[RequestTiming]) -> dict[str, Any]:
-    """Totals of records (padding copies excluded, except in the per-rank time):
-
-    ``requests``, ``wall_s`` (harness seconds summed over processes: a single-device run's benchmark time),
-    ``generate_s`` (model seconds), ``nfe``, ``generated_tokens``, ``output_tokens``, ``forward_tokens``
-    (positions the network computed: with a KV cache fewer than nfe x canvas), ``tokens_per_s``
-    (generated_tokens / wall_s), ``seconds_per_request``, ``nfe_per_request``, ``elapsed_s`` (the slowest
-    process's seconds: the wall-clock of a multi-process run) and ``ranks``.
-    """
+    """Totals of records, the fields of `SUMMARY_FIELDS` (padding copies excluded, except in the processes'
+    seconds)."""
     records = list(records)
     counted = [r for r in records if not r.padding]
     per_rank: dict[int, float] = defaultdict(float)
     for record in records:
         per_rank[record.rank] += record.time_s
-    wall = sum(r.time_s for r in counted)
-    requests = len(counted)
-    generated = sum(r.generated_tokens for r in counted)
+    rank_s = [per_rank[rank] for rank in sorted(per_rank)]
+    wall, summed = max(rank_s, default=0.0), sum(r.time_s for r in counted)
+    requests, generated, nfe = len(counted), sum(r.generated_tokens for r in counted), sum(r.nfe for r in counted)
     return {
         "requests": requests,
         "wall_s": wall,
+        "rank_s": rank_s,
+        "summed_s": summed,
         "generate_s": sum(r.generate_s for r in counted),
-        "nfe": sum(r.nfe for r in counted),
+        "nfe": nfe,
+        "nfe_per_request": nfe / requests if requests else 0.0,
+        "forward_rows": sum(r.batch_forward_rows / r.batch_size for r in counted),
         "generated_tokens": generated,
         "output_tokens": sum(r.output_tokens for r in counted),
         "forward_tokens": sum(r.forward_tokens for r in counted),
         "tokens_per_s": generated / wall if wall > 0 else 0.0,
-        "seconds_per_request": wall / requests if requests else 0.0,
-        "nfe_per_request": sum(r.nfe for r in counted) / requests if requests else 0.0,
-        "elapsed_s": max(per_rank.values(), default=0.0),
+        "seconds_per_request": summed / requests if requests else 0.0,
         "ranks": len(per_rank),
         "padding_requests": len(records) - len(counted),
     }
@@ -192,6 +230,8 @@ def attach_timing(
         "all": summarize(records),
         "tasks": {task: summarize(task_records) for task, task_records in sorted(by_task.items())},
         "unit": "seconds of wall-clock, device synchronised; nfe = forward passes",
+        "fields": SUMMARY_FIELDS,
+        "request_fields": REQUEST_FIELDS,
     }
     for task, totals in results["timing"]["tasks"].items():
         if task in results.get("results", {}):

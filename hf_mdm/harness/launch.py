@@ -1,0 +1,32 @@
+"""Multi-process runs: a run started by ``accelerate launch --num_processes N`` that got one process says so.
+
+Without a config file, ``accelerate launch`` starts several processes only with ``--multi_gpu`` (set for you when
+it sees several GPUs); otherwise it starts the script once, with ``MASTER_ADDR`` / ``MASTER_PORT`` set for the
+processes it did not start and no ``WORLD_SIZE``. On a CPU machine ``accelerate launch --num_processes 2 ...``
+would thus evaluate everything in one process, silently. `check_launch` refuses that before any work, with the
+command that does shard: ``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`` on CPUs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+__all__ = ["SHARDED_LAUNCH", "check_launch"]
+
+SHARDED_LAUNCH = "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N"
+_WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
+_LAUNCHED_BY_ACCELERATE = "ACCELERATE_MIXED_PRECISION"  # set by every accelerate launcher
+
+
+def check_launch(environ: Optional[Mapping[str, str]] = None) -> None:
+    """A ValueError when ``accelerate launch`` was asked for several processes but started this one alone."""
+    environ = os.environ if environ is None else environ
+    launched = _LAUNCHED_BY_ACCELERATE in environ and "MASTER_PORT" in environ and "MASTER_ADDR" in environ
+    if launched and not any(name in environ for name in _WORLD_SIZE_VARIABLES):
+        raise ValueError(
+            "accelerate launch was asked for several processes (--num_processes > 1) but started this one alone: "
+            "without --multi_gpu (which it sets only when it sees several GPUs) accelerate does not start the others, "
+            f"and the run would not be sharded. On CPUs run `{SHARDED_LAUNCH} -m hf_mdm.harness run ...`; on "
+            "GPUs add --multi_gpu (or configure it once with `accelerate config`); for one process drop --num_processes"
+        )

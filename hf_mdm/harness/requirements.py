@@ -1,0 +1,83 @@
+"""What an evaluation needs before its first request, checked up front so that a run never fails after doing work.
+
+- tasks that execute generated code (``unsafe_code: true``: ``mdm_mbpp``, ``mdm_humaneval``) need the two opt-ins,
+  ``HF_ALLOW_CODE_EVAL=1`` (`hf_mdm.harness.sandbox`) and ``--confirm_run_unsafe_code`` (lm-eval's);
+- offline (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) the benchmarks come from ``HF_MDM_DATA_DIR``, which must
+  then be set (`hf_mdm.harness.data`);
+- local checkpoints must exist (`hf_mdm.checkpoints`).
+
+`check_requirements` collects every unmet requirement of a whole run (``hf-mdm compare``'s matrix, or one
+``hf-mdm-eval run``) into one ValueError that says what to change.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from typing import Any, Iterable, Optional
+
+from ..checkpoints import check_local_path
+from .data import DATA_DIR_ENV, data_dir
+from .sandbox import ALLOW_ENV, code_execution_allowed
+
+__all__ = ["unsafe_tasks", "check_requirements"]
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+@lru_cache(maxsize=None)
+def _task_configs() -> dict[str, dict]:
+    """hf_mdm's task configs by task name."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    from .evaluator import TASKS_DIR
+
+    configs = {}
+    for path in sorted(TASKS_DIR.glob("*.yaml")):
+        config = load_yaml(path, resolve_func=False)
+        if "task" in config:
+            configs[str(config["task"])] = config
+    return configs
+
+
+def unsafe_tasks(tasks: Iterable[str]) -> list[str]:
+    """The tasks among ``tasks`` that execute generated code (hf_mdm's tasks with ``unsafe_code: true``)."""
+    configs = _task_configs()
+    return sorted({t for t in tasks if configs.get(t, {}).get("unsafe_code")})
+
+
+def _offline() -> bool:
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on") for name in OFFLINE_VARIABLES)
+
+
+def _problems(tasks: list[str], confirm_unsafe_code: bool, checkpoints: Iterable[Any]) -> list[str]:
+    problems = []
+    unsafe = unsafe_tasks(tasks)
+    if unsafe and not code_execution_allowed():
+        problems.append(f"tasks {', '.join(unsafe)} run generated code: set {ALLOW_ENV}=1 (it runs in hf_mdm's sandbox)")
+    if unsafe and not confirm_unsafe_code:
+        problems.append(f"tasks {', '.join(unsafe)} need lm-eval's --confirm_run_unsafe_code (in a compare config: "
+                        "`evaluate: {confirm_run_unsafe_code: true}`)")  # fmt: skip
+    ours = [t for t in tasks if t in _task_configs()]
+    try:
+        local = data_dir()
+    except FileNotFoundError as err:
+        problems.append(str(err))
+        local = True
+    if ours and local is None and _offline():
+        problems.append(f"tasks {', '.join(sorted(set(ours)))} read the Hub, which is offline ({' / '.join(OFFLINE_VARIABLES)}):"
+                        f" set {DATA_DIR_ENV} to a local copy of the benchmarks (see hf_mdm/harness/data.py)")  # fmt: skip
+    for checkpoint in checkpoints:
+        try:
+            check_local_path(checkpoint)
+        except ValueError as err:
+            problems.append(str(err))
+    return problems
+
+
+def check_requirements(tasks: Iterable[str], confirm_unsafe_code: bool = False,
+                       checkpoints: Iterable[Optional[Any]] = ()) -> None:  # fmt: skip
+    """A ValueError listing every requirement of the run that is not met (see the module docstring)."""
+    problems = _problems(list(tasks), bool(confirm_unsafe_code), [c for c in checkpoints if c is not None])
+    if problems:
+        raise ValueError("the run cannot start: " + "; ".join(problems))
