@@ -99,3 +99,18 @@ def wilson_interval(successes: int, trials: int, confidence_level: float = 0.95)
     low = 0.0 if successes == 0 else max(0.0, center - half)  # exact at the edges, free of rounding
     high = 1.0 if successes == trials else min(1.0, center + half)
     return low, high
+
+
+def metric_info(description: str, inputs_description: str) -> Any:
+    """The `evaluate.MetricInfo` of hf_mdm's metrics: token-id sequences in, the paper's citation and address."""
+    import datasets
+    import evaluate
+
+    return evaluate.MetricInfo(
+        module_type="metric",
+        description=description,
+        citation=CITATION,
+        inputs_description=inputs_description,
+        features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("int64"))}),
+        reference_urls=["https://arxiv.org/abs/2502.09622"],
+    )

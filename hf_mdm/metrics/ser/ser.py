@@ -6,12 +6,11 @@ file is copied on its own by ``evaluate.load``: it imports hf_mdm absolutely, on
 
 from typing import Any, Dict, Optional, Sequence
 
-import datasets
 import evaluate
 import torch
 
-from hf_mdm.metrics.common import CITATION
 from hf_mdm.metrics.common import LanguageLike
+from hf_mdm.metrics.common import metric_info
 from hf_mdm.metrics.common import resolve_language
 from hf_mdm.metrics.common import sequence_log_probs
 from hf_mdm.metrics.common import wilson_interval
@@ -54,14 +53,7 @@ class SequenceErrorRate(evaluate.Metric):
     """Sequence Error Rate of generated sequences under a synthetic language (see the module docstring)."""
 
     def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            module_type="metric",
-            description=_DESCRIPTION,
-            citation=CITATION,
-            inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("int64"))}),
-            reference_urls=["https://arxiv.org/abs/2502.09622"],
-        )
+        return metric_info(_DESCRIPTION, _KWARGS_DESCRIPTION)
 
     def _compute(
         self,
