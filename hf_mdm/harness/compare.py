@@ -206,6 +206,8 @@ def _save_cell(cells_dir: Path, cell: Cell, results: dict, metric: str) -> Path:
         "n_samples": results.get("n-samples", {}).get(cell.task),
         "date": results.get("date"),
     }
+    if "sandbox" in results:
+        record["sandbox"] = results["sandbox"]
     path = cells_dir / f"{cell.slug}.json"
     write_atomic(path, json.dumps(record, indent=2, default=str))
     if results.get("samples", {}).get(cell.task):

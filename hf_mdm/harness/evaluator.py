@@ -21,6 +21,7 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import simple_parse_args_string
 
 from . import models as _models  # noqa: F401  (registers hf_mdm and hf_timed)
+from .sandbox import isolation_report
 from .timing import RequestTiming, attach_timing
 
 __all__ = ["TASKS_DIR", "task_names", "build_task_manager", "simple_evaluate", "create_lm"]
@@ -98,8 +99,9 @@ def simple_evaluate(
     """``lm_eval.simple_evaluate`` (same arguments) with hf_mdm's tasks registered and timing in the results.
 
     Returns lm-eval's results dict on the main process (None on the others) with ``results["timing"]`` (totals
-    per task and overall), ``<field>,timing`` entries in ``results["results"][task]`` and, with
-    ``log_samples``, ``sample["timing"]`` for every logged sample.
+    per task and overall), ``<field>,timing`` entries in ``results["results"][task]``, with ``log_samples``
+    ``sample["timing"]`` for every logged sample, and, when a task executed generated code, ``results["sandbox"]``
+    (the isolation layer it ran under, `hf_mdm.harness.sandbox.isolation_report`).
     """
     args_dict = simple_parse_args_string(model_args) if isinstance(model_args, str) else dict(model_args or {})
     if task_manager is None:
@@ -129,6 +131,8 @@ def simple_evaluate(
             tracker.general_config_tracker.model_source = model
     if records is not None:
         attach_timing(results, records, kwargs.get("samples"))
+    if any(config.get("unsafe_code") for config in (results.get("configs") or {}).values()):
+        results["sandbox"] = isolation_report()  # which isolation layer ran the generated code
     return results
 
 
