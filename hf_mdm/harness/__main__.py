@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import logging
 import os
 import sys
 from typing import Any, Iterator, Optional, Sequence
@@ -122,7 +123,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setup_logging()
     cli = HarnessCLI()
     args = cli.parse_args(argv)
-    cli.execute(args)
+    try:
+        cli.execute(args)
+    except ValueError as err:  # bad model arguments, settings or inputs: the message says what to change
+        logging.getLogger(__name__).debug("hf-mdm-eval failed", exc_info=True)
+        print(f"hf-mdm-eval: error: {err}", file=sys.stderr)
+        return 2
     return 0
 
 

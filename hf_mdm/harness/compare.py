@@ -377,8 +377,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="compare config (YAML), e.g. evaluation/configs/tiny.yaml")
     parser.add_argument("--force", action="store_true", help="re-run finished cells")
     parser.add_argument("--report_only", action="store_true", help="only rebuild the table and plot from saved cells")
-    parser.add_argument("--limit", type=float, default=None, help="override the config's limit (smoke runs)")
+    parser.add_argument("--limit", type=_positive_limit, default=None,
+                        help="override the config's limit (smoke runs): requests per task, or a fraction < 1")
     return parser
+
+
+def _positive_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

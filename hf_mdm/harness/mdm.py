@@ -20,13 +20,14 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from transformers import StoppingCriteriaList
 
-from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate, logits_shift_of, resolve_config
+from ..generation import MaskedDiffusionGenerationConfig, check_token_ids, diffusion_generate, logits_shift_of, resolve_config
 from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
 from ..likelihood import ELBOEstimator, greedy_matches
 from .sampler_config import (
     RequestConfigs,
     canonical_reference,
+    check_model_args,
     check_no_reference_args,
     check_reference_args,
     resolve_reference,
@@ -108,11 +109,10 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         **kwargs: Any,
     ):
         choice = canonical_reference(_former_preset_argument(reference, kwargs))
+        check_model_args(kwargs, max_gen_toks=max_gen_toks, mc_num=mc_num, greedy_check=greedy_check, seed=seed)
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in sampler_fields()}
         if choice in REFERENCE_ARGS:  # fail before loading the weights
             check_reference_args(choice, overrides, "requested")
-        if int(mc_num) < 1:
-            raise ValueError(f"mc_num must be >= 1, got {mc_num}")
         kwargs.setdefault("backend", "causal")
         super().__init__(pretrained, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
@@ -120,6 +120,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         self.reference = self._choose_reference(choice, overrides)
         self.generation_config = self._resolve_generation_config(overrides)
         self.mask_token_id = int(self.generation_config.mask_token_id)
+        check_token_ids(self.model, self.mask_token_id)
         self._use_pad_token_other_than_mask()
         self.request_configs = RequestConfigs(self.reference, self.generation_config, overrides, self._stop_ids(),
                                               self.tokenizer.pad_token_id)  # fmt: skip

@@ -18,6 +18,8 @@ maps lm-eval's names onto them.
 from __future__ import annotations
 
 import copy
+import difflib
+import inspect
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -94,6 +96,32 @@ def check_no_reference_args(overrides: dict[str, Any], model_type: Optional[str]
             f"reference=none (hf_mdm's sampler; reference=auto picks none for model_type {model_type!r}): pass "
             f"reference={owners[0]} to sample as that reference, or use hf_mdm's strategy= / transfer= settings"
         )
+
+
+def check_model_args(kwargs: dict[str, Any], **own: Any) -> None:
+    """The ``hf_mdm`` model's own arguments (``max_gen_toks``, ``mc_num``, ``greedy_check``, ``seed``) and a
+    misspelt sampler setting among the arguments passed on to lm-eval's HFLM and ``from_pretrained``: a ValueError
+    naming the argument, before anything is loaded."""
+    rules = {"max_gen_toks": (lambda v: v is None or _is_int(v) and v >= 1, "an integer >= 1 (or unset)"),
+             "mc_num": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+             "greedy_check": (lambda v: isinstance(v, bool), "True or False"),
+             "seed": (lambda v: _is_int(v), "an integer")}  # fmt: skip
+    for name, value in own.items():
+        valid, expected = rules[name]
+        if not valid(value):
+            raise ValueError(f"model argument {name} must be {expected}, got {value!r}")
+    from lm_eval.models.huggingface import HFLM
+
+    passed_on = set(inspect.signature(HFLM.__init__).parameters)
+    for key in kwargs:
+        close = difflib.get_close_matches(key, sorted(sampler_fields() | set(own) | {"reference"}), n=1, cutoff=0.8)
+        if key not in passed_on and key not in sampler_fields() and close:
+            raise ValueError(f"unknown model argument {key!r}: did you mean {close[0]!r}? (hf_mdm's settings: see "
+                             "MaskedDiffusionLM; other arguments go to lm-eval's HFLM and from_pretrained)")  # fmt: skip
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _neutral_top(key: str, value: Any) -> bool:
