@@ -2,7 +2,9 @@
 
 Every cell (model, setting, task) is one in-process lm-eval run (`hf_mdm.harness.simple_evaluate`) whose
 accuracy and timing come from the same requests. Finished cells are saved as ``<output_dir>/cells/*.json`` (written
-atomically) and reused when the command runs again, so an interrupted matrix resumes where it stopped. The
+atomically) and reused when the command runs again, and within a cell every finished request is kept in lm-eval's
+request cache (``<output_dir>/cache``, `hf_mdm.harness.resume`), so a matrix interrupted or killed at any point
+resumes where it stopped, with the results of an uninterrupted run. The
 summary is ``results.csv``, ``results.md`` and ``accuracy_vs_time.png`` (the paper's Figure 1: accuracy against
 the time of the whole benchmark, one panel per benchmark), with the paper's published numbers
 (``paper_numbers.json``) beside ours where they exist. Launched with ``accelerate launch -m
@@ -163,19 +165,35 @@ def run_matrix(config: CompareConfig, force: bool = False) -> list[Path]:
         groups.setdefault(key, []).append(cell)
     evaluate = {k: v for k, v in config.evaluate.items() if k not in ("gen_kwargs",)}
     lm_kwargs = {k: evaluate.pop(k) for k in ("batch_size", "max_batch_size", "device") if k in evaluate}
+    use_cache = evaluate.pop("use_cache", True)
     for cells in groups.values():
         first = cells[0]
         lm = create_lm(first.model, dict(first.model_args), **lm_kwargs)
         for cell in cells:
+            cache = _request_cache(config, cell, use_cache, force)
             results = simple_evaluate(
-                lm, model_args=cell.model_args, tasks=[cell.task], gen_kwargs=cell.gen_kwargs or None, **evaluate
-            )
+                lm, model_args=cell.model_args, tasks=[cell.task], gen_kwargs=cell.gen_kwargs or None,
+                use_cache=cache, **evaluate,
+            )  # fmt: skip
             if results is not None and _is_main_process():
                 written.append(_save_cell(cells_dir, cell, results, config.metric(cell.task)))
         del lm
         gc.collect()
         _empty_device_cache()
     return written
+
+
+def _request_cache(config: CompareConfig, cell: Cell, use_cache: Any, force: bool) -> Optional[str]:
+    """The cell's request-cache prefix (``<output_dir>/cache/<cell>``; the evaluator adds a fingerprint of the model
+    and its arguments): a cell killed mid-way resumes from its finished requests. ``evaluate: {use_cache: false}``
+    turns it off, a string puts it elsewhere; ``--force`` starts the cell's cache anew."""
+    if use_cache is False or use_cache is None:
+        return None
+    root = Path(use_cache) if isinstance(use_cache, (str, os.PathLike)) else config.output_dir / "cache"
+    if force and _is_main_process():
+        for stale in root.glob(f"{cell.slug}_*"):
+            stale.unlink()
+    return str(root / cell.slug)
 
 
 def _empty_device_cache() -> None:

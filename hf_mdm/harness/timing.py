@@ -58,6 +58,7 @@ class RequestTiming:
     nfe: float
     generated_tokens: int
     output_tokens: int
+    from_cache: bool = False  # answered from the request cache of a resumed run; the values are those it ran with
 
     @property
     def tokens_per_s(self) -> float:
@@ -134,6 +135,15 @@ class TimingRecorder:
                           time_s, time_s, generate_s, nfe, 0, 0)  # fmt: skip
         )
 
+    def restore(self, tag: RequestTag, stored: dict[str, Any]) -> None:
+        """Record a request answered from the request cache with the timing stored when it ran
+        (`hf_mdm.harness.resume`); the tag (task, doc, repeat, rank) is this run's."""
+        fields = ("batch_size", "time_s", "batch_time_s", "generate_s", "nfe", "generated_tokens", "output_tokens")
+        self.records.append(
+            RequestTiming(tag.task, tag.doc_id, tag.request_type, tag.repeat, tag.padding, self.rank,
+                          **{name: stored[name] for name in fields}, from_cache=True)  # fmt: skip
+        )
+
     def clear(self) -> None:
         self.records.clear()
 
@@ -144,7 +154,8 @@ def summarize(records: Iterable[RequestTiming]) -> dict[str, Any]:
     ``requests``, ``wall_s`` (harness seconds summed over processes: a single-device run's benchmark time),
     ``generate_s`` (model seconds), ``nfe``, ``generated_tokens``, ``output_tokens``, ``tokens_per_s``
     (generated_tokens / wall_s), ``seconds_per_request``, ``nfe_per_request``, ``elapsed_s`` (the slowest
-    process's seconds: the wall-clock of a multi-process run) and ``ranks``.
+    process's seconds: the wall-clock of a multi-process run), ``ranks`` and ``cached_requests`` (answered from the
+    request cache of a resumed run, with the timing they were measured with).
     """
     records = list(records)
     counted = [r for r in records if not r.padding]
@@ -167,6 +178,7 @@ def summarize(records: Iterable[RequestTiming]) -> dict[str, Any]:
         "elapsed_s": max(per_rank.values(), default=0.0),
         "ranks": len(per_rank),
         "padding_requests": len(records) - len(counted),
+        "cached_requests": sum(r.from_cache for r in counted),
     }
 
 
