@@ -58,7 +58,8 @@ from .timer import Stopwatch
 
 __all__ = [
     "MaskedDiffusionGenerationConfig", "MaskedDiffusionGenerateOutput", "MaskedDiffusionGenerationMixin",
-    "diffusion_generate", "resolve_config", "check_token_ids", "logits_shift_of", "canonical_strategy", "time_grid", "deterministic_counts",
+    "diffusion_generate", "resolve_config", "check_token_ids", "logits_shift_of", "canonical_strategy", "time_grid",
+    "deterministic_counts",
     "reveal_probability", "reveal_steps", "split_steps", "TRANSFERS", "STRATEGIES", "POSITIONAL_STRATEGIES",
     "STRATEGY_ALIASES", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID", "LLADA_EOT_TOKEN_ID",
 ]  # fmt: skip
@@ -114,7 +115,7 @@ def diffusion_generate(
     config = resolve_config(model, generation_config, kwargs)
     reject_inert_reference_args(config, kwargs)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise ValueError(f"seed must be an integer, got {seed!r} (or pass generator=torch.Generator().manual_seed(...))")
+        raise ValueError(f"seed must be an integer, got {seed!r} (or pass generator=torch.Generator().manual_seed(n))")
     if generator is None and seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(int(seed))
     mask_id = int(config.mask_token_id)

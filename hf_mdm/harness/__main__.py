@@ -63,7 +63,10 @@ class HarnessCLI(LMEvalCLI):
         if hasattr(args, "include_path"):
             args.include_path = _include_paths(args)
         run = getattr(args, "command", None) == "run"
-        with _run_hooks(args) if run else contextlib.nullcontext(), atomic_outputs() if run else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if run:  # our simple_evaluate and task index; whole-or-nothing output files
+                stack.enter_context(_run_hooks(args))
+                stack.enter_context(atomic_outputs())
             args.func(args)
 
 

@@ -20,7 +20,8 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from transformers import StoppingCriteriaList
 
-from ..generation import MaskedDiffusionGenerationConfig, check_token_ids, diffusion_generate, logits_shift_of, resolve_config
+from ..generation import (MaskedDiffusionGenerationConfig, check_token_ids, diffusion_generate, logits_shift_of,
+                          resolve_config)  # fmt: skip
 from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
 from ..likelihood import ELBOEstimator, greedy_matches
