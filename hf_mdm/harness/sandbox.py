@@ -22,11 +22,11 @@ samples log, ``results["sandbox"]`` in the results JSON):
      then SIGKILL a second later), an address-space limit (RLIMIT_AS), a file-size limit (RLIMIT_FSIZE, which
      also caps what the program prints) and an open-files limit, all set with soft = hard so the program cannot
      raise them;
-   - a process-count limit: a pids cgroup (``pids.max = max_processes``) when the cgroup file system is writable
-     (as root), else RLIMIT_NPROC (tasks of the user: counted now, plus ``max_processes``). The kernel does not
-     apply RLIMIT_NPROC to root, so under root the program also runs as the unprivileged user ``nobody`` (with
-     layer 1 always; with layer 2 alone when the interpreter is usable by it); a warning says so when neither the
-     cgroup nor that user is available;
+   - a process-count limit: RLIMIT_NPROC (tasks of the user: counted now, plus ``max_processes``; in bubblewrap's
+     user namespace, its own tasks). The kernel does not apply RLIMIT_NPROC to root, so under root the program
+     runs as the unprivileged user ``nobody`` (with layer 1 always; with layer 2 alone when the interpreter is
+     usable by it), and with layer 2 alone inside a pids cgroup (``pids.max = max_processes``) when the cgroup
+     file system is writable; a warning says so when neither is available;
    - a new session (process group); afterwards the whole group, and every process left in the cgroup, is killed;
    - a guard, installed before the program's first line: destructive and process-creating functions of ``os``,
      ``posix``, ``shutil`` and ``subprocess`` are set to None (``os.kill``, ``os.system``, ``os.remove``,
@@ -381,13 +381,14 @@ def _run(
             os.chown(workdir, user, user)
     else:
         user = _NOBODY_UID if bwrap.as_root else None
-    # under bubblewrap the pids cgroup also holds bwrap's two processes (its monitor and the namespace's init)
-    cgroup = _PidsCgroup.create(limits.max_processes + (2 if bwrap else 0)) if root else None
+    # Under bubblewrap the program never runs as root and its pid namespace ends with it, so RLIMIT_NPROC suffices
+    # (moving a process into a cgroup v1 costs ~25 ms of waiting; bwrap forks at once, so it would have to be
+    # moved before it starts).
+    cgroup = _PidsCgroup.create(limits.max_processes) if root and bwrap is None else None
     if root and user is None and cgroup is None:
         _warn_unlimited_processes()
     count_inside = bwrap is not None and not bwrap.as_root and _user_namespace_counts_own_tasks()
-    # RLIMIT_NPROC where no pids cgroup counts exactly (counting the user's tasks scans /proc: ~5 ms a program)
-    tasks_now = None if count_inside or cgroup is not None else _tasks_of_user(user if user is not None else os.getuid())
+    tasks_now = None if count_inside else _tasks_of_user(user if user is not None else os.getuid())
     settings = {
         "rlimits": _rlimits(limits, tasks_now),
         "drop_to": _NOBODY_UID if bwrap is not None and bwrap.as_root else None,
@@ -403,8 +404,6 @@ def _run(
     if bwrap is not None:
         argv = bwrap.command([bwrap.interpreter, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)], env,
                              limits.max_disk_bytes)  # fmt: skip
-        if cgroup is not None:  # bwrap forks at once: join the cgroup before it starts, through a shell
-            argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', str(cgroup.path / "cgroup.procs"), *argv]
         extra = {"cwd": "/", "env": {"PATH": os.defpath}}
     else:
         argv = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)]
@@ -419,7 +418,7 @@ def _run(
             **extra,
         )  # fmt: skip
         try:
-            if cgroup is not None and bwrap is None:
+            if cgroup is not None:
                 cgroup.add(process.pid)  # before the program is sent: nothing it starts escapes the limit
             timed_out = _communicate(process, program, limits.timeout_s)
         finally:
