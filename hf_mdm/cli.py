@@ -27,6 +27,30 @@ def _fail(message: str) -> int:
     return 2
 
 
+def at_least(minimum: float, kind: type = int) -> Any:
+    """An argparse type: a number of ``kind`` >= ``minimum`` (argparse's error names the flag)."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number > 0."""
+    value = at_least(0.0, float)(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # dataset
 
@@ -300,10 +324,10 @@ def _add_dataset_commands(commands: Any) -> None:
     push_ds.add_argument("--configs", nargs="+", default=["ngram2", "ngram3", "ngram4", "hmm", "chain"])
     push_ds.add_argument("--private", action="store_true")
     for sub in (build, push_ds):
-        sub.add_argument("--length", type=int)
-        sub.add_argument("--num-train", type=int)
-    build.add_argument("--num-validation", type=int)
-    build.add_argument("--num-test", type=int)
+        sub.add_argument("--length", type=at_least(1))
+        sub.add_argument("--num-train", type=at_least(1))
+    build.add_argument("--num-validation", type=at_least(1))
+    build.add_argument("--num-test", type=at_least(0))
     build.add_argument("--seed", type=int)
     build.set_defaults(func=_dataset_build)
     push_ds.set_defaults(func=_dataset_push)
@@ -316,11 +340,11 @@ def _add_train_command(commands: Any) -> None:
     train.add_argument("--output-dir", required=True)
     train.add_argument("--size", default="tiny", help="tiny, small, base or paper")
     train.add_argument("--schedule", default="linear")
-    train.add_argument("--max-steps", type=int, default=1000)
-    train.add_argument("--batch-size", type=int, default=128)
-    train.add_argument("--learning-rate", type=float, default=3e-3)
-    train.add_argument("--warmup-steps", type=int, default=50)
-    train.add_argument("--save-steps", type=int, default=500)
+    train.add_argument("--max-steps", type=at_least(1), default=1000)
+    train.add_argument("--batch-size", type=at_least(1), default=128)
+    train.add_argument("--learning-rate", type=positive_float, default=3e-3)
+    train.add_argument("--warmup-steps", type=at_least(0), default=50)
+    train.add_argument("--save-steps", type=at_least(1), default=500)
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     train.set_defaults(func=_train)
@@ -331,14 +355,15 @@ def _add_sample_and_score_commands(commands: Any) -> None:
     sample.add_argument("--model", required=True, help="a checkpoint directory, or `oracle`")
     sample.add_argument("--kind", choices=["mdm", "ar"], default=None, help="check the checkpoint is of this kind")
     sample.add_argument("--language", default=None, help="saved language directory (needed for --model oracle)")
-    sample.add_argument("--num", type=int, default=256)
-    sample.add_argument("--length", type=int, required=True)
+    sample.add_argument("--num", type=at_least(1), default=256)
+    sample.add_argument("--length", type=at_least(1), required=True)
     unset = "default: the model's generation config, else the paper's sampler"
-    sample.add_argument("--steps", type=int, default=None, help="default: the model's generation config, else one per token")
+    sample.add_argument("--steps", type=at_least(1), default=None,
+                        help="default: the model's generation config, else one per token")
     sample.add_argument("--transfer", default=None, help=f"{unset} (stochastic)")
     sample.add_argument("--strategy", default=None, help=f"{unset} (random)")
     sample.add_argument("--schedule", default=None, help="default: the model's training schedule, which it must match")
-    sample.add_argument("--temperature", type=float, default=None, help=f"{unset} (1.0)")
+    sample.add_argument("--temperature", type=at_least(0.0, float), default=None, help=f"{unset} (1.0)")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--output", required=True)
     sample.set_defaults(func=_sample)
@@ -359,7 +384,7 @@ def _add_experiment_commands(commands: Any) -> None:
         sub.add_argument("--config-dir", default=str(CONFIG_DIR))
         if name == "reproduce":
             sub.add_argument("--only", nargs="+", choices=EXPERIMENT_CONFIGS)
-            sub.add_argument("--jobs", type=int, default=2, help="experiments run side by side (one per core)")
+            sub.add_argument("--jobs", type=at_least(1), default=2, help="experiments run side by side (one per core)")
         sub.set_defaults(func=func)
 
 
@@ -390,7 +415,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         return _fail(str(err))
 
 

@@ -22,6 +22,7 @@ Every public name of those modules that users import from here is re-exported.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Optional, Union
 
 import torch
@@ -38,6 +39,7 @@ from .generation_reference import (
     LLADA_REMASKINGS,
     REFERENCES,
     ReferenceRun,
+    reject_inert_reference_args,
     run_reference,
 )
 from .generation_sampler import Canvas, Sampler, Trace, prepare_canvas, sample_blocks
@@ -56,7 +58,8 @@ from .timer import Stopwatch
 
 __all__ = [
     "MaskedDiffusionGenerationConfig", "MaskedDiffusionGenerateOutput", "MaskedDiffusionGenerationMixin",
-    "diffusion_generate", "resolve_config", "logits_shift_of", "canonical_strategy", "time_grid", "deterministic_counts",
+    "diffusion_generate", "resolve_config", "check_token_ids", "logits_shift_of", "canonical_strategy", "time_grid",
+    "deterministic_counts",
     "reveal_probability", "reveal_steps", "split_steps", "TRANSFERS", "STRATEGIES", "POSITIONAL_STRATEGIES",
     "STRATEGY_ALIASES", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID", "LLADA_EOT_TOKEN_ID",
 ]  # fmt: skip
@@ -110,6 +113,9 @@ def diffusion_generate(
     ```
     """
     config = resolve_config(model, generation_config, kwargs)
+    reject_inert_reference_args(config, kwargs)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise ValueError(f"seed must be an integer, got {seed!r} (or pass generator=torch.Generator().manual_seed(n))")
     if generator is None and seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(int(seed))
     mask_id = int(config.mask_token_id)
@@ -154,8 +160,8 @@ def _new_tokens(config: MaskedDiffusionGenerationConfig, input_ids: torch.Tensor
 
 
 def _check_inputs(model, config, canvas: Canvas, input_ids, logits_processor, stopping_criteria) -> None:
-    """ValueErrors for nothing to generate, a canvas longer than the model's positions and inputs a reference
-    sampler cannot take."""
+    """ValueErrors for nothing to generate, a canvas longer than the model's positions, token ids outside the
+    model's vocabulary and inputs a reference sampler cannot take."""
     if config.max_new_tokens is None and not bool(canvas.gen_mask0.any()):
         raise ValueError(
             f"nothing to generate: input_ids hold no [MASK] (id {config.mask_token_id}) and no length is set "
@@ -171,11 +177,37 @@ def _check_inputs(model, config, canvas: Canvas, input_ids, logits_processor, st
             f"prompt ({input_ids.shape[1]}) + max_new_tokens ({length - input_ids.shape[1]}) = {length} "
             f"exceeds the model's max_position_embeddings={max_positions}: shorten one of them"
         )
+    check_token_ids(model, config.mask_token_id, input_ids)
     if config.reference is not None and (logits_processor or stopping_criteria):
         raise ValueError(
             f"reference={config.reference!r} reproduces its reference sampler, which has no logits processors nor "
             "stopping criteria: drop logits_processor / stopping_criteria, or use the default sampler"
         )
+
+
+def check_token_ids(model: Any, mask_token_id: int, input_ids: Optional[torch.Tensor] = None) -> None:
+    """ValueErrors for a [MASK] id or prompt ids outside the model's vocabulary (which would otherwise fail inside
+    the embedding); nothing when the model does not say its vocabulary size."""
+    vocab_size = _vocab_size(model)
+    if vocab_size is None:
+        return
+    if not 0 <= mask_token_id < vocab_size:
+        raise ValueError(
+            f"mask_token_id={mask_token_id} is outside the model's vocabulary (vocab_size={vocab_size}): pass the "
+            "[MASK] id of this model (its config's or tokenizer's mask_token_id)"
+        )
+    if input_ids is not None and input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        raise ValueError(
+            f"input_ids hold ids outside the model's vocabulary [0, {vocab_size}): min {int(input_ids.min())}, max "
+            f"{int(input_ids.max())}: encode the prompt with this model's tokenizer"
+        )
+
+
+def _vocab_size(model: Any) -> Optional[int]:
+    """Rows of the input embedding (else ``config.vocab_size``), or None when the model says neither."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    return int(rows) if rows is not None else getattr(getattr(model, "config", None), "vocab_size", None)
 
 
 def _default_sampler(config, denoiser: Denoiser, logits_processor, generator) -> Sampler:

@@ -23,6 +23,8 @@ as remote code.
 from __future__ import annotations
 
 import copy
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -31,7 +33,7 @@ from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
 from .generation_denoiser import KV_CACHES, logits_shift_of
-from .generation_reference import REFERENCES, reject_foreign_args, validate_reference
+from .generation_reference import REFERENCES, check_reference_values, reject_foreign_args, validate_reference
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFERS
 from .schedules import get_schedule
@@ -119,7 +121,9 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             docstrings give the exact semantics. Its parameters are fields too, serialised with the config:
             ``remasking``, ``logits_eos_inf``, ``confidence_eos_eot_inf``, ``eot_token_id`` (LLaDA) and ``eps``,
             ``alg``, ``alg_temp`` (Dream), read only by their own preset (inert otherwise, as in Dream's published
-            generation_config.json, which holds ``alg``, ``eps`` and ``alg_temp``). A preset reads ``max_new_tokens``,
+            generation_config.json, which holds ``alg``, ``eps`` and ``alg_temp``). Their values are checked even
+            when inert (``remasking="nope"`` is a ValueError), and a ``generate()`` call that names one without
+            selecting its reference is a ValueError too (the call would ignore it). A preset reads ``max_new_tokens``,
             ``steps``, ``temperature``, ``cfg_scale``, ``mask_token_id``, ``eos_token_id`` and, for LLaDA,
             ``block_length``, for Dream ``top_p`` and ``top_k``; the fields of the sampler above (``schedule``,
             ``transfer``, ``strategy``, ...) must keep their defaults (a ValueError says so otherwise).
@@ -144,9 +148,8 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
 
     def validate(self, strict: bool = False, user_set_attributes: Optional[set] = None) -> None:
         # GenerationConfig rejects max_new_tokens == 0, which is legal here (pure infilling).
+        _check_sampling_values(self)  # before transformers' checks, which compare without checking types
         max_new_tokens = self.max_new_tokens
-        if max_new_tokens is not None and max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         # Hidden from transformers' checks: max_new_tokens == 0 is legal here (pure infilling), temperature 0 means
         # argmax and top-k/top-p apply whenever temperature > 0, so its do_sample consistency rules do not apply.
         hidden = {"max_new_tokens": max_new_tokens or None, "temperature": None, "top_k": None, "top_p": None}
@@ -162,23 +165,19 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
 
     def validate_diffusion(self) -> None:
         """Raise a ValueError naming the field for every diffusion setting that cannot run."""
-        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+        _check_sampling_values(self)
+        if self.steps is not None and (not _integer(self.steps) or self.steps < 1):
             raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
-        if self.block_length is not None and (not isinstance(self.block_length, int) or self.block_length < 1):
+        if self.block_length is not None and (not _integer(self.block_length) or self.block_length < 1):
             raise ValueError(f"block_length must be an integer >= 1 (or None for one block), got {self.block_length!r}")
         if self.transfer not in TRANSFERS:
             raise ValueError(f"unknown transfer {self.transfer!r}: use one of {list(TRANSFERS)}")
         canonical_strategy(self.strategy)
         get_schedule(self.schedule, **(self.schedule_kwargs or {}))
-        if self.transfer == "threshold":
-            if self.threshold is None or not 0 < float(self.threshold) <= 1:
-                raise ValueError(f"transfer='threshold' needs threshold in (0, 1], got {self.threshold!r}")
-        elif self.threshold is not None and not 0 < float(self.threshold) <= 1:
-            raise ValueError(f"threshold must be in (0, 1], got {self.threshold!r}")
-        if self.cfg_scale is None or self.cfg_scale < 0:
-            raise ValueError(f"cfg_scale must be >= 0, got {self.cfg_scale!r}")
-        if self.temperature is not None and self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.transfer == "threshold" and self.threshold is None:  # (its range: _check_sampling_values)
+            raise ValueError("transfer='threshold' needs threshold in (0, 1], got None")
+        if self.cfg_scale is None:
+            raise ValueError("cfg_scale must be a number >= 0 (0 = no guidance), got None")
         if self.logits_shift not in (None, 0, 1):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
         self._validate_fast_sampling()
@@ -200,6 +199,8 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         # alg_temp (and steps), which a Dream checkpoint's default config keeps without selecting the reference.
         if self.reference not in (None, "none"):
             validate_reference(self, _DIFFUSION_DEFAULTS)
+        else:
+            check_reference_values(self)
 
     @classmethod
     def llada(
@@ -364,6 +365,11 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         """A copy as `MaskedDiffusionGenerationConfig` of any generation config (custom keys of a plain one kept)."""
         if config is None:
             return cls()
+        if not isinstance(config, GenerationConfig):
+            raise ValueError(
+                f"generation_config must be a GenerationConfig (e.g. MaskedDiffusionGenerationConfig(steps=...)), got "
+                f"{type(config).__name__}: pass MaskedDiffusionGenerationConfig(**settings) or the settings as keywords"
+            )
         if isinstance(config, cls):
             return copy.deepcopy(config)
         values = {k: v for k, v in config.to_dict().items() if k != "_from_model_config"}
@@ -376,6 +382,34 @@ del _name, _default
 DIFFUSION_FIELDS = tuple(_DIFFUSION_DEFAULTS)
 TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
 MODEL_FIELDS = TOKEN_ID_FIELDS + ("logits_shift",)  # the model's own: every level gives them, to any config
+
+
+def _integer(value: Any) -> bool:
+    """An integer (Python's or numpy's), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    """A finite real number (not a bool, a string, NaN or infinity)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_sampling_values(config: MaskedDiffusionGenerationConfig) -> None:
+    """Types and ranges of the length, token sampling and token id fields (a ValueError naming the field)."""
+    checks = (
+        ("max_new_tokens", lambda v: _integer(v) and v >= 0, "an integer >= 0"),
+        ("temperature", lambda v: _number(v) and v >= 0, "a number >= 0 (0 = argmax)"),
+        ("top_k", lambda v: _integer(v) and v >= 0, "an integer >= 0 (0 or None keeps every token)"),
+        ("top_p", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] (1 or None keeps every token)"),
+        ("cfg_scale", lambda v: _number(v) and v >= 0, "a number >= 0 (0 = no guidance)"),
+        ("threshold", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        ("mask_token_id", lambda v: _integer(v) and v >= 0, "a token id (an integer >= 0)"),
+        ("stop_at_eos", lambda v: isinstance(v, bool), "True or False"),
+    )
+    for name, valid, expected in checks:
+        value = getattr(config, name, None)
+        if value is not None and not valid(value):
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
 def resolve_config(

@@ -14,6 +14,8 @@ Exported with the model as remote code (imports only torch and sibling modules).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -54,6 +56,49 @@ def reject_foreign_args(reference: str, kwargs: dict[str, Any]) -> None:
             raise ValueError(
                 f"{', '.join(foreign)}: parameter(s) of MaskedDiffusionGenerationConfig.{owner}(...), not of "
                 f"MaskedDiffusionGenerationConfig.{reference}(...)"
+            )
+
+
+def check_reference_values(config: Any, reference: Optional[str] = None) -> None:
+    """A ValueError naming the field for a value of a reference's own field that its reference cannot take.
+
+    Without ``reference`` (the default sampler, which does not read these fields) a field may be unset (None) or
+    hold a valid value, which stays inert: Dream's published generation_config.json carries ``alg``, ``eps`` and
+    ``alg_temp`` without selecting the reference. With ``reference`` its own fields must be set."""
+    def hint(owner: Optional[str]) -> str:
+        return "" if reference or owner is None else f" (read only by the {owner} reference sampler)"
+
+    checks = (
+        ("remasking", "llada", lambda v: v in LLADA_REMASKINGS, f"one of {list(LLADA_REMASKINGS)}"),
+        ("alg", "dream", lambda v: v in DREAM_ALGS, f"one of {list(DREAM_ALGS)}"),
+        ("eps", "dream", lambda v: _real(v) and 0 <= v < 1, "a number in [0, 1)"),
+        ("alg_temp", "dream", lambda v: v is None or (_real(v) and v >= 0), "a number >= 0 or None"),
+        ("eot_token_id", "llada", lambda v: v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0),
+         "a token id >= 0 or None"),
+    )  # fmt: skip
+    for name, owner, valid, expected in checks:
+        value = getattr(config, name, None)
+        if (value is not None or owner == reference) and not valid(value):
+            raise ValueError(f"{name} must be {expected}, got {value!r}{hint(owner)}")
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def reject_inert_reference_args(config: Any, kwargs: dict[str, Any]) -> None:
+    """A ValueError for a reference's own setting passed to a call that runs the default sampler, which would
+    ignore it (a saved config may hold such settings, inert; a call that names one means to use it)."""
+    if config.reference is not None:
+        return
+    for owner, names in REFERENCE_ONLY_ARGS.items():
+        given = sorted(name for name in names if kwargs.get(name) not in (None, False))
+        if given:
+            raise ValueError(
+                f"{', '.join(f'{n}={kwargs[n]!r}' for n in given)}: setting(s) of the {owner} reference sampler, which "
+                f"this call does not run (reference=None: hf_mdm's sampler, which ignores them). Pass "
+                f"reference={owner!r} (or a config from MaskedDiffusionGenerationConfig.{owner}(...)), or drop them and "
+                "use strategy= / transfer= / schedule="
             )
 
 
@@ -106,8 +151,7 @@ def _validate_llada(config: Any) -> None:
     if config.block_length is None:
         raise ValueError("reference='llada' needs block_length (block_length=gen_length for a single block)")
     check_llada_lengths(config.max_new_tokens, config.steps, config.block_length)
-    if config.remasking not in LLADA_REMASKINGS:
-        raise ValueError(f"remasking must be one of {list(LLADA_REMASKINGS)}, got {config.remasking!r}")
+    check_reference_values(config, "llada")
     if config.top_k is not None or config.top_p is not None:
         raise ValueError("LLaDA's generate() has no top_k / top_p: leave them None with reference='llada'")
 
@@ -115,12 +159,7 @@ def _validate_llada(config: Any) -> None:
 def _validate_dream(config: Any) -> None:
     if config.block_length is not None:
         raise ValueError("Dream's diffusion_generate() has no blocks: leave block_length None with reference='dream'")
-    if config.alg not in DREAM_ALGS:
-        raise ValueError(f"alg must be one of {list(DREAM_ALGS)}, got {config.alg!r}")
-    if config.eps is None or not 0 <= float(config.eps) < 1:
-        raise ValueError(f"eps must be in [0, 1), got {config.eps!r}")
-    if config.alg_temp is not None and float(config.alg_temp) < 0:
-        raise ValueError(f"alg_temp must be >= 0 or None, got {config.alg_temp!r}")
+    check_reference_values(config, "dream")
     if config.top_k is not None and (not isinstance(config.top_k, int) or config.top_k < 1):
         raise ValueError(f"top_k must be an integer >= 1 or None, got {config.top_k!r}")
     if config.top_p is not None and not 0 < float(config.top_p) <= 1:

@@ -100,9 +100,12 @@ class Sampler:
 
 def prepare_canvas(input_ids, attention_mask, max_new_tokens: int, mask_id: int) -> Canvas:
     """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded)."""
-    if input_ids is None or input_ids.dim() != 2:
-        shape = None if input_ids is None else tuple(input_ids.shape)
-        raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got shape {shape}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got {shape}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}: pass the "
+                         "tokenizer's ids or input_ids.long()")  # fmt: skip
     bsz, prompt_len = input_ids.shape
     if attention_mask is not None:
         if tuple(attention_mask.shape) != (bsz, prompt_len):

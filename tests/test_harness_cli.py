@@ -1,10 +1,13 @@
 """hf-mdm-eval (lm-eval's CLI with hf_mdm's models and tasks), accelerate sharding and hf-mdm compare, end to end
 on tiny local checkpoints and real GSM8K / HumanEval rows."""
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,3 +243,123 @@ def test_cli_is_lm_evals_with_our_tasks_on_the_include_path(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("include_path: /from/config\ntasks: [mdm_gsm8k]\n")
     assert _include_paths(cli.parse_args(["run", "--config", str(config)])) == ["/from/config", str(TASKS_DIR)]
+
+
+def _answers_in_cache(cache_dir: Path) -> int:
+    """Answers committed to the request caches under ``cache_dir`` (lm-eval's SQLite files; timing keys aside)."""
+    import sqlite3
+
+    count = 0
+    for path in cache_dir.glob("*.db"):
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            try:
+                count += db.execute("SELECT COUNT(*) FROM unnamed WHERE key NOT LIKE 'hf_mdm_timing:%'").fetchone()[0]
+            except sqlite3.OperationalError:  # not created yet
+                pass
+    return count
+
+
+@pytest.mark.slow
+def test_compare_killed_mid_way_resumes_without_redoing_requests(tiny, tmp_path):
+    """A compare matrix killed with SIGKILL mid-cell and started again with the same command answers the finished
+    requests from lm-eval's request cache and ends with the results of an uninterrupted run."""
+
+    def config(name: str) -> Path:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump({
+            "name": name, "output_dir": str(tmp_path / name), "tasks": ["mdm_gsm8k"],
+            "evaluate": {"batch_size": 1, "device": "cpu", "limit": 6, "log_samples": True,
+                         "gen_kwargs": {"max_gen_toks": 24}},
+            "models": [{"name": "tiny-mdm", "model": "hf_mdm", "model_args": {"pretrained": tiny["mdm"]},
+                        "settings": [{"name": "16 steps", "model_args": {"steps": 16}},
+                                     {"name": "32 steps", "model_args": {"steps": 32}}]}],
+        }))  # fmt: skip
+        return path
+
+    command = [str(BIN / "hf-mdm"), "compare", "--config"]
+    _run(command + [str(config("uninterrupted"))])
+    killed = config("killed")
+    process = subprocess.Popen(command + [str(killed)], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)  # fmt: skip
+    cache, deadline = tmp_path / "killed" / "cache", time.time() + 300
+    while _answers_in_cache(cache) < 2 and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done_before = _answers_in_cache(cache)
+    assert 2 <= done_before < 12, "killed mid-way"
+    leftovers = [p.name for p in (tmp_path / "killed").rglob("*") if p.name.startswith(".") and p.is_file()]
+    assert not (tmp_path / "killed" / "results.csv").exists() and not leftovers  # nothing half-written
+    _run(command + [str(killed)])  # the same command again
+
+    def outputs(name: str) -> tuple:
+        out = tmp_path / name
+        cells = {p.name: json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))}
+        samples = {p.name: [json.loads(line) for line in p.read_text().splitlines()]
+                   for p in sorted((out / "samples").glob("*.jsonl"))}  # fmt: skip
+        return cells, samples
+
+    cells, samples = outputs("killed")
+    expected_cells, expected_samples = outputs("uninterrupted")
+    assert cells.keys() == expected_cells.keys() and len(cells) == 2
+    counts = ("requests", "nfe", "generated_tokens", "output_tokens")
+    for name, cell in cells.items():
+        assert cell["accuracy"] == expected_cells[name]["accuracy"]
+        assert {k: cell["timing"][k] for k in counts} == {k: expected_cells[name]["timing"][k] for k in counts}
+        assert [s["resps"] for s in samples[name.replace(".json", ".jsonl")]] == \
+            [s["resps"] for s in expected_samples[name.replace(".json", ".jsonl")]]  # fmt: skip
+    # the requests finished before the kill were not redone
+    assert sum(cell["timing"]["cached_requests"] for cell in cells.values()) == done_before
+    assert all(cell["timing"]["cached_requests"] == 0 for cell in expected_cells.values())
+    accuracy = [(r["setting"], r["accuracy"], r["requests"]) for r in csvreader(tmp_path / "killed" / "results.csv")]
+    assert accuracy == [(r["setting"], r["accuracy"], r["requests"])
+                        for r in csvreader(tmp_path / "uninterrupted" / "results.csv")]  # fmt: skip
+
+
+def test_hf_mdm_eval_with_use_cache_resumes_from_finished_requests(tiny, tmp_path, monkeypatch):
+    """The same ``hf-mdm-eval run --use_cache`` command again answers every finished request from lm-eval's cache
+    (with its timing) and writes the same results; the cache file is named after the model and its arguments."""
+    from hf_mdm.harness.__main__ import main
+
+    monkeypatch.setenv("HF_MDM_DATA_DIR", DATA_DIR)
+    runs = []
+    for name in ("first", "again"):
+        argv = _eval_args("hf_mdm", tiny["mdm"], tmp_path / name, ",steps=8") + [
+            "--device", "cpu", "--use_cache", str(tmp_path / "cache" / "requests")]  # fmt: skip
+        assert main(argv) == 0
+        runs.append(_outputs(tmp_path / name))
+    (first, first_samples), (again, again_samples) = runs
+    assert [s["resps"] for s in again_samples] == [s["resps"] for s in first_samples]
+    assert again["results"]["mdm_gsm8k"] == {**first["results"]["mdm_gsm8k"],
+                                             **{k: v for k, v in again["results"]["mdm_gsm8k"].items() if "timing" in k}}
+    assert again["timing"]["all"]["cached_requests"] == again["timing"]["all"]["requests"] == 3
+    assert first["timing"]["all"]["cached_requests"] == 0
+    assert again["timing"]["all"]["nfe"] == first["timing"]["all"]["nfe"]
+    assert [p.name for p in (tmp_path / "cache").iterdir()][0].startswith("requests_")
+    assert not [p for p in tmp_path.rglob(".hf_mdm_staging-*")]
+
+
+def test_interrupted_writes_leave_no_file(tmp_path, monkeypatch):
+    """lm-eval's result and sample files are written whole or not at all (Ctrl-C in the middle of a write)."""
+    from lm_eval.loggers.evaluation_tracker import EvaluationTracker
+
+    from hf_mdm.harness.resume import atomic_outputs
+
+    def save(self, *args, interrupt=False, **kwargs):
+        path = Path(self.output_path) / "model" / "results.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write('{"half": ')
+            if interrupt:
+                raise KeyboardInterrupt
+            handle.write("1}")
+
+    monkeypatch.setattr(EvaluationTracker, "save_results_aggregated", save)
+    tracker = EvaluationTracker(output_path=str(tmp_path / "out"))
+    with atomic_outputs(), pytest.raises(KeyboardInterrupt):
+        tracker.save_results_aggregated({}, interrupt=True)
+    assert [p for p in (tmp_path / "out").rglob("*") if p.is_file()] == []
+    with atomic_outputs():
+        tracker.save_results_aggregated({})
+    assert json.loads((tmp_path / "out" / "model" / "results.json").read_text()) == {"half": 1}
+    assert tracker.output_path == str(tmp_path / "out") and len(list((tmp_path / "out").iterdir())) == 1

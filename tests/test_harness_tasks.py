@@ -9,6 +9,7 @@ import pytest
 from lm_eval.api.model import LM
 
 from hf_mdm.harness import simple_evaluate, task_names
+from hf_mdm.harness.sandbox import isolation_layer
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 LIMIT = 6
@@ -70,6 +71,8 @@ def test_reference_answers_score_one():
     assert sum("[BEGIN]\ndef similar_elements" in p for p in lm.prompts) == LIMIT  # MBPP prompt problems 2, 3, 4
     outcome = results["samples"]["mdm_mbpp"][0]["filtered_resps"][0][0]
     assert outcome["passed"] and outcome["status"] == "passed"
+    # the results say which isolation layer ran the code (bubblewrap where it works here)
+    assert results["sandbox"]["layer"] == outcome["layer"] == isolation_layer()
 
 
 def test_empty_answers_score_zero():

@@ -1,12 +1,15 @@
 """``hf-mdm-eval`` / ``python -m hf_mdm.harness``: lm-eval's command line with hf_mdm's models and tasks.
 
 Everything is lm-eval 0.4's CLI (``run``, ``ls``, ``validate``, every flag, and the legacy form without a
-subcommand, which means ``run``), with three additions:
+subcommand, which means ``run``), with these additions:
 
 - the models ``hf_mdm`` and ``hf_timed`` are registered;
 - hf_mdm's task directory is on the include path (after any ``--include_path`` of yours);
 - ``run`` evaluates through `hf_mdm.harness.simple_evaluate`, so results and samples carry timing, and indexes
-  lm-eval's built-in tasks only when a requested task is not one of hf_mdm's.
+  lm-eval's built-in tasks only when a requested task is not one of hf_mdm's;
+- ``run --use_cache PREFIX`` is resumable: killed at any point and started again with the same command, it redoes
+  only the requests that had not finished (`hf_mdm.harness.resume`); result and sample files are written whole or
+  not at all; a bad argument ends in one line that names it.
 
 Examples::
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import logging
 import os
 import sys
 from typing import Any, Iterator, Optional, Sequence
@@ -38,6 +42,7 @@ from lm_eval.utils import setup_logging
 from .evaluator import TASKS_DIR, build_task_manager, simple_evaluate, task_names
 from .launch import check_launch
 from .requirements import check_requirements
+from .resume import atomic_outputs
 
 __all__ = ["HarnessCLI", "main"]
 
@@ -62,8 +67,11 @@ class HarnessCLI(LMEvalCLI):
     def execute(self, args: argparse.Namespace) -> None:
         if hasattr(args, "include_path"):
             args.include_path = _include_paths(args)
-        hooks = _run_hooks(args) if getattr(args, "command", None) == "run" else contextlib.nullcontext()
-        with hooks:
+        run = getattr(args, "command", None) == "run"
+        with contextlib.ExitStack() as stack:
+            if run:  # our simple_evaluate and task index; whole-or-nothing output files
+                stack.enter_context(_run_hooks(args))
+                stack.enter_context(atomic_outputs())
             args.func(args)
 
 
@@ -136,10 +144,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = cli.parse_args(argv)
     try:
         _check_run(args)
-    except ValueError as err:
+        cli.execute(args)
+    except ValueError as err:  # bad model arguments, settings or inputs: the message says what to change
+        logging.getLogger(__name__).debug("hf-mdm-eval failed", exc_info=True)
         print(f"hf-mdm-eval: error: {err}", file=sys.stderr)
         return 2
-    cli.execute(args)
     return 0
 
 

@@ -17,7 +17,8 @@ import numpy as np
 
 from .sandbox import ExecutionResult, SandboxLimits, run_programs
 
-__all__ = ["pass_at_k", "pass_at_k_of_outcomes", "mbpp_program", "humaneval_program", "execute", "outcome"]
+__all__ = ["pass_at_k", "pass_at_k_of_outcomes", "mbpp_program", "humaneval_program", "reference_programs", "execute",
+           "outcome"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -41,10 +42,23 @@ def humaneval_program(completion: str, doc: Mapping) -> str:
     return f"{doc['prompt']}{completion}\n\n{doc['test']}\n\ncheck({doc['entry_point']})\n"
 
 
+def reference_programs(data_dir: Optional[str] = None) -> dict[str, str]:
+    """Every MBPP (all 974 problems, every split) and HumanEval (164) reference solution with its tests, as the
+    benchmarks run them: ``{"mbpp/<task_id>" | "HumanEval/<n>": program}``. Data from `hf_mdm.harness.data`."""
+    from . import data
+
+    programs = {}
+    for split in data.load_mbpp(data_dir).values():
+        programs.update({f"mbpp/{doc['task_id']}": mbpp_program(doc["code"], doc) for doc in split})
+    for doc in data.load_humaneval(data_dir)["test"]:
+        programs[doc["task_id"]] = humaneval_program(doc["canonical_solution"], doc)
+    return programs
+
+
 def outcome(result: ExecutionResult) -> dict:
     """The part of an `ExecutionResult` kept in lm-eval's samples log."""
     return {"passed": result.passed, "status": result.status, "reason": result.reason,
-            "elapsed_s": round(result.elapsed_s, 4)}  # fmt: skip
+            "elapsed_s": round(result.elapsed_s, 4), "layer": result.layer}  # fmt: skip
 
 
 def execute(programs: Sequence[Sequence[str]], limits: Optional[SandboxLimits] = None) -> list[list[dict]]:

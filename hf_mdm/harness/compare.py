@@ -2,7 +2,9 @@
 
 Every cell (model, setting, task) is one in-process lm-eval run (`hf_mdm.harness.simple_evaluate`) whose
 accuracy and timing come from the same requests. Finished cells are saved as ``<output_dir>/cells/*.json`` (written
-atomically) and reused when the command runs again, so an interrupted matrix resumes where it stopped. The
+atomically) and reused when the command runs again, and within a cell every finished request is kept in lm-eval's
+request cache (``<output_dir>/cache``, `hf_mdm.harness.resume`), so a matrix interrupted or killed at any point
+resumes where it stopped, with the results of an uninterrupted run. The
 summary is ``results.csv``, ``results.md`` and ``accuracy_vs_time.png`` (the paper's Figure 1: accuracy against
 the time of the whole benchmark, one panel per benchmark), with the paper's published numbers
 (``paper_numbers.json``) beside ours where they exist. Launched with ``accelerate launch -m
@@ -163,19 +165,35 @@ def run_matrix(config: CompareConfig, force: bool = False) -> list[Path]:
         groups.setdefault(key, []).append(cell)
     evaluate = {k: v for k, v in config.evaluate.items() if k not in ("gen_kwargs",)}
     lm_kwargs = {k: evaluate.pop(k) for k in ("batch_size", "max_batch_size", "device") if k in evaluate}
+    use_cache = evaluate.pop("use_cache", True)
     for cells in groups.values():
         first = cells[0]
         lm = create_lm(first.model, dict(first.model_args), **lm_kwargs)
         for cell in cells:
+            cache = _request_cache(config, cell, use_cache, force)
             results = simple_evaluate(
-                lm, model_args=cell.model_args, tasks=[cell.task], gen_kwargs=cell.gen_kwargs or None, **evaluate
-            )
+                lm, model_args=cell.model_args, tasks=[cell.task], gen_kwargs=cell.gen_kwargs or None,
+                use_cache=cache, **evaluate,
+            )  # fmt: skip
             if results is not None and _is_main_process():
                 written.append(_save_cell(cells_dir, cell, results, config.metric(cell.task)))
         del lm
         gc.collect()
         _empty_device_cache()
     return written
+
+
+def _request_cache(config: CompareConfig, cell: Cell, use_cache: Any, force: bool) -> Optional[str]:
+    """The cell's request-cache prefix (``<output_dir>/cache/<cell>``; the evaluator adds a fingerprint of the model
+    and its arguments): a cell killed mid-way resumes from its finished requests. ``evaluate: {use_cache: false}``
+    turns it off, a string puts it elsewhere; ``--force`` starts the cell's cache anew."""
+    if use_cache is False or use_cache is None:
+        return None
+    root = Path(use_cache) if isinstance(use_cache, (str, os.PathLike)) else config.output_dir / "cache"
+    if force and _is_main_process():
+        for stale in root.glob(f"{cell.slug}_*"):
+            stale.unlink()
+    return str(root / cell.slug)
 
 
 def _empty_device_cache() -> None:
@@ -206,6 +224,8 @@ def _save_cell(cells_dir: Path, cell: Cell, results: dict, metric: str) -> Path:
         "n_samples": results.get("n-samples", {}).get(cell.task),
         "date": results.get("date"),
     }
+    if "sandbox" in results:
+        record["sandbox"] = results["sandbox"]
     path = cells_dir / f"{cell.slug}.json"
     write_atomic(path, json.dumps(record, indent=2, default=str))
     if results.get("samples", {}).get(cell.task):
@@ -375,8 +395,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="compare config (YAML), e.g. evaluation/configs/tiny.yaml")
     parser.add_argument("--force", action="store_true", help="re-run finished cells")
     parser.add_argument("--report_only", action="store_true", help="only rebuild the table and plot from saved cells")
-    parser.add_argument("--limit", type=float, default=None, help="override the config's limit (smoke runs)")
+    parser.add_argument("--limit", type=_positive_limit, default=None,
+                        help="override the config's limit (smoke runs): requests per task, or a fraction < 1")
     return parser
+
+
+def _positive_limit(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

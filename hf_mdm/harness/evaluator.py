@@ -21,6 +21,8 @@ from lm_eval.tasks import TaskManager
 from lm_eval.utils import simple_parse_args_string
 
 from . import models as _models  # noqa: F401  (registers hf_mdm and hf_timed)
+from .resume import cache_prefix, caching
+from .sandbox import isolation_report
 from .timing import RequestTiming, attach_timing
 
 __all__ = ["TASKS_DIR", "task_names", "build_task_manager", "simple_evaluate", "create_lm"]
@@ -97,9 +99,14 @@ def simple_evaluate(
 ) -> Optional[dict]:
     """``lm_eval.simple_evaluate`` (same arguments) with hf_mdm's tasks registered and timing in the results.
 
+    With ``use_cache`` (a path prefix) the run is resumable: requests answered before come from lm-eval's request
+    cache, with their timing, in ``<use_cache>_<fingerprint of the model and its arguments>_rank<N>.db``
+    (`hf_mdm.harness.resume`).
+
     Returns lm-eval's results dict on the main process (None on the others) with ``results["timing"]`` (totals
-    per task and overall), ``<field>,timing`` entries in ``results["results"][task]`` and, with
-    ``log_samples``, ``sample["timing"]`` for every logged sample.
+    per task and overall), ``<field>,timing`` entries in ``results["results"][task]``, with ``log_samples``
+    ``sample["timing"]`` for every logged sample, and, when a task executed generated code, ``results["sandbox"]``
+    (the isolation layer it ran under, `hf_mdm.harness.sandbox.isolation_report`).
     """
     args_dict = simple_parse_args_string(model_args) if isinstance(model_args, str) else dict(model_args or {})
     if task_manager is None:
@@ -108,17 +115,20 @@ def simple_evaluate(
     timing = getattr(lm, "timing", None)
     if timing is not None:
         timing.clear()
-    results = lm_eval_evaluator.simple_evaluate(
-        model=lm,
-        model_args=model_args,
-        tasks=list(tasks or []),
-        batch_size=batch_size,
-        max_batch_size=max_batch_size,
-        device=device,
-        task_manager=task_manager,
-        metadata=metadata,
-        **kwargs,
-    )
+    if kwargs.get("use_cache"):
+        kwargs["use_cache"] = cache_prefix(kwargs["use_cache"], model, model_args, kwargs.get("gen_kwargs"))
+    with caching(lm):
+        results = lm_eval_evaluator.simple_evaluate(
+            model=lm,
+            model_args=model_args,
+            tasks=list(tasks or []),
+            batch_size=batch_size,
+            max_batch_size=max_batch_size,
+            device=device,
+            task_manager=task_manager,
+            metadata=metadata,
+            **kwargs,
+        )
     records = _gather_records(lm) if timing is not None else None
     if results is None:
         return None
@@ -129,6 +139,8 @@ def simple_evaluate(
             tracker.general_config_tracker.model_source = model
     if records is not None:
         attach_timing(results, records, kwargs.get("samples"))
+    if any(config.get("unsafe_code") for config in (results.get("configs") or {}).values()):
+        results["sandbox"] = isolation_report()  # which isolation layer ran the generated code
     return results
 
 

@@ -21,19 +21,21 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from transformers import StoppingCriteriaList
 
-from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate, logits_shift_of, resolve_config
+from ..generation import (MaskedDiffusionGenerationConfig, check_token_ids, diffusion_generate, logits_shift_of,
+                          resolve_config)  # fmt: skip
 from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
 from ..likelihood import ELBOEstimator, greedy_matches
 from .sampler_config import (
     RequestConfigs,
     canonical_reference,
+    check_model_args,
     check_no_reference_args,
     check_reference_args,
     resolve_reference,
     sampler_fields,
 )
-from .model_args import check_pretrained, explain_model_arguments, hflm_arguments
+from .model_args import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
 from .timed import StopStringCriteria, TimedGeneration
 from .timing import RequestTag, Stopwatch, tag_requests
 
@@ -110,11 +112,11 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         **kwargs: Any,
     ):
         choice = canonical_reference(_former_preset_argument(reference, kwargs))
+        check_model_args(kwargs, max_gen_toks=max_gen_toks, mc_num=mc_num, greedy_check=greedy_check, seed=seed)
+        check_near_misses("hf_mdm", kwargs, _known_arguments(), inspect.signature(HFLM.__init__).parameters)
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in sampler_fields()}
         if choice in REFERENCE_ARGS:  # fail before loading the weights
             check_reference_args(choice, overrides, "requested")
-        if int(mc_num) < 1:
-            raise ValueError(f"mc_num must be >= 1, got {mc_num}")
         kwargs.setdefault("backend", "causal")
         check_pretrained(pretrained)
         with explain_model_arguments("hf_mdm", kwargs, _known_arguments()):
@@ -124,6 +126,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         self.reference = self._choose_reference(choice, overrides)
         self.generation_config = self._resolve_generation_config(overrides)
         self.mask_token_id = int(self.generation_config.mask_token_id)
+        check_token_ids(self.model, self.mask_token_id)
         self._use_pad_token_other_than_mask()
         self.request_configs = RequestConfigs(self.reference, self.generation_config, overrides, self._stop_ids(),
                                               self.tokenizer.pad_token_id)  # fmt: skip

@@ -34,6 +34,28 @@ def check_pretrained(pretrained: Any) -> None:
     check_local_path(pretrained, "pretrained")
 
 
+def check_near_misses(model: str, given: Iterable[str], known: dict[str, Iterable[str]], passed_on: Iterable[str]) -> None:
+    """Before anything loads: a ValueError for a given argument that no one takes (not in ``known``, not an argument
+    ``passed_on`` to lm-eval's HFLM) and is one letter or so away from a known one (``stepz`` for ``steps``)."""
+    every = {arg for names in known.values() for arg in names}
+    for name in given:
+        if name not in every and name not in set(passed_on) and difflib.get_close_matches(name, sorted(every), 1, 0.8):
+            raise unknown_argument(model, name, known)
+
+
+def unknown_argument(model: str, name: str, known: dict[str, Iterable[str]]) -> ValueError:
+    """The ValueError for an unknown model argument ``name``: the nearest known ones and every accepted one by kind."""
+    every = sorted({arg for names in known.values() for arg in names})
+    near = difflib.get_close_matches(name, every, n=3, cutoff=0.6)
+    lists = "; ".join(f"{kind}: {', '.join(sorted(names))}" for kind, names in known.items())
+    return ValueError(
+        f"unknown model argument {name!r} for --model {model}"
+        + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else "")
+        + f". Model arguments are {lists}; other names are passed to from_pretrained and must be fields of the "
+        "checkpoint's config"
+    )
+
+
 @contextlib.contextmanager
 def explain_model_arguments(model: str, given: Iterable[str], known: dict[str, Iterable[str]]) -> Iterator[None]:
     """Within the block, a TypeError about an unexpected keyword argument that the user gave (``given``) becomes a
@@ -45,13 +67,4 @@ def explain_model_arguments(model: str, given: Iterable[str], known: dict[str, I
         match = _UNEXPECTED.search(str(err))
         if match is None or match.group(1) not in given:
             raise
-        name = match.group(1)
-        every = sorted({arg for names in known.values() for arg in names})
-        near = difflib.get_close_matches(name, every, n=3, cutoff=0.6)
-        lists = "; ".join(f"{kind}: {', '.join(sorted(names))}" for kind, names in known.items())
-        raise ValueError(
-            f"unknown model argument {name!r} for --model {model}"
-            + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else "")
-            + f". Model arguments are {lists}; other names are passed to from_pretrained and must be fields of the "
-            "checkpoint's config"
-        ) from err
+        raise unknown_argument(model, match.group(1), known) from err

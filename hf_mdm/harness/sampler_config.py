@@ -95,6 +95,23 @@ def check_no_reference_args(overrides: dict[str, Any], model_type: Optional[str]
         )
 
 
+def check_model_args(kwargs: dict[str, Any], **own: Any) -> None:
+    """The ``hf_mdm`` model's own arguments (``max_gen_toks``, ``mc_num``, ``greedy_check``, ``seed``): a ValueError
+    naming the argument, before anything is loaded."""
+    rules = {"max_gen_toks": (lambda v: v is None or _is_int(v) and v >= 1, "an integer >= 1 (or unset)"),
+             "mc_num": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+             "greedy_check": (lambda v: isinstance(v, bool), "True or False"),
+             "seed": (lambda v: _is_int(v), "an integer")}  # fmt: skip
+    for name, value in own.items():
+        valid, expected = rules[name]
+        if not valid(value):
+            raise ValueError(f"model argument {name} must be {expected}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _neutral_top(key: str, value: Any) -> bool:
     """A top_k / top_p that keeps every token (None, top_k 0, top_p 1)."""
     if key == "top_k":

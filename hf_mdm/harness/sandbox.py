@@ -1,30 +1,42 @@
-"""Run generated Python programs in a separate, limited process (the only place hf_mdm executes model output).
+"""Run generated Python programs in a separate, isolated, limited process (the only place hf_mdm executes model output).
 
 Code execution is opt-in twice: the environment variable ``HF_ALLOW_CODE_EVAL=1`` (checked here, before anything
 runs) and lm-eval's ``--confirm_run_unsafe_code`` (checked by lm-eval for tasks with ``unsafe_code: true``).
 
-Each program runs in its own fresh interpreter (``python -I -S``: isolated mode, standard library only), started
-with:
+Two layers protect the machine; every result says which ran (`ExecutionResult.layer`, ``"layer"`` in lm-eval's
+samples log, ``results["sandbox"]`` in the results JSON):
 
-- an empty temporary working directory (removed afterwards) and a minimal environment (PATH, LANG, HOME and TMPDIR
-  pointing at that directory);
-- wall-clock and CPU-time limits (the process group is killed at the wall limit; RLIMIT_CPU sends SIGXCPU, then
-  SIGKILL a second later), an address-space limit (RLIMIT_AS), a file-size limit (RLIMIT_FSIZE, which also caps
-  what the program prints) and an open-files limit, all set with soft = hard so the program cannot raise them;
-- a process-count limit: RLIMIT_NPROC (tasks of the user: counted now, plus ``max_processes``). The kernel does not
-  apply RLIMIT_NPROC to root, so under root the program also runs as the unprivileged user ``nobody`` when the
-  interpreter is usable by it, and inside a pids cgroup (``pids.max = max_processes``) when the cgroup file system
-  is writable; a warning says so when neither is available;
-- a new session (process group); afterwards the whole group, and every process left in the cgroup, is killed;
-- a guard, installed before the program's first line: destructive and process-creating functions of ``os``,
-  ``posix``, ``shutil`` and ``subprocess`` are set to None (``os.kill``, ``os.system``, ``os.remove``,
-  ``os.unlink``, ``os.rmdir``, ``os.rename``, ``os.fork``, ``os.exec*``, ``os.spawn*``, ``os.setuid``,
-  ``os._exit``, ``shutil.rmtree``, ``shutil.move``, ``subprocess.Popen``, ...), and ``ctypes``,
-  ``_posixsubprocess``, ``multiprocessing``, ``pty``, ``resource`` and ``socket`` cannot be imported; ``open`` and
-  ``os.open`` refuse to write outside the working directory.
+1. Operating-system isolation, ``layer="bubblewrap"`` (`hf_mdm.harness.bubblewrap`): the program runs under
+   bubblewrap with no network, no view of other processes, of the caller's environment or of any file but a
+   read-only Python installation and ``/usr``, a private size-limited ``/tmp`` as working directory and home, and
+   the unprivileged uid 65534. Used whenever ``bwrap`` is installed and works here (probed once); otherwise a
+   warning says once what is missing and how to install it, and programs run with layer 2 alone
+   (``layer="process"``, today's behaviour). ``HF_MDM_SANDBOX_ISOLATION=bubblewrap`` makes its absence an error,
+   ``=process`` skips it.
+2. Process limits and a guard (both layers): each program runs in its own fresh interpreter (``python -I -S``:
+   isolated mode, standard library only), started with:
+
+   - an empty temporary working directory (removed afterwards) and a minimal environment (PATH, LANG, HOME and
+     TMPDIR pointing at that directory);
+   - wall-clock and CPU-time limits (the process group is killed at the wall limit; RLIMIT_CPU sends SIGXCPU,
+     then SIGKILL a second later), an address-space limit (RLIMIT_AS), a file-size limit (RLIMIT_FSIZE, which
+     also caps what the program prints) and an open-files limit, all set with soft = hard so the program cannot
+     raise them;
+   - a process-count limit: RLIMIT_NPROC (tasks of the user: counted now, plus ``max_processes``; in bubblewrap's
+     user namespace, its own tasks). The kernel does not apply RLIMIT_NPROC to root, so under root the program
+     runs as the unprivileged user ``nobody`` (with layer 1 always; with layer 2 alone when the interpreter is
+     usable by it), and with layer 2 alone inside a pids cgroup (``pids.max = max_processes``) when the cgroup
+     file system is writable; a warning says so when neither is available;
+   - a new session (process group); afterwards the whole group, and every process left in the cgroup, is killed;
+   - a guard, installed before the program's first line: destructive and process-creating functions of ``os``,
+     ``posix``, ``shutil`` and ``subprocess`` are set to None (``os.kill``, ``os.system``, ``os.remove``,
+     ``os.unlink``, ``os.rmdir``, ``os.rename``, ``os.fork``, ``os.exec*``, ``os.spawn*``, ``os.setuid``,
+     ``os._exit``, ``shutil.rmtree``, ``shutil.move``, ``subprocess.Popen``, ...), and ``ctypes``,
+     ``_posixsubprocess``, ``multiprocessing``, ``pty``, ``resource`` and ``socket`` cannot be imported; ``open``
+     and ``os.open`` refuse to write outside the working directory.
 
 The guard stops the accidents of generated code (a stray ``shutil.rmtree``), not an adversary; the operating-system
-limits above are what bound the resources. A program passes when it runs to its end: an exception, ``exit()``, a
+layer and limits are what hold against one. A program passes when it runs to its end: an exception, ``exit()``, a
 signal, a limit or the timeout fail it.
 """
 
@@ -33,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -41,17 +54,24 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Sequence
 
+from . import bubblewrap
+from .bubblewrap import Bubblewrap
+
 __all__ = [
     "ALLOW_ENV",
+    "ISOLATION_ENV",
     "SandboxLimits",
     "ExecutionResult",
     "code_execution_allowed",
     "require_code_execution",
+    "isolation_layer",
+    "isolation_report",
+    "bubblewrap_unavailable",
     "run_program",
     "run_programs",
 ]
@@ -59,13 +79,26 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ALLOW_ENV = "HF_ALLOW_CODE_EVAL"
-_NOBODY_UID = 65534
+ISOLATION_ENV = "HF_MDM_SANDBOX_ISOLATION"
+_NOBODY_UID = bubblewrap.NOBODY
 _CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
 
 # Runs in the child, before the program: limits, guard, then the program read from stdin. Self-contained.
 _BOOTSTRAP = r"""
 import json, os, resource, sys
 settings = json.loads(sys.argv[1])
+if settings["drop_to"] is not None:  # root under bubblewrap: become the unprivileged user before anything else
+    os.setgroups([])
+    os.setresgid(settings["drop_to"], settings["drop_to"], settings["drop_to"])
+    os.setresuid(settings["drop_to"], settings["drop_to"], settings["drop_to"])
+if settings["nproc_inside"] is not None:  # a user namespace counts only its own tasks: those visible now
+    tasks = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            tasks += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            pass
+    settings["rlimits"]["RLIMIT_NPROC"] = [tasks + settings["nproc_inside"]] * 2
 for name, value in settings["rlimits"].items():
     resource.setrlimit(getattr(resource, name), tuple(value))
 source = sys.stdin.read()
@@ -148,6 +181,7 @@ class SandboxLimits:
         max_file_bytes: size of any file written, stdout and stderr included (RLIMIT_FSIZE).
         max_open_files: file descriptors (RLIMIT_NOFILE).
         max_output_chars: characters of stdout / stderr kept in the result.
+        max_disk_bytes: size of the private ``/tmp`` (working directory and home) under bubblewrap.
     """
 
     timeout_s: float = 10.0
@@ -157,6 +191,7 @@ class SandboxLimits:
     max_file_bytes: int = 16 << 20
     max_open_files: int = 64
     max_output_chars: int = 4000
+    max_disk_bytes: int = 64 << 20
 
     @classmethod
     def from_env(cls) -> "SandboxLimits":
@@ -174,7 +209,8 @@ class SandboxLimits:
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    """Outcome of one program: ``status`` is ``"passed"``, ``"failed"`` or ``"timeout"``; ``reason`` says why."""
+    """Outcome of one program: ``status`` is ``"passed"``, ``"failed"`` or ``"timeout"``; ``reason`` says why;
+    ``layer`` is the isolation it ran under (``"bubblewrap"`` or ``"process"``, see the module docstring)."""
 
     status: str
     reason: str
@@ -182,6 +218,7 @@ class ExecutionResult:
     stdout: str
     stderr: str
     elapsed_s: float
+    layer: str = "process"
 
     @property
     def passed(self) -> bool:
@@ -206,26 +243,30 @@ def require_code_execution() -> None:
         )
 
 
-def run_program(program: str, limits: SandboxLimits = SandboxLimits(), *, guard: bool = True) -> ExecutionResult:
+def run_program(
+    program: str, limits: SandboxLimits = SandboxLimits(), *, guard: bool = True, isolation: Optional[str] = None
+) -> ExecutionResult:
     """Run one Python program in the sandbox and report whether it ran to its end.
 
     Args:
         program: Python source (for benchmarks: the solution followed by its tests).
         limits: resource limits.
         guard: install the guard of disabled functions (always on for benchmarks; off only to test that the
-            operating-system limits hold by themselves).
+            operating-system layer and limits hold by themselves).
+        isolation: ``"auto"`` (bubblewrap where it works, else the process layer with a warning),
+            ``"bubblewrap"`` (an error where it does not work) or ``"process"``; default ``HF_MDM_SANDBOX_ISOLATION``
+            or ``"auto"``.
     """
     require_code_execution()
-    with tempfile.TemporaryDirectory(prefix="hf_mdm_sandbox_io_") as io_dir:
-        workdir = Path(tempfile.mkdtemp(prefix="hf_mdm_sandbox_"))
-        try:
-            return _run(program, limits, guard, workdir, Path(io_dir))
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
+    return _execute(program, limits, guard, _bubblewrap_for(isolation_layer(isolation)))
 
 
 def run_programs(
-    programs: Sequence[str], limits: SandboxLimits = SandboxLimits(), max_workers: Optional[int] = None
+    programs: Sequence[str],
+    limits: SandboxLimits = SandboxLimits(),
+    max_workers: Optional[int] = None,
+    *,
+    isolation: Optional[str] = None,
 ) -> list[ExecutionResult]:
     """Run programs concurrently (each in its own sandboxed process), results in input order.
 
@@ -234,47 +275,148 @@ def run_programs(
     require_code_execution()
     if not programs:
         return []
+    bwrap = _bubblewrap_for(isolation_layer(isolation))
     if max_workers is None:
         max_workers = int(os.environ.get("HF_MDM_SANDBOX_WORKERS", 0)) or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(programs)))) as pool:
-        return list(pool.map(lambda p: run_program(p, limits), programs))
+        return list(pool.map(lambda p: _execute(p, limits, True, bwrap), programs))
+
+
+def isolation_layer(requested: Optional[str] = None) -> str:
+    """The layer programs run under here: ``"bubblewrap"`` or ``"process"`` (see the module docstring).
+
+    ``requested`` (default ``HF_MDM_SANDBOX_ISOLATION``, else ``"auto"``): ``"auto"`` falls back to ``"process"``
+    with a warning (once) where bubblewrap does not work; ``"bubblewrap"`` raises a RuntimeError there."""
+    choice = (requested or os.environ.get(ISOLATION_ENV) or "auto").strip().lower()
+    if choice not in ("auto", "bubblewrap", "process"):
+        raise ValueError(f"{ISOLATION_ENV}={choice!r}: use auto, bubblewrap or process")
+    if choice == "process":
+        return "process"
+    reason = bubblewrap_unavailable()
+    if reason is None:
+        return "bubblewrap"
+    if choice == "bubblewrap":
+        raise RuntimeError(f"{ISOLATION_ENV}=bubblewrap, but the sandbox's operating-system layer is unavailable: "
+                           f"{reason}")  # fmt: skip
+    _warn_once(
+        "fallback",
+        "Generated code runs WITHOUT operating-system isolation (only process limits and a Python-level guard, "
+        "which a hostile program can get around: it can read your files and the environment of this process): "
+        f"{reason}. Set {ISOLATION_ENV}=bubblewrap to make this an error.",
+    )
+    return "process"
+
+
+def bubblewrap_unavailable() -> Optional[str]:
+    """None when the bubblewrap layer works on this machine, else why not (what is missing, how to install it).
+    Probed once per process."""
+    return _probe_bubblewrap()[1]
+
+
+def isolation_report(requested: Optional[str] = None) -> dict:
+    """What the results JSON says about the sandbox: the layer, what it isolates, and why not where it fell back."""
+    layer = isolation_layer(requested)
+    report = {"layer": layer}
+    if layer == "bubblewrap":
+        bwrap = _probe_bubblewrap()[0]
+        report["isolation"] = ("bubblewrap: no network, own pid namespace, read-only /usr and Python, private /tmp, "
+                               f"uid {_NOBODY_UID}; with process limits and the guard")  # fmt: skip
+        report["bwrap"] = bwrap.executable
+    else:
+        report["isolation"] = "process limits and the Python-level guard only"
+        reason = bubblewrap_unavailable()
+        if reason:
+            report["why_not_bubblewrap"] = reason
+    return report
 
 
 # ----------------------------------------------------------------------------------------------------------------
 
+_PROBE = "import os, json, re, math, hashlib, collections\nprint(os.getuid(), os.getgid(), os.listdir('.'))"
+_probe_lock = threading.Lock()
+_probed: list = []
 
-def _run(program: str, limits: SandboxLimits, guard: bool, workdir: Path, io_dir: Path) -> ExecutionResult:
-    user = _unprivileged_user()
-    if user is not None:
-        os.chown(workdir, user, user)
-    cgroup = _PidsCgroup.create(limits.max_processes) if os.geteuid() == 0 else None
-    if os.geteuid() == 0 and user is None and cgroup is None:
+
+def _probe_bubblewrap() -> tuple[Optional[Bubblewrap], Optional[str]]:
+    """Find bwrap and run a program under it once: (the layer, None) or (None, the reason)."""
+    with _probe_lock:
+        if not _probed:
+            bwrap, reason = bubblewrap.locate()
+            if bwrap is not None:
+                probe = _execute(_PROBE, SandboxLimits(timeout_s=60, cpu_time_s=30), True, bwrap)
+                if probe.stdout.strip() != f"{_NOBODY_UID} {_NOBODY_UID} []":
+                    detail = (probe.stderr.strip() or probe.reason or probe.stdout.strip()).splitlines()
+                    reason = (f"`{bwrap.executable}` is installed but could not run Python in a sandbox "
+                              f"({detail[-1] if detail else probe.status}); {bubblewrap.INSTALL_HINT}")  # fmt: skip
+                    bwrap = None
+            _probed[:] = [bwrap, reason or None]
+        return _probed[0], _probed[1]
+
+
+def _bubblewrap_for(layer: str) -> Optional[Bubblewrap]:
+    return _probe_bubblewrap()[0] if layer == "bubblewrap" else None
+
+
+def _execute(program: str, limits: SandboxLimits, guard: bool, bwrap: Optional[Bubblewrap]) -> ExecutionResult:
+    """One program under ``bwrap`` (its working directory a private tmpfs) or the process layer alone (an empty
+    temporary directory, removed afterwards)."""
+    with tempfile.TemporaryDirectory(prefix="hf_mdm_sandbox_io_") as io_dir:
+        if bwrap is not None:
+            return _run(program, limits, guard, None, Path(io_dir), bwrap)
+        workdir = Path(tempfile.mkdtemp(prefix="hf_mdm_sandbox_"))
+        try:
+            return _run(program, limits, guard, workdir, Path(io_dir), None)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(
+    program: str, limits: SandboxLimits, guard: bool, workdir: Optional[Path], io_dir: Path,
+    bwrap: Optional[Bubblewrap],
+) -> ExecutionResult:  # fmt: skip
+    root = os.geteuid() == 0
+    if bwrap is None:
+        user = _unprivileged_user()
+        if user is not None:
+            os.chown(workdir, user, user)
+    else:
+        user = _NOBODY_UID if bwrap.as_root else None
+    # Under bubblewrap the program never runs as root and its pid namespace ends with it, so RLIMIT_NPROC suffices
+    # (moving a process into a cgroup v1 costs ~25 ms of waiting; bwrap forks at once, so it would have to be
+    # moved before it starts).
+    cgroup = _PidsCgroup.create(limits.max_processes) if root and bwrap is None else None
+    if root and user is None and cgroup is None:
         _warn_unlimited_processes()
+    count_inside = bwrap is not None and not bwrap.as_root and _user_namespace_counts_own_tasks()
+    tasks_now = None if count_inside else _tasks_of_user(user if user is not None else os.getuid())
     settings = {
-        "rlimits": _rlimits(limits, _tasks_of_user(user if user is not None else os.getuid())),
+        "rlimits": _rlimits(limits, tasks_now),
+        "drop_to": _NOBODY_UID if bwrap is not None and bwrap.as_root else None,
+        "nproc_inside": limits.max_processes if count_inside else None,
         "guard": guard,
         "disabled_os": _DISABLED_OS,
         "disabled_shutil": _DISABLED_SHUTIL,
         "disabled_subprocess": _DISABLED_SUBPROCESS,
         "blocked_modules": _BLOCKED_MODULES,
     }
-    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": str(workdir), "TMPDIR": str(workdir)}
-    extra = {"user": user, "group": user, "extra_groups": []} if user is not None else {}
+    home = bubblewrap.WORKDIR if bwrap is not None else str(workdir)
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
+    if bwrap is not None:
+        argv = bwrap.command([bwrap.interpreter, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)], env,
+                             limits.max_disk_bytes)  # fmt: skip
+        extra = {"cwd": "/", "env": {"PATH": os.defpath}}
+    else:
+        argv = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)]
+        extra = {"cwd": workdir, "env": env}
+        if user is not None:
+            extra.update(user=user, group=user, extra_groups=[])
     stdout_path, stderr_path = io_dir / "stdout", io_dir / "stderr"
     start = time.perf_counter()
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         process = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)],
-            stdin=subprocess.PIPE,
-            stdout=out,
-            stderr=err,
-            cwd=workdir,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-            umask=0o077,
+            argv, stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True, close_fds=True, umask=0o077,
             **extra,
-        )
+        )  # fmt: skip
         try:
             if cgroup is not None:
                 cgroup.add(process.pid)  # before the program is sent: nothing it starts escapes the limit
@@ -286,7 +428,20 @@ def _run(program: str, limits: SandboxLimits, guard: bool, workdir: Path, io_dir
     elapsed = time.perf_counter() - start
     stdout = _read_tail(stdout_path, limits.max_output_chars)
     stderr = _read_tail(stderr_path, limits.max_output_chars)
-    return _result(process.returncode, timed_out, stdout, stderr, elapsed)
+    returncode = process.returncode
+    if bwrap is not None and returncode is not None and returncode > 128:
+        returncode = 128 - returncode  # bwrap exits with 128 + N when its command is killed by signal N
+    result = _result(returncode, timed_out, stdout, stderr, elapsed)
+    return result if bwrap is None else replace(result, layer="bubblewrap")
+
+
+def _user_namespace_counts_own_tasks() -> bool:
+    """Since Linux 5.14, RLIMIT_NPROC inside a user namespace counts the tasks of that namespace only."""
+    try:
+        major, minor = (int(part) for part in platform.release().split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 14)
 
 
 def _communicate(process: subprocess.Popen, program: str, timeout_s: float) -> bool:
@@ -396,18 +551,25 @@ def _unprivileged_user() -> Optional[int]:
     return _NOBODY_UID if probe.returncode == 0 else None
 
 
-_warned = threading.Event()
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
+
+def _warn_once(key: str, message: str) -> None:
+    with _warn_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    logger.warning(message)
 
 
 def _warn_unlimited_processes() -> None:
-    if not _warned.is_set():
-        _warned.set()
-        logger.warning(
-            "Running generated code as root: the interpreter %s is not usable by the user 'nobody' and no pids cgroup "
-            "is writable, so the kernel does not enforce the process limit (RLIMIT_NPROC does not apply to root). "
-            "Run as an unprivileged user for full protection.",
-            sys.executable,
-        )
+    _warn_once(
+        "nproc",
+        f"Running generated code as root: the interpreter {sys.executable} is not usable by the user 'nobody' and no "
+        "pids cgroup is writable, so the kernel does not enforce the process limit (RLIMIT_NPROC does not apply to "
+        "root). Install bubblewrap or run as an unprivileged user for full protection.",
+    )
 
 
 class _PidsCgroup:

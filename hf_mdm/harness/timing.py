@@ -50,6 +50,7 @@ SUMMARY_FIELDS = {
     "seconds_per_request": "summed_s / requests: a request's share of the compute time",
     "ranks": "processes that evaluated requests",
     "padding_requests": "padding copies lm-eval ran to balance the processes (timed, not counted)",
+    "cached_requests": "requests answered from the request cache of a resumed run (with the timing they ran with)",
 }
 REQUEST_FIELDS = {
     "time_s": "the request's share of its batch's wall-clock (batch_time_s / batch_size)",
@@ -65,6 +66,7 @@ REQUEST_FIELDS = {
     "generated_tokens": "tokens the model generated for the request (prompt excluded; through EOS)",
     "output_tokens": "tokens of the answer returned to lm-eval (up to the first stop string)",
     "tokens_per_s": "generated_tokens / time_s",
+    "from_cache": "answered from the request cache of a resumed run; its values are those it ran with",
 }
 
 
@@ -99,6 +101,7 @@ class RequestTiming:
     output_tokens: int
     forward_tokens: float = 0.0  # positions the network computed for this request (its share of rows x span)
     batch_forward_rows: float = 0.0
+    from_cache: bool = False  # answered from the request cache of a resumed run; the values are those it ran with
 
     @property
     def tokens_per_s(self) -> float:
@@ -176,7 +179,17 @@ class TimingRecorder:
         """Record one scored request (loglikelihood): no generated tokens."""
         self.records.append(
             RequestTiming(tag.task, tag.doc_id, tag.request_type, tag.repeat, tag.padding, self.rank, 1,
-                          time_s, time_s, generate_s, nfe, 0, 0, nfe)  # fmt: skip
+                          time_s, time_s, generate_s, nfe, 0, 0, batch_forward_rows=nfe)  # fmt: skip
+        )
+
+    def restore(self, tag: RequestTag, stored: dict[str, Any]) -> None:
+        """Record a request answered from the request cache with the timing stored when it ran
+        (`hf_mdm.harness.resume`); the tag (task, doc, repeat, rank) is this run's."""
+        fields = ("batch_size", "time_s", "batch_time_s", "generate_s", "nfe", "generated_tokens", "output_tokens")
+        measured = {name: stored[name] for name in ("forward_tokens", "batch_forward_rows") if name in stored}
+        self.records.append(
+            RequestTiming(tag.task, tag.doc_id, tag.request_type, tag.repeat, tag.padding, self.rank,
+                          **{name: stored[name] for name in fields}, **measured, from_cache=True)  # fmt: skip
         )
 
     def clear(self) -> None:
@@ -210,6 +223,7 @@ def summarize(records: Iterable[RequestTiming]) -> dict[str, Any]:
         "seconds_per_request": summed / requests if requests else 0.0,
         "ranks": len(per_rank),
         "padding_requests": len(records) - len(counted),
+        "cached_requests": sum(r.from_cache for r in counted),
     }
 
 

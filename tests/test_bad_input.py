@@ -1,0 +1,213 @@
+"""Bad input at the public entry points: one table per entry point of input -> the ValueError (or, for the command
+lines, the error message) that names the field and the fix, raised before any forward pass."""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
+
+os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+VOCAB, MASK = 17, 16
+PROMPT = torch.tensor([[1, 2, 3]])
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = MDMConfig(vocab_size=VOCAB, mask_token_id=MASK, hidden_size=32, num_hidden_layers=1,
+                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    return MDMForMaskedDiffusion(config).eval()
+
+
+@pytest.fixture
+def forwards(model):
+    """Counts the model's forward passes during a test."""
+    calls = []
+    handle = model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    yield calls
+    handle.remove()
+
+
+# -- generate(): settings --------------------------------------------------------------------------------------------
+
+GENERATE_KWARGS = [
+    # the issue's cases
+    (dict(mask_token_id=VOCAB), "mask_token_id=17 is outside the model's vocabulary"),
+    (dict(top_k=-3), "top_k must be an integer >= 0"),
+    (dict(top_k=-3, temperature=1.0), "top_k must be an integer >= 0"),
+    (dict(remasking="nope"), r"remasking must be one of \['low_confidence', 'random'\].*llada reference"),
+    # a reference's own setting named in a call that runs the default sampler (it would be ignored)
+    (dict(remasking="random"), "remasking='random'.*reference='llada'"),
+    (dict(alg="entropy"), "alg='entropy'.*reference='dream'"),
+    (dict(alg="nope"), "alg must be one of"),
+    (dict(eps=2.0), r"eps must be a number in \[0, 1\)"),
+    (dict(alg_temp=-1.0), "alg_temp must be a number >= 0"),
+    # DESIGN section 3's list and the rest of the fields
+    (dict(mask_token_id=-1), "mask_token_id must be a token id"),
+    (dict(mask_token_id=3.5), "mask_token_id must be a token id"),
+    (dict(steps=0), "steps must be an integer >= 1"),
+    (dict(steps=2.5), "steps must be an integer >= 1"),
+    (dict(steps=True), "steps must be an integer >= 1"),
+    (dict(block_length=0), "block_length must be an integer >= 1"),
+    (dict(block_length=2.5), "block_length must be an integer >= 1"),
+    (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
+    (dict(max_new_tokens=2.5), "max_new_tokens must be an integer >= 0"),
+    (dict(max_new_tokens="4"), "max_new_tokens must be an integer >= 0"),
+    (dict(max_new_tokens=200), "exceeds the model's max_position_embeddings=64: shorten"),
+    (dict(schedule="nope"), "unknown schedule"),
+    (dict(schedule_kwargs={"zzz": 1}), "bad schedule_kwargs"),
+    (dict(strategy="nope"), "unknown strategy 'nope': use one of"),
+    (dict(strategy=""), "unknown strategy ''"),  # (None is no setting: the next level's value applies)
+    (dict(transfer="nope"), "unknown transfer 'nope': use one of"),
+    (dict(transfer="threshold"), "transfer='threshold' needs threshold"),
+    (dict(transfer="threshold", threshold=1.5), r"threshold must be a number in \(0, 1\]"),
+    (dict(threshold=0.0), r"threshold must be a number in \(0, 1\]"),
+    (dict(threshold="x"), r"threshold must be a number in \(0, 1\]"),
+    (dict(temperature=-0.5), "temperature must be a number >= 0"),
+    (dict(temperature="hot"), "temperature must be a number >= 0"),
+    (dict(temperature=float("inf")), "temperature must be a number >= 0"),
+    (dict(top_k=2.5, temperature=1.0), "top_k must be an integer >= 0"),
+    (dict(top_p=0.0, temperature=1.0), r"top_p must be a number in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be a number in \(0, 1\]"),
+    (dict(cfg_scale=-1.0), "cfg_scale must be a number >= 0"),
+    (dict(cfg_scale=float("nan")), "cfg_scale must be a number >= 0"),
+    (dict(cfg_scale="x"), "cfg_scale must be a number >= 0"),
+    (dict(logits_shift=2), "logits_shift must be 0, 1 or None"),
+    (dict(stop_at_eos="no"), "stop_at_eos must be True or False"),
+    (dict(reference="mdlm"), "unknown reference 'mdlm'"),
+    (dict(reference="llada", steps=4), "reference='llada' needs block_length"),
+    (dict(reference="dream", steps=4, alg="origin", eps=1e-3, strategy="margin"), "strategy='margin' does not apply"),
+    (dict(stepz=3), r"unknown generation argument\(s\) \['stepz'\]"),
+    (dict(seed="abc"), "seed must be an integer"),
+    (dict(generation_config={"steps": 2}), "generation_config must be a GenerationConfig"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", GENERATE_KWARGS, ids=[str(k) for k, _ in GENERATE_KWARGS])
+def test_generate_settings(model, forwards, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        model.generate(PROMPT, **{"max_new_tokens": 4, **kwargs})
+    with pytest.raises(ValueError, match=message):  # the free function: the same checks
+        diffusion_generate(model, PROMPT, **{"max_new_tokens": 4, **kwargs})
+    assert not forwards, "a forward pass ran before the error"
+
+
+# -- generate(): inputs ----------------------------------------------------------------------------------------------
+
+GENERATE_INPUTS = [
+    (PROMPT.float(), None, "input_ids must hold integer token ids .* got torch.float32"),
+    (PROMPT.bool(), None, "input_ids must hold integer token ids"),
+    ([[1, 2, 3]], None, "input_ids must be a 2-D LongTensor .* got list"),
+    (torch.tensor([1, 2, 3]), None, "input_ids must be a 2-D LongTensor"),
+    (torch.tensor([[1, 20, 3]]), None, r"input_ids hold ids outside the model's vocabulary \[0, 17\)"),
+    (torch.tensor([[1, -2, 3]]), None, r"input_ids hold ids outside the model's vocabulary \[0, 17\)"),
+    (PROMPT, torch.ones(1, 4), "attention_mask must be 2-D"),
+]
+
+
+@pytest.mark.parametrize("input_ids, attention_mask, message", GENERATE_INPUTS, ids=[m for _, _, m in GENERATE_INPUTS])
+def test_generate_inputs(model, forwards, input_ids, attention_mask, message):
+    with pytest.raises(ValueError, match=message):
+        model.generate(input_ids, attention_mask=attention_mask, max_new_tokens=4)
+    assert not forwards
+
+
+def test_valid_values_of_a_reference_field_in_a_saved_config_stay_accepted(model, forwards):
+    """Dream's published generation_config.json holds alg, eps and alg_temp without selecting the reference: the
+    default sampler leaves them inert (a call that names one is an error, see the table)."""
+    saved = MaskedDiffusionGenerationConfig(alg="origin", eps=1e-3, alg_temp=0.0, steps=4, max_new_tokens=4)
+    assert model.generate(PROMPT, generation_config=saved).shape == (1, 7) and forwards
+    with pytest.raises(ValueError, match="alg must be one of"):
+        MaskedDiffusionGenerationConfig(alg="nope").validate()
+
+
+# -- the hf_mdm lm-eval model's arguments --------------------------------------------------------------------------
+
+MODEL_ARGS = [
+    (dict(steps="abc"), "steps must be an integer >= 1, got 'abc'"),
+    (dict(steps=0), "steps must be an integer >= 1"),
+    (dict(temperature="hot"), "temperature must be a number >= 0"),
+    (dict(top_k=-3), "top_k must be an integer >= 0"),
+    (dict(strategy="nope"), "unknown strategy 'nope'"),
+    (dict(transfer="threshold", threshold=2), r"threshold must be a number in \(0, 1\]"),
+    (dict(cfg_scale=-1), "cfg_scale must be a number >= 0"),
+    (dict(mask_token_id=10**6), "mask_token_id=1000000 is outside the model's vocabulary"),
+    (dict(remasking="nope"), "remasking: setting.* of reference=llada.*reference=none"),
+    (dict(reference="nope"), "unknown reference 'nope'"),
+    (dict(reference="llada", block_length=0), "block_length must be an integer >= 1"),
+    (dict(reference="llada", remasking="nope", max_gen_toks=8), "remasking must be one of"),
+    (dict(reference="dream", alg="nope"), "alg must be one of"),
+    (dict(reference="dream", strategy="margin"), "strategy.*reference=dream.*reference=none"),
+    (dict(mc_num=0), "model argument mc_num must be an integer >= 1"),
+    (dict(mc_num="abc"), "model argument mc_num must be an integer >= 1"),
+    (dict(max_gen_toks=0), "model argument max_gen_toks must be an integer >= 1"),
+    (dict(max_gen_toks="x"), "model argument max_gen_toks must be an integer >= 1"),
+    (dict(seed="x"), "model argument seed must be an integer"),
+    (dict(greedy_check="maybe"), "model argument greedy_check must be True or False"),
+    (dict(stepz=3), "unknown model argument 'stepz' for --model hf_mdm \\(did you mean 'steps'"),
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from hf_mdm.harness.tiny import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize("args, message", MODEL_ARGS, ids=[str(a) for a, _ in MODEL_ARGS])
+def test_lm_eval_model_args(tiny, args, message):
+    from hf_mdm.harness.evaluator import create_lm
+
+    with pytest.raises(ValueError, match=message):
+        create_lm("hf_mdm", {"pretrained": tiny["mdm"], **args}, batch_size=1, device="cpu")
+
+
+# -- the command lines -----------------------------------------------------------------------------------------------
+
+HF_MDM_ARGS = [
+    (["sample", "--model", "oracle", "--length", "0", "--output", "x.json"], "--length: must be >= 1, got 0"),
+    (["sample", "--model", "oracle", "--length", "8", "--num", "-1", "--output", "x.json"], "--num: must be >= 1"),
+    (["sample", "--model", "oracle", "--length", "8", "--steps", "0", "--output", "x.json"], "--steps: must be >= 1"),
+    (["sample", "--model", "oracle", "--length", "8", "--temperature", "-1", "--output", "x.json"],
+     "--temperature: must be >= 0.0"),
+    (["sample", "--model", "oracle", "--length", "8", "--output", "x.json"], "--model oracle needs --language"),
+    (["sample", "--model", "oracle", "--language", "{tmp}/missing", "--length", "8", "--output", "x.json"],
+     "missing"),
+    (["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--max-steps", "0"], "--max-steps: must be >= 1"),
+    (["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--learning-rate", "0"],
+     "--learning-rate: must be > 0"),
+    (["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--batch-size", "abc"],
+     "--batch-size: must be an integer, got 'abc'"),
+    (["dataset", "build", "ngram2", "--output-dir", "o", "--length", "0"], "--length: must be >= 1"),
+    (["score", "--samples", "{tmp}/missing.json", "--language", "l"], "missing.json"),
+    (["reproduce", "--jobs", "0"], "--jobs: must be >= 1"),
+    (["compare", "--config", "{tmp}/missing.yaml"], "missing.yaml"),
+    (["compare", "--config", "c.yaml", "--limit", "0"], "--limit: must be > 0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("argv, message", HF_MDM_ARGS, ids=[" ".join(a[:1] + [m]) for a, m in HF_MDM_ARGS])
+def test_hf_mdm_command_line(tmp_path, capsys, argv, message):
+    from hf_mdm.cli import main
+
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    assert exit_info.value.code == 2
+    assert message.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+
+
+def test_hf_mdm_eval_command_line(tiny, capsys):
+    """Bad model arguments of ``hf-mdm-eval run`` end in one line naming the argument, not a traceback."""
+    from hf_mdm.harness.__main__ import main
+
+    argv = ["run", "--model", "hf_mdm", "--model_args", f"pretrained={tiny['mdm']},steps=0", "--tasks",
+            "mdm_gsm8k", "--device", "cpu", "--limit", "1"]  # fmt: skip
+    assert main(argv) == 2
+    assert "hf-mdm-eval: error: steps must be an integer >= 1, got 0" in capsys.readouterr().err
