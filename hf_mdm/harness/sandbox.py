@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -55,11 +54,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
-from functools import lru_cache
 from pathlib import Path
 from typing import Optional, Sequence
 
-from . import bubblewrap
+from . import bubblewrap, sandbox_guard, sandbox_limits
 from .bubblewrap import Bubblewrap
 
 __all__ = [
@@ -80,94 +78,6 @@ logger = logging.getLogger(__name__)
 
 ALLOW_ENV = "HF_ALLOW_CODE_EVAL"
 ISOLATION_ENV = "HF_MDM_SANDBOX_ISOLATION"
-_NOBODY_UID = bubblewrap.NOBODY
-_CGROUP_ROOTS = (Path("/sys/fs/cgroup/pids"), Path("/sys/fs/cgroup"))
-
-# Runs in the child, before the program: limits, guard, then the program read from stdin. Self-contained.
-_BOOTSTRAP = r"""
-import json, os, resource, sys
-settings = json.loads(sys.argv[1])
-if settings["drop_to"] is not None:  # root under bubblewrap: become the unprivileged user before anything else
-    os.setgroups([])
-    os.setresgid(settings["drop_to"], settings["drop_to"], settings["drop_to"])
-    os.setresuid(settings["drop_to"], settings["drop_to"], settings["drop_to"])
-if settings["nproc_inside"] is not None:  # a user namespace counts only its own tasks: those visible now
-    tasks = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            tasks += len(os.listdir(f"/proc/{pid}/task"))
-        except OSError:
-            pass
-    settings["rlimits"]["RLIMIT_NPROC"] = [tasks + settings["nproc_inside"]] * 2
-for name, value in settings["rlimits"].items():
-    resource.setrlimit(getattr(resource, name), tuple(value))
-source = sys.stdin.read()
-_exit, _stdout, _stderr = os._exit, sys.stdout, sys.stderr
-if settings["guard"]:
-    import builtins, faulthandler, posix, shutil, subprocess
-    faulthandler.disable()
-    for module in (os, posix):
-        for name in settings["disabled_os"]:
-            if hasattr(module, name):
-                setattr(module, name, None)
-    for name in settings["disabled_shutil"]:
-        setattr(shutil, name, None)
-    for name in settings["disabled_subprocess"]:
-        setattr(subprocess, name, None)
-    for name in settings["blocked_modules"]:
-        sys.modules[name] = None
-    builtins.exit = builtins.quit = None
-    import io
-    _root, _open, _os_open = os.path.realpath(os.getcwd()), io.open, posix.open
-    _write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-
-    def _inside(path):
-        if isinstance(path, int):
-            return True
-        real = os.path.realpath(os.fspath(path))
-        return real == _root or real.startswith(_root + os.sep)
-
-    def _guarded_open(file, mode="r", *args, **kwargs):
-        if any(c in mode for c in "wax+") and not _inside(file):
-            raise PermissionError(f"the sandbox writes only inside its working directory: {file!r}")
-        return _open(file, mode, *args, **kwargs)
-
-    def _guarded_os_open(path, flags, *args, **kwargs):
-        if flags & _write_flags and not _inside(path):
-            raise PermissionError(f"the sandbox writes only inside its working directory: {path!r}")
-        return _os_open(path, flags, *args, **kwargs)
-
-    builtins.open = io.open = _guarded_open
-    os.open = posix.open = _guarded_os_open
-try:
-    exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
-except BaseException:
-    try:
-        import traceback
-        traceback.print_exc(file=_stderr)
-    finally:
-        _stdout.flush(); _stderr.flush(); _exit(1)
-_stdout.flush(); _stderr.flush(); _exit(0)
-"""
-
-_DISABLED_OS = (
-    "kill", "killpg", "system", "popen", "fork", "forkpty", "vfork",
-    "execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe",
-    "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe",
-    "posix_spawn", "posix_spawnp", "pidfd_open",
-    "remove", "unlink", "rmdir", "removedirs", "rename", "renames", "replace", "truncate", "ftruncate",
-    "link", "symlink", "chmod", "fchmod", "lchmod", "chown", "fchown", "lchown", "chroot", "chdir", "fchdir",
-    "mkfifo", "mknod", "putenv", "unsetenv",
-    "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
-    "setsid", "setpgid", "setpgrp", "nice", "plock", "_exit", "abort",
-)  # fmt: skip
-_DISABLED_SHUTIL = ("rmtree", "move", "chown")
-_DISABLED_SUBPROCESS = (
-    "Popen", "run", "call", "check_call", "check_output", "getoutput", "getstatusoutput", "_fork_exec",
-    "_posixsubprocess",
-)  # fmt: skip
-_BLOCKED_MODULES = ("ctypes", "_ctypes", "_posixsubprocess", "multiprocessing", "pty", "resource", "socket", "_socket")
-
 
 @dataclass(frozen=True)
 class SandboxLimits:
@@ -298,7 +208,7 @@ def isolation_layer(requested: Optional[str] = None) -> str:
     if choice == "bubblewrap":
         raise RuntimeError(f"{ISOLATION_ENV}=bubblewrap, but the sandbox's operating-system layer is unavailable: "
                            f"{reason}")  # fmt: skip
-    _warn_once(
+    sandbox_limits.warn_once(
         "fallback",
         "Generated code runs WITHOUT operating-system isolation (only process limits and a Python-level guard, "
         "which a hostile program can get around: it can read your files and the environment of this process): "
@@ -320,7 +230,7 @@ def isolation_report(requested: Optional[str] = None) -> dict:
     if layer == "bubblewrap":
         bwrap = _probe_bubblewrap()[0]
         report["isolation"] = ("bubblewrap: no network, own pid namespace, read-only /usr and Python, private /tmp, "
-                               f"uid {_NOBODY_UID}; with process limits and the guard")  # fmt: skip
+                               f"uid {sandbox_limits.NOBODY_UID}; with process limits and the guard")  # fmt: skip
         report["bwrap"] = bwrap.executable
     else:
         report["isolation"] = "process limits and the Python-level guard only"
@@ -344,7 +254,7 @@ def _probe_bubblewrap() -> tuple[Optional[Bubblewrap], Optional[str]]:
             bwrap, reason = bubblewrap.locate()
             if bwrap is not None:
                 probe = _execute(_PROBE, SandboxLimits(timeout_s=60, cpu_time_s=30), True, bwrap)
-                if probe.stdout.strip() != f"{_NOBODY_UID} {_NOBODY_UID} []":
+                if probe.stdout.strip() != f"{sandbox_limits.NOBODY_UID} {sandbox_limits.NOBODY_UID} []":
                     detail = (probe.stderr.strip() or probe.reason or probe.stdout.strip()).splitlines()
                     reason = (f"`{bwrap.executable}` is installed but could not run Python in a sandbox "
                               f"({detail[-1] if detail else probe.status}); {bubblewrap.INSTALL_HINT}")  # fmt: skip
@@ -376,37 +286,37 @@ def _run(
 ) -> ExecutionResult:  # fmt: skip
     root = os.geteuid() == 0
     if bwrap is None:
-        user = _unprivileged_user()
+        user = sandbox_limits.unprivileged_user()
         if user is not None:
             os.chown(workdir, user, user)
     else:
-        user = _NOBODY_UID if bwrap.as_root else None
+        user = sandbox_limits.NOBODY_UID if bwrap.as_root else None
     # Under bubblewrap the program never runs as root and its pid namespace ends with it, so RLIMIT_NPROC suffices
     # (moving a process into a cgroup v1 costs ~25 ms of waiting; bwrap forks at once, so it would have to be
     # moved before it starts).
-    cgroup = _PidsCgroup.create(limits.max_processes) if root and bwrap is None else None
+    cgroup = sandbox_limits.PidsCgroup.create(limits.max_processes) if root and bwrap is None else None
     if root and user is None and cgroup is None:
-        _warn_unlimited_processes()
-    count_inside = bwrap is not None and not bwrap.as_root and _user_namespace_counts_own_tasks()
-    tasks_now = None if count_inside else _tasks_of_user(user if user is not None else os.getuid())
+        sandbox_limits.warn_unlimited_processes()
+    count_inside = bwrap is not None and not bwrap.as_root and sandbox_limits.user_namespace_counts_own_tasks()
+    tasks_now = None if count_inside else sandbox_limits.tasks_of_user(user if user is not None else os.getuid())
     settings = {
-        "rlimits": _rlimits(limits, tasks_now),
-        "drop_to": _NOBODY_UID if bwrap is not None and bwrap.as_root else None,
+        "rlimits": sandbox_limits.rlimits(limits, tasks_now),
+        "drop_to": sandbox_limits.NOBODY_UID if bwrap is not None and bwrap.as_root else None,
         "nproc_inside": limits.max_processes if count_inside else None,
         "guard": guard,
-        "disabled_os": _DISABLED_OS,
-        "disabled_shutil": _DISABLED_SHUTIL,
-        "disabled_subprocess": _DISABLED_SUBPROCESS,
-        "blocked_modules": _BLOCKED_MODULES,
+        "disabled_os": sandbox_guard.DISABLED_OS,
+        "disabled_shutil": sandbox_guard.DISABLED_SHUTIL,
+        "disabled_subprocess": sandbox_guard.DISABLED_SUBPROCESS,
+        "blocked_modules": sandbox_guard.BLOCKED_MODULES,
     }
     home = bubblewrap.WORKDIR if bwrap is not None else str(workdir)
     env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
     if bwrap is not None:
-        argv = bwrap.command([bwrap.interpreter, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)], env,
+        argv = bwrap.command([bwrap.interpreter, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)], env,
                              limits.max_disk_bytes)  # fmt: skip
         extra = {"cwd": "/", "env": {"PATH": os.defpath}}
     else:
-        argv = [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, json.dumps(settings)]
+        argv = [sys.executable, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)]
         extra = {"cwd": workdir, "env": env}
         if user is not None:
             extra.update(user=user, group=user, extra_groups=[])
@@ -433,15 +343,6 @@ def _run(
         returncode = 128 - returncode  # bwrap exits with 128 + N when its command is killed by signal N
     result = _result(returncode, timed_out, stdout, stderr, elapsed)
     return result if bwrap is None else replace(result, layer="bubblewrap")
-
-
-def _user_namespace_counts_own_tasks() -> bool:
-    """Since Linux 5.14, RLIMIT_NPROC inside a user namespace counts the tasks of that namespace only."""
-    try:
-        major, minor = (int(part) for part in platform.release().split(".")[:2])
-    except ValueError:
-        return False
-    return (major, minor) >= (5, 14)
 
 
 def _communicate(process: subprocess.Popen, program: str, timeout_s: float) -> bool:
@@ -491,138 +392,3 @@ def _read_tail(path: Path, max_chars: int) -> str:
         handle.seek(max(0, size - 4 * max_chars))
         text = handle.read().decode("utf-8", errors="replace")
     return text[-max_chars:]
-
-
-def _rlimits(limits: SandboxLimits, tasks_now: Optional[int]) -> dict[str, tuple[int, int]]:
-    import resource
-
-    rlimits = {
-        "RLIMIT_CPU": (limits.cpu_time_s, limits.cpu_time_s + 1),
-        "RLIMIT_AS": (limits.memory_bytes, limits.memory_bytes),
-        "RLIMIT_FSIZE": (limits.max_file_bytes, limits.max_file_bytes),
-        "RLIMIT_NOFILE": (limits.max_open_files, limits.max_open_files),
-        "RLIMIT_CORE": (0, 0),
-    }
-    if tasks_now is not None:
-        nproc = tasks_now + limits.max_processes
-        current = resource.getrlimit(resource.RLIMIT_NPROC)[1]
-        if current != resource.RLIM_INFINITY:
-            nproc = min(nproc, current)
-        rlimits["RLIMIT_NPROC"] = (nproc, nproc)
-    return rlimits
-
-
-def _tasks_of_user(uid: int) -> Optional[int]:
-    """Tasks (processes and threads) whose real uid is ``uid``: what RLIMIT_NPROC counts. None off Linux."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return None
-    total = 0
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines() if ":" in line)
-        except OSError:
-            continue
-        if int(fields.get("Uid", "-1").split()[0]) == uid:
-            total += int(fields.get("Threads", "1").strip() or 1)
-    return total
-
-
-@lru_cache(maxsize=None)
-def _unprivileged_user() -> Optional[int]:
-    """Under root: the uid of ``nobody`` if this interpreter runs as that user, else None."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        probe = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", "pass"],
-            user=_NOBODY_UID,
-            group=_NOBODY_UID,
-            extra_groups=[],
-            cwd="/",
-            env={"PATH": os.defpath},
-            capture_output=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return _NOBODY_UID if probe.returncode == 0 else None
-
-
-_warned: set[str] = set()
-_warn_lock = threading.Lock()
-
-
-def _warn_once(key: str, message: str) -> None:
-    with _warn_lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    logger.warning(message)
-
-
-def _warn_unlimited_processes() -> None:
-    _warn_once(
-        "nproc",
-        f"Running generated code as root: the interpreter {sys.executable} is not usable by the user 'nobody' and no "
-        "pids cgroup is writable, so the kernel does not enforce the process limit (RLIMIT_NPROC does not apply to "
-        "root). Install bubblewrap or run as an unprivileged user for full protection.",
-    )
-
-
-class _PidsCgroup:
-    """A pids cgroup (v1 ``/sys/fs/cgroup/pids`` or v2 with the pids controller) capping one program's tasks."""
-
-    _counter = 0
-    _lock = threading.Lock()
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    @classmethod
-    def create(cls, max_tasks: int) -> Optional["_PidsCgroup"]:
-        with cls._lock:
-            cls._counter += 1
-            name = f"hf_mdm_sandbox_{os.getpid()}_{cls._counter}"
-        for root in _CGROUP_ROOTS:
-            if not (root / "cgroup.procs").exists():
-                continue
-            path = root / name
-            try:
-                path.mkdir()
-            except OSError:
-                continue
-            try:
-                (path / "pids.max").write_text(str(max_tasks))
-                return cls(path)
-            except OSError:
-                path.rmdir()
-        return None
-
-    def add(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def destroy(self) -> None:
-        """Kill every task left in the cgroup, then remove it."""
-        for _ in range(100):
-            try:
-                pids = [int(p) for p in (self.path / "cgroup.procs").read_text().split()]
-            except OSError:
-                break
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.01)
-        for _ in range(100):
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.01)
-        logger.warning("could not remove the sandbox cgroup %s", self.path)
