@@ -11,7 +11,8 @@
    relative increase (95% interval) of threshold 0.9 and entropy-bound decoding with the dual cache, beside the
    plain one-token-a-step sampler (temperature 1, blocks of 8, ``hf_mdm.experiments.fast``).
 
-    python evaluation/bench_cache.py [--repeats 5] [--threads 2] [--device cuda --dtype bfloat16] [--skip-trained]
+    python evaluation/bench_cache.py [--repeats 5] [--threads 2] [--batches 1 8] [--device cuda --dtype bfloat16]
+        [--skip-trained]
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--results", default="results", help="where make reproduce keeps its trained models")
@@ -139,7 +141,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model = tiny_llada(args.device, getattr(torch, args.dtype))
     report = {"device": args.device, "dtype": args.dtype, "threads": args.threads,
-              "speed": [speed(model, batch, args.repeats) for batch in (1, 8)], "memory": memory(model)}  # fmt: skip
+              "speed": [speed(model, batch, args.repeats) for batch in args.batches], "memory": memory(model)}  # fmt: skip
     if not args.skip_trained:
         report["trained"] = trained(Path(args.results))
     print_report(report)
