@@ -30,7 +30,8 @@ from transformers import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig, resolve_config
+from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
+from .generation_resolve import resolve_config
 from .generation_denoiser import Denoiser, logits_shift_of
 from .generation_reference import (
     DREAM_ALGS,

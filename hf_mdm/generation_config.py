@@ -3,21 +3,8 @@
 The config is a `transformers.GenerationConfig` with the diffusion fields (steps, blocks, schedule, transfer,
 strategy, guidance, ...) and the reference samplers' own parameters (`hf_mdm.generation_reference`), serialised
 with it. A field is *set* when the instance holds a value for it (given to the constructor or assigned, not None);
-an unset field reads its default (a class attribute) and is neither serialised nor counted by `resolve_config`,
-which gives the config a call runs with, in one precedence order (highest first):
-
-1. the call's keyword arguments;
-2. the generation config given to the call;
-3. the model's generation config (a checkpoint's ``generation_config.json``);
-4. the model config: ``schedule`` (the one the model was trained with), ``mask_token_id``, ``logits_shift``,
-   ``eos_token_id``, ``pad_token_id``;
-5. the caller's fallback for token ids (e.g. a tokenizer) and the entry point's own defaults (e.g. ``hf-mdm
-   sample``'s paper sampler);
-6. the field defaults below.
-
-A config that selects a reference sampler (``reference="llada"`` / ``"dream"``, from levels 1-3) is complete as
-built: lower levels give it only the model's own ids and logits shift (`MODEL_FIELDS`). Exported with the model
-as remote code.
+an unset field reads its default (a class attribute) and is not serialised; `hf_mdm.generation_resolve` fills the
+unset fields of a call's config from the model and the caller. Exported with the model as remote code.
 """
 
 from __future__ import annotations
@@ -32,8 +19,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
-from .generation_denoiser import KV_CACHES, logits_shift_of
-from .generation_reference import REFERENCES, check_reference_values, reject_foreign_args, validate_reference
+from .generation_denoiser import KV_CACHES
+from .generation_reference import check_reference_values, reject_foreign_args, validate_reference
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFERS
 from .schedules import get_schedule
@@ -380,8 +367,6 @@ for _name, _default in {**_DIFFUSION_DEFAULTS, **_GENERATION_DEFAULTS}.items():
     setattr(MaskedDiffusionGenerationConfig, _name, _default)  # what an unset field reads
 del _name, _default
 DIFFUSION_FIELDS = tuple(_DIFFUSION_DEFAULTS)
-TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
-MODEL_FIELDS = TOKEN_ID_FIELDS + ("logits_shift",)  # the model's own: every level gives them, to any config
 
 
 def _integer(value: Any) -> bool:
@@ -410,58 +395,6 @@ def _check_sampling_values(config: MaskedDiffusionGenerationConfig) -> None:
         value = getattr(config, name, None)
         if value is not None and not valid(value):
             raise ValueError(f"{name} must be {expected}, got {value!r}")
-
-
-def resolve_config(
-    model: Any,
-    generation_config: Optional[GenerationConfig],
-    kwargs: dict[str, Any],
-    fallback: Any = None,
-    defaults: Optional[dict[str, Any]] = None,
-) -> MaskedDiffusionGenerationConfig:
-    """The config a call runs with, validated: each field from the highest level that sets it (see the module
-    docstring): ``kwargs`` (None values are not settings), ``generation_config``, the model's generation config,
-    the model config (trained ``schedule``, ids, ``logits_shift``), ``fallback``'s token ids (e.g. a tokenizer),
-    ``defaults`` (the entry point's own), the field defaults."""
-    config = MaskedDiffusionGenerationConfig.from_any(generation_config)
-    unknown = [k for k in kwargs if not hasattr(config, k)]
-    if unknown:
-        raise ValueError(
-            f"unknown generation argument(s) {unknown}: see MaskedDiffusionGenerationConfig for the accepted fields"
-        )
-    config.update(**{k: v for k, v in kwargs.items() if v is not None})
-    saved = getattr(model, "generation_config", None)
-    if saved is not None:
-        _fill(config, MaskedDiffusionGenerationConfig.from_any(saved).explicit_values())
-    _fill(config, _model_config_values(model))
-    _fill(config, {name: getattr(fallback, name, None) for name in TOKEN_ID_FIELDS})
-    _fill(config, defaults or {})
-    if config.reference == "none":
-        config.reference = None
-    if config.mask_token_id is None:
-        raise ValueError(
-            "no mask token id: pass mask_token_id=... (to generate, or in --model_args) or set config.mask_token_id "
-            "on the model (e.g. 126336 for LLaDA, 151666 for Dream)"
-        )
-    config.validate_diffusion()
-    return config
-
-
-def _fill(config: MaskedDiffusionGenerationConfig, values: dict[str, Any]) -> None:
-    """Set the fields ``config`` leaves unset from ``values`` (None values skipped); a reference config takes
-    only `MODEL_FIELDS`."""
-    complete = config.reference in REFERENCES
-    for name, value in values.items():
-        if value is not None and config.__dict__.get(name) is None and (not complete or name in MODEL_FIELDS):
-            setattr(config, name, value)
-
-
-def _model_config_values(model: Any) -> dict[str, Any]:
-    """What the model config says about sampling: the schedule it was trained with, its ids and logits shift."""
-    model_config = getattr(model, "config", None)
-    values = {name: getattr(model_config, name, None) for name in TOKEN_ID_FIELDS}
-    values.update(schedule=getattr(model_config, "schedule", None), logits_shift=logits_shift_of(model))
-    return values
 
 
 @dataclass

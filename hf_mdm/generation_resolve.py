@@ -1,0 +1,83 @@
+"""Which config a call runs with: `resolve_config`, one precedence order over every level that can set a field.
+
+A field of `MaskedDiffusionGenerationConfig` is *set* when the instance holds a value for it (not None); each unset
+field of the config a call runs with comes from the highest level that sets it (highest first):
+
+1. the call's keyword arguments;
+2. the generation config given to the call;
+3. the model's generation config (a checkpoint's ``generation_config.json``);
+4. the model config: ``schedule`` (the one the model was trained with), ``mask_token_id``, ``logits_shift``,
+   ``eos_token_id``, ``pad_token_id``;
+5. the caller's fallback for token ids (e.g. a tokenizer) and the entry point's own defaults (e.g. ``hf-mdm
+   sample``'s paper sampler);
+6. the field defaults (`hf_mdm.generation_config`).
+
+A config that selects a reference sampler (``reference="llada"`` / ``"dream"``, from levels 1-3) is complete as
+built: lower levels give it only the model's own ids and logits shift (`MODEL_FIELDS`).
+Exported with the model as remote code.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from transformers import GenerationConfig
+
+from .generation_config import MaskedDiffusionGenerationConfig
+from .generation_denoiser import logits_shift_of
+from .generation_reference import REFERENCES
+
+TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
+MODEL_FIELDS = TOKEN_ID_FIELDS + ("logits_shift",)  # the model's own: every level gives them, to any config
+
+
+def resolve_config(
+    model: Any,
+    generation_config: Optional[GenerationConfig],
+    kwargs: dict[str, Any],
+    fallback: Any = None,
+    defaults: Optional[dict[str, Any]] = None,
+) -> MaskedDiffusionGenerationConfig:
+    """The config a call runs with, validated: each field from the highest level that sets it (see the module
+    docstring): ``kwargs`` (None values are not settings), ``generation_config``, the model's generation config,
+    the model config (trained ``schedule``, ids, ``logits_shift``), ``fallback``'s token ids (e.g. a tokenizer),
+    ``defaults`` (the entry point's own), the field defaults."""
+    config = MaskedDiffusionGenerationConfig.from_any(generation_config)
+    unknown = [k for k in kwargs if not hasattr(config, k)]
+    if unknown:
+        raise ValueError(
+            f"unknown generation argument(s) {unknown}: see MaskedDiffusionGenerationConfig for the accepted fields"
+        )
+    config.update(**{k: v for k, v in kwargs.items() if v is not None})
+    saved = getattr(model, "generation_config", None)
+    if saved is not None:
+        _fill(config, MaskedDiffusionGenerationConfig.from_any(saved).explicit_values())
+    _fill(config, _model_config_values(model))
+    _fill(config, {name: getattr(fallback, name, None) for name in TOKEN_ID_FIELDS})
+    _fill(config, defaults or {})
+    if config.reference == "none":
+        config.reference = None
+    if config.mask_token_id is None:
+        raise ValueError(
+            "no mask token id: pass mask_token_id=... (to generate, or in --model_args) or set config.mask_token_id "
+            "on the model (e.g. 126336 for LLaDA, 151666 for Dream)"
+        )
+    config.validate_diffusion()
+    return config
+
+
+def _fill(config: MaskedDiffusionGenerationConfig, values: dict[str, Any]) -> None:
+    """Set the fields ``config`` leaves unset from ``values`` (None values skipped); a reference config takes
+    only `MODEL_FIELDS`."""
+    complete = config.reference in REFERENCES
+    for name, value in values.items():
+        if value is not None and config.__dict__.get(name) is None and (not complete or name in MODEL_FIELDS):
+            setattr(config, name, value)
+
+
+def _model_config_values(model: Any) -> dict[str, Any]:
+    """What the model config says about sampling: the schedule it was trained with, its ids and logits shift."""
+    model_config = getattr(model, "config", None)
+    values = {name: getattr(model_config, name, None) for name in TOKEN_ID_FIELDS}
+    values.update(schedule=getattr(model_config, "schedule", None), logits_shift=logits_shift_of(model))
+    return values
