@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 CONFIG_DIR = Path("evaluation") / "configs"
-EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "wallclock")
+EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "wallclock")
+#: Experiments that reuse another's trained models start when it has finished (never train the same model twice).
+AFTER = {"samplers": "ser_vs_steps"}
 
 
 def _fail(message: str) -> int:
@@ -258,7 +260,12 @@ def _reproduce(args: argparse.Namespace) -> int:
     seconds: dict[str, float] = {}
     workers = max(1, min(len(parallel), args.jobs))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {n: pool.submit(_experiment_worker, n, args.config_dir, str(output_dir), args.full) for n in parallel}
+        submit = lambda n: pool.submit(_experiment_worker, n, args.config_dir, str(output_dir), args.full)  # noqa: E731
+        futures = {n: submit(n) for n in parallel if AFTER.get(n) not in parallel}
+        for n in parallel:
+            if n not in futures:  # after the experiment whose models it reuses
+                seconds[AFTER[n]] = futures[AFTER[n]].result()
+                futures[n] = submit(n)
         for n, future in futures.items():
             seconds[n] = future.result()
     if "wallclock" in names:  # alone, so that nothing else competes for the cores while it times

@@ -1,0 +1,111 @@
+"""The sampler comparison (hf_mdm.experiments.samplers) on a miniature preset: points, costs, verdict, resume."""
+
+import math
+from pathlib import Path
+from unittest import mock
+
+import pytest
+import yaml
+
+from hf_mdm.experiments import common, run_experiment, samplers as samplers_module
+from hf_mdm.experiments.samplers import PAPER, paper_at, sampler_points, verdict
+from hf_mdm.languages import ChainLanguage
+
+TRAINING = {"size": "tiny", "num_train": 256, "num_validation": 64, "batch_size": 32, "max_steps": 4,
+            "learning_rate": 1e-3, "seed": 0}
+NUM = 200
+PRESET = {
+    "num_samples": NUM, "seed": 0, "train_length": 8, "training": TRAINING,
+    "languages": [{"kind": "chain", "name": "chain", "metric": "ser", "lengths": [8], "train": True},
+                  {"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "metric": "ter",
+                   "lengths": [8]}],
+    "samplers": [{"name": PAPER, "transfer": "stochastic", "strategy": "random",
+                  "sweep": {"steps_over_length": [0.125, 1, 4]}},
+                 {"name": "threshold", "transfer": "threshold", "strategy": "confidence", "sweep": {"threshold": [0.6]}},
+                 {"name": "left-to-right", "transfer": "deterministic", "strategy": "left_to_right"}],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("samplers")
+    return out, run_experiment("samplers", PRESET, out)
+
+
+def _row(rows, language, model, sampler, setting=""):
+    (row,) = [r for r in rows if (r["language"], r["model"], r["sampler"], r["setting"]) == (language, model, sampler, setting)]
+    return row
+
+
+def test_points_expand_the_sweep():
+    points = sampler_points({"name": "x", "transfer": "stochastic", "sweep": {"steps_over_length": [0.1, 0.5, 2]}}, 32)
+    assert [(label, s["steps"]) for label, s in points] == [
+        ("steps_over_length = 0.1", 3), ("steps_over_length = 0.5", 16), ("steps_over_length = 2", 64)]
+    assert sampler_points({"name": "y", "threshold": 0.9, "transfer": "threshold"}, 8) == [
+        ("", {"threshold": 0.9, "transfer": "threshold"})]
+    with pytest.raises(ValueError, match="sweep one field at a time"):
+        sampler_points({"name": "z", "sweep": {"threshold": [0.5], "steps_over_length": [1]}}, 8)
+
+
+def test_oracle_costs_and_errors_are_exact_where_known(result):
+    """Left-to-right with the oracle samples the language exactly (no invalid chain) at one forward per token; the
+    paper's sampler in one step reveals everything at once (1/L forwards per token) with Theorem 4.4's SER."""
+    out, res = result
+    rows = res["rows"]
+    l2r = _row(rows, "chain", "oracle MDM", "left-to-right")
+    assert l2r["ser"] == 0.0 and l2r["forwards_per_token"] == 1.0 and l2r["num_samples"] == NUM
+    one_step = _row(rows, "chain", "oracle MDM", PAPER, "steps_over_length = 0.125")
+    assert one_step["forwards_per_token"] == pytest.approx(1 / 8)
+    predicted = ChainLanguage.predicted_ser(8, 1)
+    assert abs(one_step["ser"] - predicted) < 4 * math.sqrt(predicted * (1 - predicted) / NUM)
+    many = _row(rows, "chain", "oracle MDM", PAPER, "steps_over_length = 4")
+    assert 1 / 8 < many["forwards_per_token"] < 1.0  # steps that reveal nothing cost no forward
+    for r in rows:
+        assert r["computed_per_token"] >= r["forwards_per_token"] - 1e-9
+    assert {r["model"] for r in rows if r["language"] == "chain"} == {"oracle MDM", "trained MDM"}
+    assert {r["model"] for r in rows if r["language"] == "2-gram"} == {"oracle MDM"}
+
+
+def test_outputs_and_verdict(result):
+    out, res = result
+    for ext in ("json", "md", "png"):
+        assert (out / f"samplers.{ext}").stat().st_size > 0
+    text = (out / "samplers.md").read_text()
+    assert "| chain | 8 | oracle MDM | left-to-right |  | SER | 0.0000 |" in text
+    assert "- chain, L = 8, oracle MDM (SER): below:" in text and "- 2-gram, L = 8, oracle MDM" in text
+
+
+def test_paper_curve_is_interpolated_in_log_forwards():
+    rows = [{"language": "a", "length": 4, "model": "m", "sampler": PAPER, "forwards_per_token": x, "ser": y,
+             "ser_ci_low": y - 0.1, "ser_ci_high": y + 0.1, "metric": "ser", "setting": ""}
+            for x, y in ((0.25, 0.9), (1.0, 0.1))]  # fmt: skip
+    assert paper_at(rows, ("a", 4, "m"), 0.5, "ser") == pytest.approx(0.5)  # halfway in log between 0.25 and 1
+    assert paper_at(rows, ("a", 4, "m"), 0.1, "ser") is None
+    better = {**rows[0], "sampler": "b", "forwards_per_token": 0.5, "ser": 0.1, "ser_ci_low": 0.0, "ser_ci_high": 0.2}
+    worse = {**better, "sampler": "w", "ser": 0.9, "ser_ci_low": 0.8, "ser_ci_high": 0.95}
+    text = verdict(rows + [better, worse])
+    assert "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500." in text
+
+
+def test_rerun_measures_nothing(result):
+    out, res = result
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished point was measured again")
+
+    with mock.patch.object(samplers_module, "measure", fail), mock.patch.object(common, "trained_pair", fail):
+        again = run_experiment("samplers", PRESET, out)
+    assert again["rows"] == res["rows"]
+
+
+def test_bad_entries_name_what_to_change(tmp_path):
+    bad = {**PRESET, "languages": [{**PRESET["languages"][0], "metric": "bleu"}]}
+    with pytest.raises(ValueError, match="unknown metric 'bleu'"):
+        run_experiment("samplers", bad, tmp_path)
+
+
+def test_committed_config_has_quick_and_full_with_the_same_samplers():
+    config = yaml.safe_load(open(Path(__file__).parents[1] / "evaluation" / "configs" / "samplers.yaml"))
+    assert config["experiment"] == "samplers"
+    assert config["quick"]["samplers"] == config["full"]["samplers"]
+    assert config["quick"]["samplers"][0]["name"] == PAPER
