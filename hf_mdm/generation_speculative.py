@@ -125,24 +125,16 @@ def _round(sampler: Sampler, canvas: Canvas, state: Rounds, active: torch.Tensor
     """One round on the rows ``active`` (A,), each with ``left`` (A,) positions before the block's end."""
     num_drafts = torch.minimum(torch.minimum(state.held[active], left - 1), torch.full_like(left, k))
     drafts = _draft(sampler, state, active, num_drafts)
-    owner, slot = _canvases(num_drafts)  # canvas c reveals slot[c] drafts of row owner[c]
-    x = canvas.x[active][owner]
-    start = state.done[active]
-    for j in range(drafts.shape[1]):
-        reveal = slot > j
-        rows_j = owner[reveal]
-        x[reveal.nonzero().flatten(), state.columns(active[rows_j], (start[rows_j] + j)[:, None])[:, 0]] = drafts[rows_j, j]
-    # each canvas: the law of its first masked position (the target) and of the k positions after it
-    wanted = state.columns(active[owner], (start[owner] + slot)[:, None] + torch.arange(k + 1, device=x.device))
-    attn = None if canvas.attn is None else canvas.attn[active][owner]
-    laws = _laws(sampler, Rows(x, attn, canvas.prompt_mask[active][owner]), wanted)
-    first = torch.cumsum(num_drafts + 1, 0) - (num_drafts + 1)  # each row's canvas revealing no draft
+    rows, owner, slot, first = _stack(canvas, state, active, drafts, num_drafts)
+    # verify: each canvas gives the law of its first masked position (its target) and of the k positions after it
+    start = state.done[active][owner] + slot
+    laws = _laws(sampler, rows, state.columns(active[owner], start[:, None] + torch.arange(k + 1, device=start.device)))
     accepted, token = _accept(sampler, state, active, drafts, num_drafts, laws[:, 0], first)
     _write(canvas, state, active, drafts, accepted, token)
-    chosen = first + accepted  # the canvas of the accepted prefix: its marginals are the next round's drafts
+    # hold: the canvas of the accepted prefix gives the laws of the next round's drafts
     if state.q is None:
         state.q = laws.new_zeros((canvas.x.shape[0], k, laws.shape[-1]))
-    state.q[active] = laws[chosen, 1:]
+    state.q[active] = laws[first + accepted, 1:]
     state.held[active] = torch.clamp(state.total[active] - state.done[active], max=k)
 
 
@@ -157,11 +149,19 @@ def _draft(sampler: Sampler, state: Rounds, active: torch.Tensor, num_drafts: to
     return drafts
 
 
-def _canvases(num_drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """For the m_a + 1 canvases of each row a: the row (owner) and how many drafts the canvas reveals (slot)."""
+def _stack(canvas: Canvas, state: Rounds, active, drafts, num_drafts) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The m_a + 1 canvases of each row a, stacked as rows of one batch: canvas c is row owner[c] with its first
+    slot[c] drafts revealed; ``first`` (A,) is each row's canvas revealing no draft."""
     owner = torch.repeat_interleave(torch.arange(num_drafts.numel(), device=num_drafts.device), num_drafts + 1)
     first = torch.cumsum(num_drafts + 1, 0) - (num_drafts + 1)
-    return owner, torch.arange(owner.numel(), device=owner.device) - first[owner]
+    slot = torch.arange(owner.numel(), device=owner.device) - first[owner]
+    x = canvas.x[active][owner]
+    for j in range(drafts.shape[1]):
+        reveal = (slot > j).nonzero().flatten()
+        row = owner[reveal]
+        x[reveal, state.columns(active[row], (state.done[active][row] + j)[:, None])[:, 0]] = drafts[row, j]
+    attn = None if canvas.attn is None else canvas.attn[active][owner]
+    return Rows(x, attn, canvas.prompt_mask[active][owner]), owner, slot, first
 
 
 def _laws(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> torch.Tensor:
@@ -173,13 +173,13 @@ def _laws(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> torch.Tensor
     return sampler.proposer.distribution(flat, ids).view(n, k, vocab)
 
 
-def _accept(sampler: Sampler, state: Rounds, active, drafts, num_drafts, targets, first) -> tuple[torch.Tensor, torch.Tensor]:
+def _accept(sampler: Sampler, state: Rounds, active, drafts, num_drafts, targets, first) -> tuple[torch.Tensor, ...]:
     """The speculative-sampling rule. ``targets`` (N, V) are the canvases' target laws p. Returns the accepted
     drafts (A,) of each row and the token (A,) drawn after them (from max(0, p - q) at a rejection, else from p)."""
     width = drafts.shape[1]
-    steps = torch.arange(width, device=drafts.device)[None, :]
-    valid = steps < num_drafts[:, None]
-    canvas = (first[:, None] + steps).clamp(max=targets.shape[0] - 1)  # canvas revealing j drafts: p_j
+    index = torch.arange(width, device=drafts.device)[None, :]
+    valid = index < num_drafts[:, None]
+    canvas = (first[:, None] + index).clamp(max=targets.shape[0] - 1)  # canvas revealing j drafts: p_j
     q = state.q[active][:, :width] if width else targets.new_zeros((drafts.shape[0], 0, targets.shape[-1]))
     p_draft = targets[canvas].gather(2, drafts[..., None]).squeeze(2).double()
     q_draft = q.gather(2, drafts[..., None]).squeeze(2).double()
@@ -201,9 +201,9 @@ def _accept(sampler: Sampler, state: Rounds, active, drafts, num_drafts, targets
 def _write(canvas: Canvas, state: Rounds, active, drafts, accepted, token) -> None:
     """Reveal the accepted drafts and the drawn token of each row; advance the counters."""
     start = state.done[active]
-    steps = torch.arange(drafts.shape[1], device=drafts.device)[None, :]
-    keep = steps < accepted[:, None]
-    cols = state.columns(active, start[:, None] + steps) if drafts.shape[1] else drafts
+    index = torch.arange(drafts.shape[1], device=drafts.device)[None, :]
+    keep = index < accepted[:, None]
+    cols = state.columns(active, start[:, None] + index) if drafts.shape[1] else drafts
     rows = active[:, None].expand_as(drafts)
     canvas.x[rows[keep], cols[keep]] = drafts[keep]
     canvas.x[active, state.columns(active, (start + accepted)[:, None])[:, 0]] = token
