@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import pytest
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import diffusion_generate
@@ -165,6 +165,21 @@ def test_eos_stopping_criteria_and_infilling_as_left_to_right(models):
     holes[2, 3] = MASK
     reference, out = left_to_right(model, holes, max_new_tokens=6), speculative(model, holes, 3, max_new_tokens=6)
     assert torch.equal(out.sequences, reference.sequences) and not (out.sequences == MASK).any()
+
+
+def test_logits_processors_act_on_targets_and_drafts(models):
+    """A user processor sees each canvas row; banning the token left-to-right decoding prefers changes both alike."""
+    model, ids = models["dream"], padded_prompts("left")[0]
+    banned = int(left_to_right(model, ids, max_new_tokens=8, stop_at_eos=False).sequences[:, 5:].flatten().mode().values)
+
+    class Ban(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            assert input_ids.shape == (scores.shape[0], 13)
+            return scores.index_fill(1, torch.tensor([banned]), -math.inf)
+
+    kwargs = dict(max_new_tokens=8, stop_at_eos=False, logits_processor=LogitsProcessorList([Ban()]))
+    reference, out = left_to_right(model, ids, **kwargs), speculative(model, ids, 3, **kwargs)
+    assert torch.equal(out.sequences, reference.sequences) and not (out.sequences[:, 5:] == banned).any()
 
 
 def test_seed_and_generator_reproduce(models):
