@@ -13,6 +13,7 @@ so they import only torch, transformers and each other):
 - `hf_mdm.generation_strategy`: which positions (proposals, scores, choice);
 - `hf_mdm.generation_denoiser`: the one model call (``logits_to_keep``, guidance, logits shift, NFE);
 - `hf_mdm.generation_sampler`: the canvas, blocks and the denoising steps of a block;
+- `hf_mdm.generation_speculative`: exact speculative decoding of the left-to-right factorisation;
 - `hf_mdm.generation_stopping`: EOS, stopping criteria, padding after EOS, streaming;
 - `hf_mdm.generation_reference`: LLaDA's and Dream's reference samplers, token for token;
 - `hf_mdm.timer`: the device-synchronised timer behind ``elapsed_s``.
@@ -44,6 +45,7 @@ from .generation_reference import (
     run_reference,
 )
 from .generation_sampler import Canvas, Sampler, Trace, prepare_canvas, sample_blocks
+from .generation_speculative import SPECULATIVE, speculative_sample
 from .generation_stopping import Streamer, eos_tensor, finalize_eos
 from .generation_strategy import (
     POSITIONAL_STRATEGIES,
@@ -131,6 +133,9 @@ def diffusion_generate(
         if config.reference is not None:
             run_reference(ReferenceRun(config, denoiser, canvas, input_ids.shape[1], generator, trace))
             finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
+        elif config.transfer == SPECULATIVE:
+            finished = speculative_sample(_default_sampler(config, denoiser, logits_processor, generator), canvas, trace,
+                                          config.draft_length, config.block_length, eos_ids, stopping_criteria)  # fmt: skip
         else:
             sampler = _default_sampler(config, denoiser, logits_processor, generator)
             finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping_criteria)
@@ -142,10 +147,12 @@ def diffusion_generate(
         sequences=canvas.x,
         steps=trace.steps,
         nfe=denoiser.nfe,
+        forward_rows=denoiser.forward_rows,
         forward_tokens=denoiser.forward_tokens,
         elapsed_s=watch.seconds,
         num_generated_tokens=num_generated,
         tokens_per_forward=float(num_generated.sum()) / max(denoiser.nfe, 1),
+        accepted_per_round=trace.accepted_per_round,
         history=tuple(trace.history) if config.output_history else None,
     )
 

@@ -21,6 +21,7 @@ from transformers.utils import ModelOutput
 
 from .generation_denoiser import KV_CACHES
 from .generation_reference import check_reference_values, reject_foreign_args, validate_reference
+from .generation_speculative import validate_speculative
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFERS
 from .schedules import get_schedule
@@ -34,6 +35,7 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "strategy": "confidence",
     "threshold": None,
     "entropy_bound": None,
+    "draft_length": None,
     "kv_cache": None,
     "kv_cache_refresh": None,
     "cfg_scale": 0.0,
@@ -79,13 +81,18 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             remaining steps need to finish the block, so a block never takes more than its steps;
             ``"entropy_bound"``: the masked positions of the block in the strategy's order while the sum of their
             entropies stays within ``entropy_bound``, at least one (EB-sampler). With ``steps=None`` the two adaptive
-            rules run a block until it is done.
+            rules run a block until it is done. ``"speculative"``: exact speculative decoding (``draft_length``).
         strategy (`str`, defaults to ``"confidence"``): which positions: ``"random"``, ``"confidence"`` (probability
             of the proposed token), ``"margin"`` (top-1 minus top-2 probability), ``"entropy"`` (lowest entropy
             first) or ``"left_to_right"``. Aliases: ``low_confidence``, ``maskgit_plus`` (confidence),
             ``topk_margin`` (margin), ``origin`` (random).
         threshold (`float`, *optional*): in (0, 1], for ``transfer="threshold"``.
         entropy_bound (`float`, *optional*): > 0, nats per step, for ``transfer="entropy_bound"``.
+        draft_length (`int`, *optional*): >= 1, for ``transfer="speculative"``: samples the model's left-to-right
+            factorisation exactly (at temperature 0 the tokens of ``strategy="left_to_right"`` one token a step) in
+            rounds that draft up to ``draft_length`` tokens from the marginals of the last forward and verify them in
+            one batched forward (`hf_mdm.generation_speculative`). ``steps`` and ``schedule`` are not read; strategy
+            must be unset or ``"left_to_right"``; no ``kv_cache``, ``cfg_scale`` nor ``reference``.
         kv_cache (`str`, *optional*): ``"prefix"`` or ``"dual"``: Fast-dLLM's approximate block caches (see
             `hf_mdm.generation_denoiser`; models with ``supports_diffusion_cache``). The first forward of every block
             runs the whole canvas and keeps every layer's keys/values; the block's later forwards run the block and
@@ -168,6 +175,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         if self.logits_shift not in (None, 0, 1):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
         self._validate_fast_sampling()
+        validate_speculative(self)
         self._validate_reference()
 
     def _validate_fast_sampling(self) -> None:
@@ -388,6 +396,7 @@ def _check_sampling_values(config: MaskedDiffusionGenerationConfig) -> None:
         ("top_p", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] (1 or None keeps every token)"),
         ("cfg_scale", lambda v: _number(v) and v >= 0, "a number >= 0 (0 = no guidance)"),
         ("threshold", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        ("draft_length", lambda v: _integer(v) and v >= 1, "an integer >= 1 (tokens drafted per round)"),
         ("mask_token_id", lambda v: _integer(v) and v >= 0, "a token id (an integer >= 0)"),
         ("stop_at_eos", lambda v: isinstance(v, bool), "True or False"),
     )
@@ -405,18 +414,27 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
         sequences: (B, P + max_new_tokens) prompt and generated tokens.
         steps: denoising steps run (summed over blocks); with a reference preset, the reference's steps, including
             those whose forward was skipped because they reveal nothing.
-        nfe: forward passes of the network (classifier-free guidance counts two per step).
+        nfe: forward passes of the network (classifier-free guidance counts two per step); with
+            ``transfer="speculative"`` the rounds, each one batched forward.
+        forward_rows: canvas rows the forward passes ran, summed (guidance's unconditional rows and speculative
+            decoding's verification canvases included).
+        forward_tokens: positions the forward passes computed, summed (rows x input length of each).
         elapsed_s: wall-clock seconds of the run, device synchronised.
         num_generated_tokens: (B,) generated tokens per row (prompt and post-EOS padding excluded).
         tokens_per_forward: generated tokens of the batch per forward pass.
+        accepted_per_round: (B,) float, ``transfer="speculative"`` only: each row's drafted tokens accepted per
+            round, averaged over the rounds it took part in (its first round drafts nothing and counts as 0). A
+            round also draws one token from the target, so a row's tokens per round are this + 1 (EOS padding aside).
         history: canvases (B, P + max_new_tokens) after each step, with ``output_history``.
     """
 
     sequences: Optional[torch.LongTensor] = None
     steps: Optional[int] = None
     nfe: Optional[int] = None
+    forward_rows: Optional[int] = None
     forward_tokens: Optional[int] = None
     elapsed_s: Optional[float] = None
     num_generated_tokens: Optional[torch.LongTensor] = None
     tokens_per_forward: Optional[float] = None
+    accepted_per_round: Optional[torch.FloatTensor] = None
     history: Optional[tuple[torch.LongTensor, ...]] = None

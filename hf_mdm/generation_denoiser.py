@@ -9,8 +9,9 @@ exact-posterior oracle) and is the only place that calls it:
   (`logits_shift_of`);
 - classifier-free guidance: the unconditional input is the canvas with the prompt masked, run in the same batch,
   and logits = u + (s + 1)(c - u) (`classifier_free_guidance`);
-- the count of forward passes (``nfe``; guidance counts two) and of the positions they computed
-  (``forward_tokens``: rows x input length, summed);
+- the count of forward passes (``nfe``; guidance counts two), of the canvas rows they ran (``forward_rows``;
+  guidance's unconditional rows included) and of the positions they computed (``forward_tokens``: rows x input
+  length, summed);
 - the approximate block caches of Fast-dLLM (``kv_cache``, models that declare ``supports_diffusion_cache``; see
   `hf_mdm.kv_cache`): the first forward of a block (and every ``kv_cache_refresh``-th) runs the whole canvas and
   keeps every layer's keys/values; the block's other forwards run only the block and what follows it
@@ -100,6 +101,7 @@ class Denoiser:
     kv_cache: Optional[str] = None
     kv_cache_refresh: Optional[int] = None
     nfe: int = 0
+    forward_rows: int = 0
     forward_tokens: int = 0
     block: Optional[BlockCache] = None
 
@@ -163,6 +165,15 @@ class Denoiser:
                 logits = logits[:, query]
         return self._combine(logits)
 
+    def logits_at(self, rows: Rows, positions: torch.Tensor) -> torch.Tensor:
+        """Logits (B, K, V) predicting the tokens at per-row positions ``positions`` (B, K): asked as such of models
+        that take per-row positions, else computed at the union of the columns and gathered."""
+        if self.per_row_logits:
+            return self.logits(rows, positions)
+        columns, index = torch.unique(positions, return_inverse=True)
+        logits = self.logits(rows, columns)
+        return logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
+
     def _cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:
         """Adds the cache arguments of this forward to ``kwargs``: a full forward that keeps keys/values at a
         refresh, else the span against the cache. Returns the span's first column (None for a full forward)."""
@@ -198,6 +209,7 @@ class Denoiser:
         if kwargs.get("use_cache"):
             self.block.cache = output.past_key_values
         self.nfe += 2 if self.guided else 1
+        self.forward_rows += inputs.shape[0]
         self.forward_tokens += inputs.shape[0] * inputs.shape[1]
         return output.logits
 

@@ -62,6 +62,7 @@ class Trace:
     keep_history: bool = False
     steps: int = 0
     history: list[torch.Tensor] = field(default_factory=list)
+    accepted_per_round: Optional[torch.Tensor] = None  # (B,) speculative decoding's drafts accepted per round
 
     @property
     def needs_canvas(self) -> bool:

@@ -82,8 +82,7 @@ class Proposer:
         ``need_probs`` (margin, entropy). At temperature 0 the probability of the argmax is exp(max - logsumexp):
         two read-only passes over the logits instead of writing a softmax. ``ids`` (N, L) is the canvas row of each
         position, for user logits processors (None when there are none)."""
-        logits = self.processors(ids, logits) if len(self.processors) else logits
-        logits = self.warpers(ids, logits) if len(self.warpers) else logits
+        logits = self.process(logits, ids)
         if self.temperature or need_probs:
             probs = torch.softmax(logits, dim=-1)
             if self.temperature:
@@ -98,6 +97,27 @@ class Proposer:
         logits[:, self.mask_id] = -float("inf")
         top, tokens = logits.max(-1)  # ties: the first index, as argmax
         return Proposals(tokens, torch.exp(top - log_normaliser), None)
+
+    def process(self, logits: torch.Tensor, ids: Optional[torch.Tensor]) -> torch.Tensor:
+        """The logits (N, V) after the user's logits processors and the temperature / top-k / top-p warpers."""
+        logits = self.processors(ids, logits) if len(self.processors) else logits
+        return self.warpers(ids, logits) if len(self.warpers) else logits
+
+    def distribution(self, logits: torch.Tensor, ids: Optional[torch.Tensor]) -> torch.Tensor:
+        """The law (N, V) a proposal is drawn from: the softmax of the processed logits with [MASK] removed and
+        renormalised; one-hot at the proposed token at temperature 0. May write into ``logits``."""
+        if not self.temperature:
+            tokens = self(logits, ids).tokens
+            return torch.zeros_like(logits).scatter_(1, tokens[:, None], 1.0)
+        probs = torch.softmax(self.process(logits, ids), dim=-1)
+        probs[:, self.mask_id] = 0.0
+        return probs / probs.sum(-1, keepdim=True)
+
+    def draw(self, probs: torch.Tensor) -> torch.Tensor:
+        """A token (N,) from each law ``probs`` (N, V) (`distribution`'s): the argmax at temperature 0."""
+        if not self.temperature:
+            return probs.argmax(-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
 
     def processor_ids(self, x: torch.Tensor, rows: torch.Tensor) -> Optional[torch.Tensor]:
         """The canvas row of each scored position, when user logits processors need it."""

@@ -12,7 +12,9 @@ says how many of a row's masked positions step i reveals:
   remaining steps need to finish the block (`threshold_counts`, decided from the step's proposals);
 - ``entropy_bound`` (EB-sampler, arXiv 2505.24857): the masked positions of the block in the strategy's order
   while the sum of their entropies stays within the bound, at least one, and at least what the remaining steps
-  need (`entropy_bound_counts`).
+  need (`entropy_bound_counts`);
+- ``speculative``: exact speculative decoding of the left-to-right factorisation, its own loop
+  (`hf_mdm.generation_speculative`).
 
 With ``steps=None`` a block has as many steps as masked positions, so the two adaptive rules run until the block
 is done (Fast-dLLM's parallel decoding) and the fixed rules reveal one token a step.
@@ -27,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-TRANSFERS = ("stochastic", "deterministic", "threshold", "entropy_bound")
+TRANSFERS = ("stochastic", "deterministic", "threshold", "entropy_bound", "speculative")
 ADAPTIVE_TRANSFERS = ("threshold", "entropy_bound")  # counts decided inside the step, from its proposals
 
 # counts(step index, (B, L) masked positions of the block) -> (B,) tokens to reveal, or None (decided in the step)
