@@ -119,14 +119,14 @@ def measure(model: Any, language: Any, metric: str, length: int, settings: dict,
                                  output_history=True, return_dict_in_generate=True, **kwargs)  # fmt: skip
         samples.append(out.sequences.cpu())
         forwards.append(_sequential_forwards(out, settings, int(model.config.mask_token_id)))
-        computed += float(getattr(out, "forward_rows", None) or out.nfe * rows)
+        computed += float(out.forward_rows)
         if getattr(out, "accepted_per_round", None) is not None:
-            accepted.append(float(out.accepted_per_round))
+            accepted.append(out.accepted_per_round.float().cpu())
     cell = METRICS[metric][0](language, torch.cat(samples))
     cell.update(forwards_per_token=float(torch.cat(forwards).float().mean()) / length,
                 computed_per_token=computed / (num * length), num_samples=num)
     if accepted:
-        cell["accepted_per_round"] = sum(accepted) / len(accepted)
+        cell["accepted_per_round"] = float(torch.cat(accepted).mean())  # drafts accepted per round, mean over rows
     return cell
 
 
