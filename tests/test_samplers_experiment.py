@@ -22,7 +22,8 @@ PRESET = {
     "samplers": [{"name": PAPER, "transfer": "stochastic", "strategy": "random",
                   "sweep": {"steps_over_length": [0.125, 1, 4]}},
                  {"name": "threshold", "transfer": "threshold", "strategy": "confidence", "sweep": {"threshold": [0.6]}},
-                 {"name": "left-to-right", "transfer": "deterministic", "strategy": "left_to_right"}],
+                 {"name": "left-to-right", "transfer": "deterministic", "strategy": "left_to_right"},
+                 {"name": "speculative", "transfer": "speculative", "sweep": {"draft_length": [3]}}],
 }  # fmt: skip
 
 
@@ -64,6 +65,16 @@ def test_oracle_costs_and_errors_are_exact_where_known(result):
         assert r["computed_per_token"] >= r["forwards_per_token"] - 1e-9
     assert {r["model"] for r in rows if r["language"] == "chain"} == {"oracle MDM", "trained MDM"}
     assert {r["model"] for r in rows if r["language"] == "2-gram"} == {"oracle MDM"}
+
+
+def test_speculative_points_are_exact_in_fewer_rounds(result):
+    """Speculative decoding samples left-to-right's law (no invalid chain with the oracle) in fewer rounds than L,
+    computing more canvas rows than rounds."""
+    _, res = result
+    spec = _row(res["rows"], "chain", "oracle MDM", "speculative", "draft_length = 3")
+    assert spec["ser"] == 0.0
+    assert spec["forwards_per_token"] < 1.0 < spec["computed_per_token"]
+    assert 0 < spec["accepted_per_round"] <= 3
 
 
 def test_outputs_and_verdict(result):

@@ -123,7 +123,7 @@ def measure(model: Any, language: Any, metric: str, length: int, settings: dict,
         if getattr(out, "accepted_per_round", None) is not None:
             accepted.append(out.accepted_per_round.float().cpu())
     cell = METRICS[metric][0](language, torch.cat(samples))
-    cell.update(forwards_per_token=float(torch.cat(forwards).float().mean()) / length,
+    cell.update(forwards_per_token=float(torch.cat(forwards).double().mean()) / length,
                 computed_per_token=computed / (num * length), num_samples=num)
     if accepted:
         cell["accepted_per_round"] = float(torch.cat(accepted).mean())  # drafts accepted per round, mean over rows
