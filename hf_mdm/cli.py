@@ -157,7 +157,7 @@ def _load_sampler_model(args: argparse.Namespace):
     return model, "mdm" if mdm else "ar", language
 
 
-SAMPLER_FLAGS = ("steps", "transfer", "strategy", "schedule", "temperature")
+SAMPLER_FLAGS = ("steps", "transfer", "strategy", "schedule", "temperature", "draft_length")
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -175,8 +175,11 @@ def _sample(args: argparse.Namespace) -> int:
         samples = sample_ar(model, args.num, args.length, seed=args.seed)
     else:
         given = {name: getattr(args, name) for name in SAMPLER_FLAGS}
+        defaults = dict(PAPER_SAMPLER)
+        if given["transfer"] == "speculative":  # it samples the left-to-right order: no strategy to default
+            defaults.pop("strategy")
         config = resolve_config(model, None, {**given, "max_new_tokens": args.length, "stop_at_eos": False},
-                                defaults=PAPER_SAMPLER)  # fmt: skip
+                                defaults=defaults)  # fmt: skip
         sampler = {name: getattr(config, name) for name in SAMPLER_FLAGS}
         samples = diffusion_generate(model, torch.zeros(args.num, 0, dtype=torch.long), generation_config=config,
                                      seed=args.seed)  # fmt: skip
@@ -369,6 +372,8 @@ def _add_sample_and_score_commands(commands: Any) -> None:
                         help="default: the model's generation config, else one per token")
     sample.add_argument("--transfer", default=None, help=f"{unset} (stochastic)")
     sample.add_argument("--strategy", default=None, help=f"{unset} (random)")
+    sample.add_argument("--draft-length", type=at_least(1), default=None,
+                        help="drafts per round of --transfer speculative (exact speculative decoding)")
     sample.add_argument("--schedule", default=None, help="default: the model's training schedule, which it must match")
     sample.add_argument("--temperature", type=at_least(0.0, float), default=None, help=f"{unset} (1.0)")
     sample.add_argument("--seed", type=int, default=0)

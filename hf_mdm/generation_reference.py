@@ -39,7 +39,7 @@ _SHARED_ARGS = ("steps", "block_length", "temperature", "cfg_scale", "top_p", "t
 REFERENCE_ONLY_ARGS = {name: tuple(a for a in args if a not in _SHARED_ARGS) for name, args in REFERENCE_ARGS.items()}
 # The default sampler's own fields, which a reference config leaves at their defaults.
 SAMPLER_ONLY_FIELDS = ("schedule", "schedule_kwargs", "transfer", "strategy", "threshold", "entropy_bound", "kv_cache",
-                       "kv_cache_refresh")  # fmt: skip
+                       "kv_cache_refresh", "draft_length")  # fmt: skip
 # preset/reference "auto": the reference of a checkpoint's model_type
 REFERENCE_OF_MODEL_TYPE = {"llada": "llada", "Dream": "dream"}
 # LLaDA's generate() hard-codes LLaDA-8B's ids: EOS <|endoftext|> and EoT <|eot_id|>. The configs take EOS from the

@@ -120,3 +120,21 @@ def test_committed_config_has_quick_and_full_with_the_same_samplers():
     assert config["experiment"] == "samplers"
     assert config["quick"]["samplers"] == config["full"]["samplers"]
     assert config["quick"]["samplers"][0]["name"] == PAPER
+
+
+def test_cli_samples_speculatively_from_the_oracle(tmp_path, capsys):
+    """`hf-mdm sample --transfer speculative --draft-length 3`: left-to-right's law (no invalid chain), recorded."""
+    import json
+
+    from hf_mdm import cli
+    from hf_mdm.experiments import make_language
+
+    make_language({"kind": "chain"}).save_pretrained(tmp_path / "lang")
+    samples = tmp_path / "samples.json"
+    assert cli.main(["sample", "--model", "oracle", "--language", str(tmp_path / "lang"), "--num", "64", "--length",
+                     "12", "--transfer", "speculative", "--draft-length", "3", "--output", str(samples)]) == 0
+    saved = json.loads(samples.read_text())
+    assert saved["sampler"]["transfer"] == "speculative" and saved["sampler"]["draft_length"] == 3
+    capsys.readouterr()
+    assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
+    assert json.loads(capsys.readouterr().out)["ser"] == 0.0
