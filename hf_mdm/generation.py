@@ -13,6 +13,7 @@ so they import only torch, transformers and each other):
 - `hf_mdm.generation_strategy`: which positions (proposals, scores, choice);
 - `hf_mdm.generation_denoiser`: the one model call (``logits_to_keep``, guidance, logits shift, NFE);
 - `hf_mdm.generation_sampler`: the canvas, blocks and the denoising steps of a block;
+- `hf_mdm.generation_remask`: the remasking samplers (ReMDM), steps of a block that may take tokens back;
 - `hf_mdm.generation_stopping`: EOS, stopping criteria, padding after EOS, streaming;
 - `hf_mdm.generation_reference`: LLaDA's and Dream's reference samplers, token for token;
 - `hf_mdm.timer`: the device-synchronised timer behind ``elapsed_s``.
@@ -31,6 +32,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
+from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
 from .generation_denoiser import Denoiser, logits_shift_of
 from .generation_reference import (
@@ -62,7 +64,8 @@ __all__ = [
     "diffusion_generate", "resolve_config", "check_token_ids", "logits_shift_of", "canonical_strategy", "time_grid",
     "deterministic_counts",
     "reveal_probability", "reveal_steps", "split_steps", "TRANSFERS", "STRATEGIES", "POSITIONAL_STRATEGIES",
-    "STRATEGY_ALIASES", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID", "LLADA_EOT_TOKEN_ID",
+    "STRATEGY_ALIASES", "REMDM_VARIANTS", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID",
+    "LLADA_EOT_TOKEN_ID",
 ]  # fmt: skip
 
 
@@ -133,7 +136,8 @@ def diffusion_generate(
             finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
         else:
             sampler = _default_sampler(config, denoiser, logits_processor, generator)
-            finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping_criteria)
+            finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping_criteria,
+                                     Remasking.from_config(config))  # fmt: skip
         num_generated = _finalize(canvas, finished, eos_ids, pad_id, mask_id)
     trace.stream.end(canvas.x)
     if not config.return_dict_in_generate:
