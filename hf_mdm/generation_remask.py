@@ -155,7 +155,7 @@ class BlockState:
 
     reveal_step: torch.Tensor  # (B, L) long: the step that reveals each masked position of the block, else -1
     confidence: torch.Tensor  # (B, L) float64: probability of each revealed token when it was revealed
-    sigma: torch.Tensor  # (S,) float64: remasking probability of a revealed token (conf: the eta sigma_max to share)
+    sigma: torch.Tensor  # (S,) float64, on the CPU: remasking probability of a revealed token (conf: eta sigma_max)
     hazard: torch.Tensor  # (S,) float64: probability that a position masked at step i is revealed there
 
 
@@ -205,7 +205,7 @@ class Remasking:
         sigma, hazard = self.rates(sampler.schedule, num_steps)
         x = rows.x
         state = BlockState(torch.full_like(x, -1), torch.zeros(x.shape, dtype=torch.float64, device=x.device),
-                           sigma.to(x.device), hazard.to(x.device))  # fmt: skip
+                           sigma, hazard.to(x.device))  # fmt: skip
         masked = (x == sampler.mask_id) & region
         state.reveal_step = _draw_reveal_steps(state.hazard, 0, masked, sampler.generator)
         for i in range(num_steps):
