@@ -125,6 +125,7 @@ def diffusion_generate(
     mask_id = int(config.mask_token_id)
     canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id)
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
+    remasking = Remasking.from_config(config, streamer)  # None without remdm
     denoiser = Denoiser.for_model(model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache,
                                   config.kv_cache_refresh)  # fmt: skip
     eos_ids = eos_tensor(config, canvas.x.device)
@@ -137,7 +138,7 @@ def diffusion_generate(
         else:
             sampler = _default_sampler(config, denoiser, logits_processor, generator)
             finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping_criteria,
-                                     Remasking.from_config(config))  # fmt: skip
+                                     remasking)  # fmt: skip
         num_generated = _finalize(canvas, finished, eos_ids, pad_id, mask_id)
     trace.stream.end(canvas.x)
     if not config.return_dict_in_generate:

@@ -101,7 +101,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         remdm (`str`, *optional*): ReMDM remasking, ``"cap"``, ``"rescale"``, ``"conf"`` or ``"loop"``
             (`hf_mdm.generation_remask`): the paper's sampler (``transfer="stochastic"``, ``strategy="random"``, which
             may be left unset) where a step may also remask revealed tokens of the current block. Combines with
-            blocks, guidance, logits processors and ``kv_cache``; not with a ``reference``.
+            blocks, guidance, logits processors and ``kv_cache``; not with a ``reference`` nor a streamer.
         remdm_eta (`float`, *optional*): the remasking rate: in [0, 1] for cap, rescale and conf (conf's default 1),
             in [0, min(1, (1 - alpha(t_on)) / alpha(t_on))] for loop (required but for conf).
         remdm_t_on, remdm_t_off (`float`, *optional*): the window of ``remdm="loop"``, 0 < t_off < t_on < 1.

@@ -29,8 +29,8 @@ Since the chance that a masked position is revealed at step i depends only on i,
 once when it becomes masked (at the block's start, or when remasked), by inverse CDF over the remaining steps: with
 eta = 0 this draws the same random numbers as the paper's sampler and gives the same tokens under the same seed.
 Remasking draws a uniform per position at a step whose sigma is not 0. The prompt and the positions outside the
-current block are never remasked; blocks, batches (padding), EOS and stopping criteria are `sample_blocks`'s.
-Exported with the model as remote code.
+current block are never remasked; blocks, batches (padding), EOS and stopping criteria are `sample_blocks`'s. A
+streamer is refused (a streamed token could be remasked later). Exported with the model as remote code.
 """
 
 from __future__ import annotations
@@ -169,10 +169,13 @@ class Remasking:
     t_off: Optional[float] = None
 
     @classmethod
-    def from_config(cls, config: Any) -> Optional["Remasking"]:
-        """The remasking of a validated config, None without ``remdm``."""
+    def from_config(cls, config: Any, streamer: Any = None) -> Optional["Remasking"]:
+        """The remasking of a validated config, None without ``remdm``; a ValueError with a ``streamer``."""
         if config.remdm is None:
             return None
+        if streamer is not None:
+            raise ValueError(f"streamer is not supported with remdm={config.remdm!r}: a streamed token could be "
+                             "remasked later and replaced; drop streamer or remdm")  # fmt: skip
         eta = 1.0 if config.remdm_eta is None else float(config.remdm_eta)
         return cls(config.remdm, eta, config.remdm_t_on, config.remdm_t_off)
 
@@ -203,11 +206,9 @@ class Remasking:
                  on_step: Callable[[], None]) -> None:  # fmt: skip
         """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps with remasking, in place."""
         sigma, hazard = self.rates(sampler.schedule, num_steps)
-        x = rows.x
-        state = BlockState(torch.full_like(x, -1), torch.zeros(x.shape, dtype=torch.float64, device=x.device),
-                           sigma, hazard.to(x.device))  # fmt: skip
-        masked = (x == sampler.mask_id) & region
-        state.reveal_step = _draw_reveal_steps(state.hazard, 0, masked, sampler.generator)
+        x, hazard = rows.x, hazard.to(rows.x.device)
+        reveal_step = _draw_reveal_steps(hazard, 0, (x == sampler.mask_id) & region, sampler.generator)
+        state = BlockState(reveal_step, torch.zeros(x.shape, dtype=torch.float64, device=x.device), sigma, hazard)
         for i in range(num_steps):
             if self._step(sampler, rows, region, state, i):
                 on_step()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
@@ -104,6 +105,7 @@ GENERATE_KWARGS = [
      "strategy='confidence' does not combine with remdm='rescale'.*pass strategy='random' or leave strategy unset"),
     (dict(remdm="cap", remdm_eta=0.1, reference="llada", steps=4, block_length=4),
      "reference='llada' is not supported with remdm='cap'"),
+    (dict(remdm="cap", remdm_eta=0.1, streamer=BaseStreamer()), "streamer is not supported with remdm='cap'"),
     (dict(stepz=3), r"unknown generation argument\(s\) \['stepz'\]"),
     (dict(seed="abc"), "seed must be an integer"),
     (dict(generation_config={"steps": 2}), "generation_config must be a GenerationConfig"),
