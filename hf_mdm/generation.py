@@ -137,8 +137,8 @@ def diffusion_generate(
             finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
         else:
             sampler = _default_sampler(config, denoiser, logits_processor, generator)
-            finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping_criteria,
-                                     remasking)  # fmt: skip
+            finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids,
+                                     stopping_criteria, remasking)  # fmt: skip
         num_generated = _finalize(canvas, finished, eos_ids, pad_id, mask_id)
     trace.stream.end(canvas.x)
     if not config.return_dict_in_generate:

@@ -99,8 +99,9 @@ def normal_p_value(observed: float, mean: float, variance: float) -> float:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_step_marginals_match_the_formulas(oracle, variant):
     """Over 3000 rows, at every step and position, the remask frequency of a revealed token and the reveal frequency
-    of a masked position match sigma_t and (alpha_s - (1 - sigma_t) alpha_t) / (1 - alpha_t) (binomial tests); for conf, the
-    least confident revealed token of a row and the others are each remasked at the rate the softmax gives them."""
+    of a masked position match sigma_t and (alpha_s - (1 - sigma_t) alpha_t) / (1 - alpha_t) (binomial tests); for
+    conf, the least confident revealed token of a row and the others are each remasked at the rate the softmax gives
+    them."""
     settings, num_steps, length = VARIANTS[variant], 10, 6
     out = diffusion_generate(oracle, torch.zeros(3000, 0, dtype=torch.long), max_new_tokens=length, steps=num_steps,
                              temperature=1.0, seed=11, output_history=True, return_dict_in_generate=True, **settings)
@@ -111,8 +112,8 @@ def test_step_marginals_match_the_formulas(oracle, variant):
     confidence = torch.zeros(3000, length, dtype=torch.float64)
     conf_groups = torch.zeros(2, 3)  # (least confident, others) x (remasked, expected, variance)
     for i, (before, after) in enumerate(zip(canvases[:-1], canvases[1:])):
-        masked = before == oracle.config.mask_token_id
-        revealed_now, remasked = masked & ~(after == oracle.config.mask_token_id), ~masked & (after == oracle.config.mask_token_id)
+        masked, masked_after = before == oracle.config.mask_token_id, after == oracle.config.mask_token_id
+        revealed_now, remasked = masked & ~masked_after, ~masked & masked_after
         sigma, reveal = laws[i]
         for position in range(length):  # each position's frequencies, at each step
             n, k = int(masked[:, position].sum()), int(revealed_now[:, position].sum())
@@ -188,7 +189,8 @@ def test_remasking_stays_in_the_current_block_and_off_the_prompt(models, variant
     prompt = torch.cat([ids[:, :2], torch.full((3, 1), MASK), ids[:, 3:]], 1)  # a mask inside the prompt: infilled
     settings = {**VARIANTS[variant], "remdm_eta": 1.0 if variant != "loop" else 0.4}
     out = diffusion_generate(models["mdm"], prompt, attention_mask=attention, max_new_tokens=9, block_length=4,
-                             steps=30, temperature=1.0, seed=3, output_history=True, return_dict_in_generate=True, **settings)
+                             steps=30, temperature=1.0, seed=3, output_history=True, return_dict_in_generate=True,
+                             **settings)  # fmt: skip
     gen_mask = prepare_canvas(prompt, attention, 9, MASK).gen_mask0
     spans = block_spans(gen_mask, 4)
     canvases = [torch.cat([prompt, torch.full((3, 9), MASK)], 1)] + list(out.history)
