@@ -14,6 +14,7 @@ so they import only torch, transformers and each other):
 - `hf_mdm.generation_denoiser`: the one model call (``logits_to_keep``, guidance, logits shift, NFE);
 - `hf_mdm.generation_sampler`: the canvas, blocks and the denoising steps of a block;
 - `hf_mdm.generation_speculative`: exact speculative decoding of the left-to-right factorisation;
+- `hf_mdm.generation_remask`: the remasking samplers (ReMDM), steps of a block that may take tokens back;
 - `hf_mdm.generation_stopping`: EOS, stopping criteria, padding after EOS, streaming;
 - `hf_mdm.generation_reference`: LLaDA's and Dream's reference samplers, token for token;
 - `hf_mdm.timer`: the device-synchronised timer behind ``elapsed_s``.
@@ -32,6 +33,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
+from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
 from .generation_denoiser import Denoiser, logits_shift_of
 from .generation_reference import (
@@ -64,7 +66,8 @@ __all__ = [
     "diffusion_generate", "resolve_config", "check_token_ids", "logits_shift_of", "canonical_strategy", "time_grid",
     "deterministic_counts",
     "reveal_probability", "reveal_steps", "split_steps", "TRANSFERS", "STRATEGIES", "POSITIONAL_STRATEGIES",
-    "STRATEGY_ALIASES", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID", "LLADA_EOT_TOKEN_ID",
+    "STRATEGY_ALIASES", "REMDM_VARIANTS", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID",
+    "LLADA_EOT_TOKEN_ID",
 ]  # fmt: skip
 
 
@@ -124,6 +127,7 @@ def diffusion_generate(
     mask_id = int(config.mask_token_id)
     canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id)
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
+    remasking = Remasking.from_config(config, streamer)  # None without remdm
     denoiser = Denoiser.for_model(model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache,
                                   config.kv_cache_refresh)  # fmt: skip
     eos_ids = eos_tensor(config, canvas.x.device)
@@ -138,7 +142,8 @@ def diffusion_generate(
                                           config.draft_length, config.block_length, eos_ids, stopping_criteria)  # fmt: skip
         else:
             sampler = _default_sampler(config, denoiser, logits_processor, generator)
-            finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping_criteria)
+            finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids,
+                                     stopping_criteria, remasking)  # fmt: skip
         num_generated = _finalize(canvas, finished, eos_ids, pad_id, mask_id)
     trace.stream.end(canvas.x)
     if not config.return_dict_in_generate:

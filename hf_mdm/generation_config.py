@@ -22,6 +22,7 @@ from transformers.utils import ModelOutput
 from .generation_denoiser import KV_CACHES
 from .generation_reference import check_reference_values, reject_foreign_args, validate_reference
 from .generation_speculative import validate_speculative
+from .generation_remask import validate_remdm
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFERS
 from .schedules import get_schedule
@@ -38,6 +39,10 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "draft_length": None,
     "kv_cache": None,
     "kv_cache_refresh": None,
+    "remdm": None,
+    "remdm_eta": None,
+    "remdm_t_on": None,
+    "remdm_t_off": None,
     "cfg_scale": 0.0,
     "mask_token_id": None,
     "stop_at_eos": True,
@@ -100,6 +105,13 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             temperature, EOS, history and streamer are unchanged; the cache is dropped at the end of the call.
         kv_cache_refresh (`int`, *optional*): a full forward (cache refresh) every ``k`` forwards inside a block
             (default: only at the block's start); ``1`` gives the tokens of ``kv_cache=None``.
+        remdm (`str`, *optional*): ReMDM remasking, ``"cap"``, ``"rescale"``, ``"conf"`` or ``"loop"``
+            (`hf_mdm.generation_remask`): the paper's sampler (``transfer="stochastic"``, ``strategy="random"``, which
+            may be left unset) where a step may also remask revealed tokens of the current block. Combines with
+            blocks, guidance, logits processors and ``kv_cache``; not with a ``reference`` nor a streamer.
+        remdm_eta (`float`, *optional*): the remasking rate: in [0, 1] for cap, rescale and conf (conf's default 1),
+            in [0, min(1, (1 - alpha(t_on)) / alpha(t_on))] for loop (required but for conf).
+        remdm_t_on, remdm_t_off (`float`, *optional*): the window of ``remdm="loop"``, 0 < t_off < t_on < 1.
         cfg_scale (`float`, defaults to 0): classifier-free guidance; the unconditional input is the canvas with
             the prompt masked, and logits = u + (cfg_scale + 1)(c - u). Costs a second forward per step.
         mask_token_id (`int`, *optional*): [MASK] id (default: the model config's).
@@ -176,6 +188,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
         self._validate_fast_sampling()
         validate_speculative(self)
+        validate_remdm(self)
         self._validate_reference()
 
     def _validate_fast_sampling(self) -> None:

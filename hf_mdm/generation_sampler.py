@@ -9,7 +9,8 @@
    (`hf_mdm.generation_stopping`);
 3. a step asks the `Denoiser` for logits at the block's masked positions, proposes tokens (`Proposer`), and
    reveals as many positions per row as the transfer rule says, chosen by the strategy (`denoise_block`).
-   Revealed tokens stay (no remasking).
+   Revealed tokens stay; the remasking samplers (`hf_mdm.generation_remask`) run their own block steps through
+   the same block loop (`sample_blocks`'s ``denoise``) and reveal through `reveal_rows`.
 
 The loop mutates a `Canvas` and records into a `Trace`; the model is reached only through the `Denoiser`.
 Exported with the model as remote code.
@@ -99,6 +100,10 @@ class Sampler:
         return self.strategy in NEEDS_DISTRIBUTIONS or self.transfer == "entropy_bound"
 
 
+# denoise(sampler, rows, region, num_steps, on_step): the steps of one block, in place on rows.x (`denoise_block`)
+BlockDenoiser = Callable[[Sampler, Rows, torch.Tensor, int, Callable[[], None]], None]
+
+
 def prepare_canvas(input_ids, attention_mask, max_new_tokens: int, mask_id: int) -> Canvas:
     """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
@@ -139,9 +144,10 @@ def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tup
 
 def sample_blocks(
     sampler: Sampler, canvas: Canvas, trace: Trace, steps: Optional[int], block_length: Optional[int],
-    eos_ids: Optional[torch.Tensor], stopping_criteria: Any,
+    eos_ids: Optional[torch.Tensor], stopping_criteria: Any, denoise: Optional[BlockDenoiser] = None,
 ) -> torch.Tensor:  # fmt: skip
-    """Denoise the canvas block by block, in place; returns the (B,) rows that finished early."""
+    """Denoise the canvas block by block, in place, each block with ``denoise`` (default `denoise_block`); returns
+    the (B,) rows that finished early."""
     gen_mask0 = canvas.gen_mask0
     spans = block_spans(gen_mask0, block_length)
     steps_per_block = split_steps(steps, [int(gen_mask0[:, s:e].sum(1).max()) for s, e in spans])
@@ -149,7 +155,8 @@ def sample_blocks(
     for (start, end), num_steps in zip(spans, steps_per_block):
         if num_steps == 0:
             continue
-        _denoise_active_rows(sampler, canvas, (~finished).nonzero().flatten(), (start, end), num_steps, trace)
+        active = (~finished).nonzero().flatten()
+        _denoise_active_rows(sampler, canvas, active, (start, end), num_steps, trace, denoise or denoise_block)
         x = canvas.x
         finished |= finished_rows(x, gen_mask0, end, eos_ids, stopping_criteria, x == sampler.mask_id)
         if bool(finished.all()):
@@ -158,7 +165,7 @@ def sample_blocks(
 
 
 def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor, span: tuple[int, int],
-                         num_steps: int, trace: Trace) -> None:  # fmt: skip
+                         num_steps: int, trace: Trace, denoise: BlockDenoiser) -> None:  # fmt: skip
     """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
     all_rows = active.numel() == canvas.x.shape[0]
     rows = canvas.rows() if all_rows else canvas.rows().select(active)
@@ -172,7 +179,7 @@ def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor,
             canvas.x[active] = rows.x
         trace.step(canvas.x)
 
-    denoise_block(sampler, rows, region, num_steps, on_step)
+    denoise(sampler, rows, region, num_steps, on_step)
     if not all_rows:
         canvas.x[active] = rows.x
 
@@ -206,7 +213,7 @@ def _denoise_block_independently(sampler: Sampler, rows: Rows, region, num_steps
     per_step = torch.bincount(step_of[step_of >= 0], minlength=num_steps).tolist()
     for i in range(num_steps):
         if per_step[i]:
-            _reveal_rows(sampler, rows, step_of == i)
+            reveal_rows(sampler, rows, step_of == i)
             on_step()
 
 
@@ -218,7 +225,7 @@ def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch
     if counts is not None and sampler.strategy in POSITIONAL_STRATEGIES:
         # positions first, then logits only at their columns and proposals only where they are revealed
         scores = positional_scores(sampler.strategy, rows.x.shape, sampler.generator, rows.x.device)
-        return _reveal_rows(sampler, rows, choose(scores, block_mask, torch.minimum(counts, remaining)))
+        return reveal_rows(sampler, rows, choose(scores, block_mask, torch.minimum(counts, remaining)))
     proposals = _propose_at(sampler, rows, keep)
     scores = strategy_scores(sampler.strategy, proposals, keep, rows.x.shape[1], sampler.generator)
     if counts is None:
@@ -247,18 +254,22 @@ def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
     return Proposals(flat.tokens.view(bsz, k), flat.confidence.view(bsz, k), probs)
 
 
-def _reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor) -> None:
-    """Propose and write tokens at the ``chosen`` (B, L) positions, running the model only on rows with one."""
+def reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: Optional[torch.Tensor] = None) -> None:
+    """Propose and write tokens at the ``chosen`` (B, L) positions, running the model only on rows with one;
+    ``confidence`` (B, L), when given, receives the probability of each written token (`Proposer`'s)."""
     active = chosen.any(1)
     if bool(active.all()) or not sampler.denoiser.row_subsets:
-        return _reveal_chosen(sampler, rows, chosen)
+        return _reveal_chosen(sampler, rows, chosen, confidence)
     sub = active.nonzero().flatten()  # rows never see each other: the others need no forward
     subset = rows.select(sub)
-    _reveal_chosen(sampler, subset, chosen[sub])
+    sub_confidence = None if confidence is None else confidence[sub]
+    _reveal_chosen(sampler, subset, chosen[sub], sub_confidence)
     rows.x[sub] = subset.x
+    if confidence is not None:
+        confidence[sub] = sub_confidence
 
 
-def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor) -> None:
+def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: Optional[torch.Tensor]) -> None:
     x = rows.x
     if sampler.denoiser.per_row_logits:
         flat_rows, cols = chosen.nonzero(as_tuple=True)  # row-major
@@ -273,4 +284,7 @@ def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor) -> None:
         flat_rows, k = chosen[:, keep].nonzero(as_tuple=True)
         cols = keep[k]
         logits = sampler.denoiser.logits(rows, keep)[flat_rows, k]
-    x[flat_rows, cols] = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows)).tokens
+    proposals = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows))
+    x[flat_rows, cols] = proposals.tokens
+    if confidence is not None:
+        confidence[flat_rows, cols] = proposals.confidence.to(confidence.dtype)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers.generation.streamers import BaseStreamer
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
@@ -96,13 +97,42 @@ GENERATE_KWARGS = [
      "reference='llada' is not supported with transfer='speculative'"),
     (dict(transfer="speculative", draft_length=4, strategy="confidence"),
      "strategy='confidence' does not apply to transfer='speculative'.*strategy='left_to_right' or leave strategy unset"),
+    # ReMDM remasking (remdm, remdm_eta, remdm_t_on, remdm_t_off)
+    (dict(remdm="nope"), r"unknown remdm 'nope': use one of \['cap', 'rescale', 'conf', 'loop'\]"),
+    (dict(remdm="cap"), r"remdm='cap' needs remdm_eta in \[0, 1\]"),
+    (dict(remdm="cap", remdm_eta=1.5), r"remdm_eta must be a number in \[0, 1\], got 1.5"),
+    (dict(remdm="rescale", remdm_eta=-0.1), r"remdm_eta must be a number in \[0, 1\]"),
+    (dict(remdm="conf", remdm_eta=2), r"remdm_eta must be a number in \[0, 1\]"),
+    (dict(remdm="cap", remdm_eta="x"), r"remdm_eta must be a number in \[0, 1\]"),
+    (dict(remdm="loop", remdm_eta=0.1), "remdm='loop' needs its window remdm_t_on and remdm_t_off"),
+    (dict(remdm="loop", remdm_eta=0.1, remdm_t_on=0.3, remdm_t_off=0.5),
+     "the loop window needs 0 < remdm_t_off < remdm_t_on < 1"),
+    (dict(remdm="loop", remdm_eta=0.1, remdm_t_on=1.2, remdm_t_off=0.5), "the loop window needs 0 < remdm_t_off"),
+    (dict(remdm="loop", remdm_eta=0.9, remdm_t_on=0.2, remdm_t_off=0.1),
+     r"remdm_eta must be a number in \[0, 0.25\] \(remdm='loop' with alpha\(remdm_t_on\)=0.8.*raise remdm_t_on"),
+    (dict(remdm="cap", remdm_eta=0.1, remdm_t_on=0.5), "remdm_t_on / remdm_t_off are read only by remdm='loop'"),
+    (dict(remdm_eta=0.1), "remdm_eta=0.1: read only by remdm"),
+    (dict(remdm="cap", remdm_eta=0.1, transfer="deterministic"),
+     "transfer='deterministic' does not combine with remdm='cap'.*pass transfer='stochastic' or leave transfer unset"),
+    (dict(remdm="conf", transfer="threshold", threshold=0.5), "transfer='threshold' does not combine with remdm"),
+    (dict(remdm="rescale", remdm_eta=0.1, strategy="confidence"),
+     "strategy='confidence' does not combine with remdm='rescale'.*pass strategy='random' or leave strategy unset"),
+    (dict(remdm="cap", remdm_eta=0.1, reference="llada", steps=4, block_length=4),
+     "reference='llada' is not supported with remdm='cap'"),
+    (dict(remdm="cap", remdm_eta=0.1, streamer=BaseStreamer()), "streamer is not supported with remdm='cap'"),
     (dict(stepz=3), r"unknown generation argument\(s\) \['stepz'\]"),
     (dict(seed="abc"), "seed must be an integer"),
     (dict(generation_config={"steps": 2}), "generation_config must be a GenerationConfig"),
 ]
 
 
-@pytest.mark.parametrize("kwargs, message", GENERATE_KWARGS, ids=[str(k) for k, _ in GENERATE_KWARGS])
+def _case_id(kwargs: dict) -> str:
+    """A stable test id: objects are named by their class (their repr holds an address)."""
+    return str({k: v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else type(v).__name__
+                for k, v in kwargs.items()})
+
+
+@pytest.mark.parametrize("kwargs, message", GENERATE_KWARGS, ids=[_case_id(k) for k, _ in GENERATE_KWARGS])
 def test_generate_settings(model, forwards, kwargs, message):
     with pytest.raises(ValueError, match=message):
         model.generate(PROMPT, **{"max_new_tokens": 4, **kwargs})
@@ -153,6 +183,7 @@ MODEL_ARGS = [
     (dict(transfer="speculative", draft_length=0), "draft_length must be an integer >= 1"),
     (dict(transfer="speculative", draft_length=4, kv_cache="prefix"), "kv_cache='prefix' is not supported"),
     (dict(mask_token_id=10**6), "mask_token_id=1000000 is outside the model's vocabulary"),
+    (dict(remdm="rescale"), r"remdm='rescale' needs remdm_eta in \[0, 1\]"),
     (dict(remasking="nope"), "remasking: setting.* of reference=llada.*reference=none"),
     (dict(reference="nope"), "unknown reference 'nope'"),
     (dict(reference="llada", block_length=0), "block_length must be an integer >= 1"),

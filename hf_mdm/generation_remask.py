@@ -1,0 +1,255 @@
+"""Remasking samplers: ReMDM (Wang et al. 2025, arXiv 2503.00307), ``remdm`` in "cap", "rescale", "conf", "loop".
+
+The paper's sampler (``transfer="stochastic"``, ``strategy="random"``) reveals each masked position independently
+and never takes a token back. ReMDM's step from t to s (the block's time grid, `hf_mdm.generation_transfer`) may
+also remask a token revealed earlier in the current block, which is then predicted again:
+
+- a revealed (generated, not prompt) token of the current block is remasked with probability sigma_t;
+- a masked token is revealed with probability (alpha_s - (1 - sigma_t) alpha_t) / (1 - alpha_t), with a token
+  drawn from the model's processed distribution (temperature, top-k, top-p, logits processors: `Proposer`) at a
+  forward on the canvas at t; remasking needs no forward, so a step that reveals nothing costs none;
+- sigma_t <= sigma_max = min(1, (1 - alpha_s) / alpha_t) (1 when alpha_t = 0), which keeps the probability above in
+  [0, 1]; the last step (s = 0) has sigma_max = 0 and reveals every position still masked.
+
+The variants choose sigma_t (eta = ``remdm_eta``):
+
+- ``cap``: min(eta, sigma_max); ``rescale``: eta sigma_max (eta in [0, 1] for both);
+- ``conf``: per revealed position i, eta sigma_max softmax_i(-c), the softmax over the revealed positions of the
+  row's block and c_i the probability of the token at i when it was revealed (least confident most likely; eta
+  defaults to 1, the paper's variant). A masked position is in no softmax, so its sigma is 0 and it is revealed
+  with the plain probability (alpha_s - alpha_t) / (1 - alpha_t), as in the paper's code;
+- ``loop``: the plain sampler until ``remdm_t_on``, then alpha held at alpha(t_on) while revealed tokens are
+  remasked with probability eta and masked ones revealed with probability eta alpha(t_on) / (1 - alpha(t_on))
+  until ``remdm_t_off``, then the plain sampler to the end: alpha runs over [0, t_on] of the schedule on
+  [0, t_off] (`LoopSchedule`). A step is in the window when t <= t_on and s >= t_off; eta <= (1 - alpha(t_on)) /
+  alpha(t_on) keeps the reveal probability <= 1.
+
+alpha is the config's schedule rescaled to end exactly at 0 (t = 1) and 1 (t = 0), as the plain sampler does.
+Since the chance that a masked position is revealed at step i depends only on i, a position's reveal step is drawn
+once when it becomes masked (at the block's start, or when remasked), by inverse CDF over the remaining steps: with
+eta = 0 this draws the same random numbers as the paper's sampler and gives the same tokens under the same seed.
+Remasking draws a uniform per position at a step whose sigma is not 0. The prompt and the positions outside the
+current block are never remasked; blocks, batches (padding), EOS and stopping criteria are `sample_blocks`'s. A
+streamer is refused (a streamed token could be remasked later). Exported with the model as remote code.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from .generation_denoiser import Rows
+from .generation_sampler import Sampler, reveal_rows
+from .generation_strategy import canonical_strategy
+from .generation_transfer import time_grid
+from .schedules import get_schedule
+
+REMDM_VARIANTS = ("cap", "rescale", "conf", "loop")
+REMDM_FIELDS = ("remdm_eta", "remdm_t_on", "remdm_t_off")
+
+
+def validate_remdm(config: Any) -> None:
+    """ValueErrors naming the field for ``remdm`` and its parameters (see the module docstring for the ranges)."""
+    if config.remdm is None:
+        given = [f"{name}={getattr(config, name)!r}" for name in REMDM_FIELDS if getattr(config, name) is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: read only by remdm (ReMDM remasking): pass remdm="
+                             f"{' / '.join(map(repr, REMDM_VARIANTS))}, or drop them")  # fmt: skip
+        return
+    if config.remdm not in REMDM_VARIANTS:
+        raise ValueError(f"unknown remdm {config.remdm!r}: use one of {list(REMDM_VARIANTS)} or None")
+    _check_combinations(config)
+    _check_window(config)
+    _check_eta(config)
+
+
+def _check_combinations(config: Any) -> None:
+    """ReMDM is the paper's sampler (stochastic transfer, random order) with remasking: no other transfer or
+    strategy, no reference loop. Guidance, logits processors and the KV caches combine with it."""
+    for name, value in (("transfer", "stochastic"), ("strategy", "random")):
+        given = config.__dict__.get(name)  # unset: the class default, which remdm does not read
+        if given is not None and (given if name == "transfer" else canonical_strategy(given)) != value:
+            raise ValueError(
+                f"{name}={given!r} does not combine with remdm={config.remdm!r}: ReMDM reveals each masked position "
+                f"independently (transfer='stochastic', strategy='random') and remasks revealed ones; pass "
+                f"{name}={value!r} or leave {name} unset"
+            )
+    if config.reference not in (None, "none"):
+        raise ValueError(f"reference={config.reference!r} is not supported with remdm={config.remdm!r} (a reference "
+                         "sampler runs its own loop, which never remasks): drop reference or remdm")  # fmt: skip
+
+
+def _check_window(config: Any) -> None:
+    t_on, t_off = config.remdm_t_on, config.remdm_t_off
+    if config.remdm != "loop":
+        if t_on is not None or t_off is not None:
+            raise ValueError(f"remdm_t_on / remdm_t_off are read only by remdm='loop', not remdm={config.remdm!r}: "
+                             "drop them")  # fmt: skip
+        return
+    if t_on is None or t_off is None:
+        raise ValueError("remdm='loop' needs its window remdm_t_on and remdm_t_off with 0 < remdm_t_off < remdm_t_on "
+                         "< 1, e.g. remdm_t_on=0.55, remdm_t_off=0.05")  # fmt: skip
+    if not (_real(t_on) and _real(t_off) and 0 < t_off < t_on < 1):
+        raise ValueError(f"remdm_t_on={t_on!r}, remdm_t_off={t_off!r}: the loop window needs 0 < remdm_t_off < "
+                         "remdm_t_on < 1")  # fmt: skip
+
+
+def _check_eta(config: Any) -> None:
+    eta = config.remdm_eta
+    if eta is None:
+        if config.remdm == "conf":
+            return  # the paper's conf: eta = 1
+        raise ValueError(f"remdm={config.remdm!r} needs remdm_eta in [0, 1] (the remasking rate), e.g. remdm_eta=0.05")
+    bound, why = 1.0, ""
+    if config.remdm == "loop" and _real(eta):
+        alpha_on = float(normalised_alpha(get_schedule(config.schedule, **(config.schedule_kwargs or {})),
+                                          torch.tensor([float(config.remdm_t_on)]))[0])  # fmt: skip
+        bound = min(1.0, (1.0 - alpha_on) / alpha_on) if alpha_on > 0 else 1.0
+        why = (f" (remdm='loop' with alpha(remdm_t_on)={alpha_on:.4g}: eta <= (1 - alpha) / alpha keeps the reveal "
+               "probability <= 1; lower remdm_eta or raise remdm_t_on)")  # fmt: skip
+    if not (_real(eta) and 0 <= eta <= bound):
+        raise ValueError(f"remdm_eta must be a number in [0, {bound:.4g}]{why}, got {eta!r}")
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def normalised_alpha(schedule: Any, t: torch.Tensor) -> torch.Tensor:
+    """alpha(t) (float64) rescaled to alpha(1) = 0 and alpha(0) = 1, as the plain sampler's reveal law is."""
+    ends = schedule.alpha(torch.tensor([1.0, 0.0], dtype=torch.float64)).double()
+    return (schedule.alpha(t.double()).double() - ends[0]) / (ends[1] - ends[0])
+
+
+@dataclass(frozen=True)
+class LoopSchedule:
+    """ReMDM-loop's alpha: ``base``'s until ``t_on``, held at alpha(t_on) on [t_off, t_on], then alpha(t t_on / t_off)
+    down to t = 0. ``weight`` is the ELBO weight of that alpha (0 in the window)."""
+
+    base: Any
+    t_on: float
+    t_off: float
+
+    def _warp(self, t: torch.Tensor) -> torch.Tensor:
+        held = torch.full_like(t, self.t_on)
+        return torch.where(t >= self.t_on, t, torch.where(t >= self.t_off, held, t * (self.t_on / self.t_off)))
+
+    def alpha(self, t: Any) -> Any:
+        value = self.base.alpha(self._warp(torch.as_tensor(t, dtype=torch.float64)))
+        return value if isinstance(t, torch.Tensor) else float(value)
+
+    def weight(self, t: Any) -> Any:
+        tt = torch.as_tensor(t, dtype=torch.float64)
+        scale = torch.where(tt >= self.t_on, 1.0, torch.where(tt >= self.t_off, 0.0, self.t_on / self.t_off))
+        value = scale * self.base.weight(self._warp(tt))
+        return value if isinstance(t, torch.Tensor) else float(value)
+
+
+@dataclass
+class BlockState:
+    """What the remasking loop holds while it denoises one block (B rows of length L, S steps)."""
+
+    reveal_step: torch.Tensor  # (B, L) long: the step that reveals each masked position of the block, else -1
+    confidence: torch.Tensor  # (B, L) float64: probability of each revealed token when it was revealed
+    sigma: torch.Tensor  # (S,) float64, on the CPU: remasking probability of a revealed token (conf: eta sigma_max)
+    hazard: torch.Tensor  # (S,) float64: probability that a position masked at step i is revealed there
+
+
+@dataclass
+class Remasking:
+    """A ReMDM variant and its parameters; called on each block in place of `denoise_block` (`sample_blocks`)."""
+
+    variant: str
+    eta: float
+    t_on: Optional[float] = None
+    t_off: Optional[float] = None
+
+    @classmethod
+    def from_config(cls, config: Any, streamer: Any = None) -> Optional["Remasking"]:
+        """The remasking of a validated config, None without ``remdm``; a ValueError with a ``streamer``."""
+        if config.remdm is None:
+            return None
+        if streamer is not None:
+            raise ValueError(f"streamer is not supported with remdm={config.remdm!r}: a streamed token could be "
+                             "remasked later and replaced; drop streamer or remdm")  # fmt: skip
+        eta = 1.0 if config.remdm_eta is None else float(config.remdm_eta)
+        return cls(config.remdm, eta, config.remdm_t_on, config.remdm_t_off)
+
+    def schedule(self, base: Any) -> Any:
+        return LoopSchedule(base, float(self.t_on), float(self.t_off)) if self.variant == "loop" else base
+
+    def rates(self, base: Any, num_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(S,) sigma and (S,) reveal probability of the masked positions at each step (see the module docstring)."""
+        grid = time_grid(num_steps)
+        alpha = normalised_alpha(self.schedule(base), grid)
+        alpha_t, alpha_s = alpha[:-1], alpha[1:]
+        sigma_max = torch.where(alpha_t > 0, (1.0 - alpha_s) / alpha_t.clamp(min=1e-300), 1.0).clamp(0.0, 1.0)
+        if self.variant == "cap":
+            sigma = sigma_max.clamp(max=self.eta)
+        elif self.variant == "loop":
+            window = (grid[:-1] <= self.t_on + 1e-12) & (grid[1:] >= self.t_off - 1e-12)
+            sigma = torch.where(window, sigma_max.clamp(max=self.eta), 0.0)
+        else:  # rescale, conf
+            sigma = self.eta * sigma_max
+        sigma[-1] = 0.0  # the last step reveals what remains
+        masked_sigma = torch.zeros_like(sigma) if self.variant == "conf" else sigma
+        hazard = (alpha_s - (1.0 - masked_sigma) * alpha_t) / (1.0 - alpha_t).clamp(min=1e-300)
+        hazard = torch.where(alpha_t < 1, hazard, 1.0).clamp(0.0, 1.0)
+        hazard[-1] = 1.0
+        return sigma, hazard
+
+    def __call__(self, sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int,
+                 on_step: Callable[[], None]) -> None:  # fmt: skip
+        """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps with remasking, in place."""
+        sigma, hazard = self.rates(sampler.schedule, num_steps)
+        x, hazard = rows.x, hazard.to(rows.x.device)
+        reveal_step = _draw_reveal_steps(hazard, 0, (x == sampler.mask_id) & region, sampler.generator)
+        state = BlockState(reveal_step, torch.zeros(x.shape, dtype=torch.float64, device=x.device), sigma, hazard)
+        for i in range(num_steps):
+            if self._step(sampler, rows, region, state, i):
+                on_step()
+
+    def _step(self, sampler: Sampler, rows: Rows, region: torch.Tensor, state: BlockState, i: int) -> bool:
+        """Step i on ``rows``: remask (decided on the canvas at t), reveal (a forward on that canvas), then draw the
+        reveal steps of the remasked positions. Returns whether the canvas changed."""
+        x = rows.x
+        revealed = region & (x != sampler.mask_id)
+        remask = self._remask(state, revealed, i, sampler.generator)
+        reveal = state.reveal_step == i
+        if bool(reveal.any()):
+            reveal_rows(sampler, rows, reveal, state.confidence)
+            state.reveal_step.masked_fill_(reveal, -1)
+        if remask is None or not bool(remask.any()):
+            return bool(reveal.any())
+        x.masked_fill_(remask, sampler.mask_id)
+        fresh = _draw_reveal_steps(state.hazard, i + 1, remask, sampler.generator)
+        state.reveal_step = torch.where(remask, fresh, state.reveal_step)
+        return True
+
+    def _remask(self, state: BlockState, revealed: torch.Tensor, i: int, generator) -> Optional[torch.Tensor]:
+        """(B, L) the revealed positions remasked at step i; None (no random draw) when none can be."""
+        budget = float(state.sigma[i])
+        if budget <= 0 or not bool(revealed.any()):
+            return None
+        if self.variant == "conf":
+            weights = torch.softmax((-state.confidence).masked_fill(~revealed, -math.inf), dim=1)
+            probs = budget * torch.nan_to_num(weights, nan=0.0)  # rows with nothing revealed: NaN -> 0
+        else:
+            probs = torch.full(revealed.shape, budget, dtype=torch.float64, device=revealed.device)
+        u = torch.rand(revealed.shape, generator=generator, device=revealed.device, dtype=torch.float64)
+        return revealed & (u < probs)
+
+
+def _draw_reveal_steps(hazard: torch.Tensor, first: int, chosen: torch.Tensor, generator) -> torch.Tensor:
+    """(B, L) the step (>= ``first``) that reveals each ``chosen`` position, -1 elsewhere: each step i reveals a
+    position still masked with probability ``hazard[i]``, drawn by inverse CDF from one uniform per position (the
+    draw of `hf_mdm.generation_transfer.reveal_steps`)."""
+    cdf = 1.0 - torch.cumprod(1.0 - hazard[first:], dim=0)
+    cdf[-1] = 1.0
+    u = torch.rand(chosen.shape, generator=generator, device=chosen.device, dtype=torch.float64)
+    steps = first + torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1)
+    return steps.masked_fill_(~chosen, -1)
