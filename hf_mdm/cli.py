@@ -157,7 +157,8 @@ def _load_sampler_model(args: argparse.Namespace):
     return model, "mdm" if mdm else "ar", language
 
 
-SAMPLER_FLAGS = ("steps", "transfer", "strategy", "schedule", "temperature", "draft_length")
+SAMPLER_FLAGS = ("steps", "transfer", "strategy", "schedule", "temperature", "draft_length", "remdm", "remdm_eta",
+                 "remdm_t_on", "remdm_t_off")
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -374,6 +375,11 @@ def _add_sample_and_score_commands(commands: Any) -> None:
     sample.add_argument("--strategy", default=None, help=f"{unset} (random)")
     sample.add_argument("--draft-length", type=at_least(1), default=None,
                         help="drafts per round of --transfer speculative (exact speculative decoding)")
+    sample.add_argument("--remdm", choices=["cap", "rescale", "conf", "loop"], default=None,
+                        help="ReMDM remasking on the paper's sampler (with --remdm-eta; loop: --remdm-t-on/--remdm-t-off)")
+    sample.add_argument("--remdm-eta", type=at_least(0.0, float), default=None)
+    sample.add_argument("--remdm-t-on", type=positive_float, default=None)
+    sample.add_argument("--remdm-t-off", type=positive_float, default=None)
     sample.add_argument("--schedule", default=None, help="default: the model's training schedule, which it must match")
     sample.add_argument("--temperature", type=at_least(0.0, float), default=None, help=f"{unset} (1.0)")
     sample.add_argument("--seed", type=int, default=0)

@@ -40,8 +40,8 @@ length (the chain for 300 steps); an HMM with 4 states and 8 tokens; wall-clock 
 SAMPLERS_TEXT = """The paper leaves open whether samplers other than its own (remasking, verification) escape the sequence-error
 limit of Theorem 4.4. With the exact-posterior oracle the answer is exact (no learning error): each point draws
 sequences at temperature 1 in one block and is placed at its *sequential forwards per token*, the forwards one row
-needs on its own (steps in which it revealed something, every step of a remasking sampler, every round of
-speculative decoding) over L; one token a forward (1.0) is the cost of left-to-right or AR decoding. Speculative
+needs on its own (the steps or rounds in which it revealed something; a remasking step that only takes tokens
+back runs no forward) over L; one token a forward (1.0) is the cost of left-to-right or AR decoding. Speculative
 decoding computes several canvases per round: its computed rows per token say what it spends in parallel. The
 comparison below the table is computed from the points."""
 

@@ -94,8 +94,10 @@ def test_paper_curve_is_interpolated_in_log_forwards():
     assert paper_at(rows, ("a", 4, "m"), 0.1, "ser") is None
     better = {**rows[0], "sampler": "b", "forwards_per_token": 0.5, "ser": 0.1, "ser_ci_low": 0.0, "ser_ci_high": 0.2}
     worse = {**better, "sampler": "w", "ser": 0.9, "ser_ci_low": 0.8, "ser_ci_high": 0.95}
-    text = verdict(rows + [better, worse])
-    assert "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500." in text
+    costly = {**better, "sampler": "c", "forwards_per_token": 1.5, "ser": 0.5, "ser_ci_low": 0.4, "ser_ci_high": 0.6}
+    cheap_tie = {**costly, "sampler": "t", "ser": 0.15, "ser_ci_low": 0.1, "ser_ci_high": 0.2}  # not above the last
+    text = verdict(rows + [better, worse, costly, cheap_tie])
+    assert "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500; c at 1.50: 0.500 vs 0.100 at 1.00." in text
 
 
 def test_rerun_measures_nothing(result):
@@ -138,3 +140,22 @@ def test_cli_samples_speculatively_from_the_oracle(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
     assert json.loads(capsys.readouterr().out)["ser"] == 0.0
+
+
+def test_cli_samples_with_remasking(tmp_path, capsys):
+    """`hf-mdm sample --remdm loop ...` runs ReMDM on the paper's sampler and records its settings; a loop window
+    outside 0 < t_off < t_on < 1 fails with the field named."""
+    import json
+
+    from hf_mdm import cli
+    from hf_mdm.experiments import make_language
+
+    make_language({"kind": "chain"}).save_pretrained(tmp_path / "lang")
+    args = ["sample", "--model", "oracle", "--language", str(tmp_path / "lang"), "--num", "8", "--length", "12",
+            "--steps", "24", "--remdm", "loop", "--remdm-eta", "0.1", "--remdm-t-on", "0.6"]
+    assert cli.main(args + ["--remdm-t-off", "0.2", "--output", str(tmp_path / "s.json")]) == 0
+    sampler = json.loads((tmp_path / "s.json").read_text())["sampler"]
+    assert (sampler["remdm"], sampler["remdm_eta"], sampler["remdm_t_on"], sampler["remdm_t_off"]) == ("loop", 0.1, 0.6, 0.2)
+    assert cli.main(args + ["--remdm-t-off", "0.8", "--output", str(tmp_path / "t.json")]) != 0
+    assert "the loop window needs 0 < remdm_t_off < remdm_t_on < 1" in capsys.readouterr().err
+    assert not (tmp_path / "t.json").exists()

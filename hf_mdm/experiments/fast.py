@@ -86,7 +86,8 @@ def sample_with(model: Any, num: int, length: int, section: dict, settings: dict
 def active_steps(history: tuple, mask_id: int) -> torch.Tensor:
     """(B,) the steps in which each row revealed at least one token (its forwards), from the step canvases."""
     canvases = torch.stack([torch.full_like(history[0], mask_id), *history])
-    return (canvases[1:] != canvases[:-1]).any(-1).sum(0)
+    revealed = (canvases[:-1] == mask_id) & (canvases[1:] != mask_id)  # a remasking step may also take tokens back
+    return revealed.any(-1).sum(0)
 
 
 def ter_interval(language: Any, samples: torch.Tensor, reference: float) -> tuple[float, float]:

@@ -12,8 +12,8 @@ A preset (``evaluation/configs/samplers.yaml``) lists languages, each with its `
 ``lengths``, and samplers: `MaskedDiffusionGenerationConfig` fields plus a ``sweep`` of one field over two or three
 values (``steps_over_length`` sets ``steps = round(value * L)``). Every point draws ``num_samples`` sequences at
 temperature 1 in one block and reports the metric with its 95% interval and the *sequential forwards per token*: the
-forwards a row needs on its own (the steps in which it revealed something, or every step of a remasking sampler,
-or every round of speculative decoding), over L. Speculative decoding computes several canvases per round: the
+forwards a row needs on its own (the steps or rounds in which it revealed something: a remasking step that only
+takes tokens back runs no forward), over L. Speculative decoding computes several canvases per round: the
 rows x positions it computes are reported beside its rounds. Cells are cached in ``<out>/cache/samplers.json``;
 trained models are those of the other experiments (same settings, same folder), trained here only if missing.
 """
@@ -118,7 +118,7 @@ def measure(model: Any, language: Any, metric: str, length: int, settings: dict,
         out = diffusion_generate(model, empty, max_new_tokens=length, seed=seed + start, stop_at_eos=False,
                                  output_history=True, return_dict_in_generate=True, **kwargs)  # fmt: skip
         samples.append(out.sequences.cpu())
-        forwards.append(_sequential_forwards(out, settings, int(model.config.mask_token_id)))
+        forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
         computed += float(out.forward_rows)
         if getattr(out, "accepted_per_round", None) is not None:
             accepted.append(out.accepted_per_round.float().cpu())
@@ -128,15 +128,6 @@ def measure(model: Any, language: Any, metric: str, length: int, settings: dict,
     if accepted:
         cell["accepted_per_round"] = float(torch.cat(accepted).mean())  # drafts accepted per round, mean over rows
     return cell
-
-
-def _sequential_forwards(out: Any, settings: dict, mask_id: int) -> torch.Tensor:
-    """(B,) the forwards each row needs on its own: every step of a remasking sampler (a step may change nothing
-    and still costs its forward), else the steps or rounds in which the row revealed something."""
-    rows = out.sequences.shape[0]
-    if settings.get("remdm"):
-        return torch.full((rows,), out.nfe)
-    return active_steps(out.history, mask_id)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -175,8 +166,9 @@ def verdict(rows: list[dict]) -> str:
     """Plain words: per language, length and model, the points below and above the paper's sampler at equal
     sequential forwards (their 95% interval entirely below / above the paper's interval there)."""
     lines = ["Against the paper's sampler at equal sequential forwards per token (its curve interpolated in log "
-             "forwards, so only points inside its range are compared; *below* / *above*: the point's 95% interval "
-             "lies entirely below / above the paper's there). For SER below is better. For TER, below 0 means "
+             "forwards; *below* / *above*: the point's 95% interval lies entirely below / above the paper's there; "
+             "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
+             "forwards). For SER below is better. For TER, below 0 means "
              "samples more likely than the language's own (a mode-seeking, lower-entropy distribution), so below "
              "the paper's is not a better fit of the language: it is the cost in diversity.", ""]
     for group in dict.fromkeys(_group(r) for r in rows):
@@ -188,21 +180,23 @@ def verdict(rows: list[dict]) -> str:
 
 
 def _compared(rows: list[dict], group: tuple, metric: tuple) -> tuple[list[str], list[str]]:
-    """The non-paper points of ``group`` whose interval lies below / above the paper's at their forwards."""
+    """The non-paper points of ``group`` whose interval lies below / above the paper's at their forwards; a point
+    beyond the paper's last forwards is *above* when it lies above that last point (it loses while spending more)."""
     _, value, (low, high), _ = metric
+    last = max((r for r in rows if _group(r) == group and r["sampler"] == PAPER), key=lambda r: r["forwards_per_token"])
     below, above = [], []
     for r in rows:
         if _group(r) != group or r["sampler"] == PAPER:
             continue
         x = r["forwards_per_token"]
+        point = f"{r['sampler']}{' (' + r['setting'] + ')' if r['setting'] else ''} at {x:.2f}: {r[value]:.3f} vs "
         paper_low, paper_high, paper = (paper_at(rows, group, x, k) for k in (low, high, value))
-        if paper_low is None:
-            continue
-        point = f"{r['sampler']}{' (' + r['setting'] + ')' if r['setting'] else ''} at {x:.2f}: {r[value]:.3f} vs {paper:.3f}"
-        if r[high] < paper_low:
-            below.append(point)
-        elif r[low] > paper_high:
-            above.append(point)
+        if paper_low is None and x > last["forwards_per_token"] and r[low] > last[high]:
+            above.append(point + f"{last[value]:.3f} at {last['forwards_per_token']:.2f}")
+        elif paper_low is not None and r[high] < paper_low:
+            below.append(point + f"{paper:.3f}")
+        elif paper_low is not None and r[low] > paper_high:
+            above.append(point + f"{paper:.3f}")
     return below, above
 
 
