@@ -43,7 +43,14 @@ sequences at temperature 1 in one block and is placed at its *sequential forward
 needs on its own (the steps or rounds in which it revealed something; a remasking step that only takes tokens
 back runs no forward) over L; one token a forward (1.0) is the cost of left-to-right or AR decoding. Speculative
 decoding computes several canvases per round: its computed rows per token say what it spends in parallel. The
-comparison below the table is computed from the points."""
+comparison below the table is computed from the points. Why they differ: with the exact denoiser every sequence error
+comes from tokens revealed in the same forward that depend on each other. Exact speculative decoding keeps the
+left-to-right law whatever it accepts (a draft is kept with probability min(1, p/q)), so its SER is AR's at fewer
+rounds than L, paid for in canvases computed per round. Remasking takes back tokens at random (or by stored
+confidence) and reveals them again: each re-reveal costs a forward and can introduce a new conflict, so at equal
+forwards it does not reach the paper's sampler. Confidence-ordered rules spend their forwards on the easy positions
+first, which helps where constraints are local (the HMM) and hurts on the chain, whose hard pairs they reveal together;
+their negative TER shows the price: less diversity than the language."""
 
 
 def _section(folder: Path, name: str, title: str, text: str) -> list[str]:

@@ -87,17 +87,19 @@ def test_outputs_and_verdict(result):
 
 
 def test_paper_curve_is_interpolated_in_log_forwards():
-    rows = [{"language": "a", "length": 4, "model": "m", "sampler": PAPER, "forwards_per_token": x, "ser": y,
+    rows = [{"language": "a", "length": 4, "model": "oracle MDM", "sampler": PAPER, "forwards_per_token": x, "ser": y,
              "ser_ci_low": y - 0.1, "ser_ci_high": y + 0.1, "metric": "ser", "setting": ""}
             for x, y in ((0.25, 0.9), (1.0, 0.1))]  # fmt: skip
-    assert paper_at(rows, ("a", 4, "m"), 0.5, "ser") == pytest.approx(0.5)  # halfway in log between 0.25 and 1
-    assert paper_at(rows, ("a", 4, "m"), 0.1, "ser") is None
+    assert paper_at(rows, ("a", 4, "oracle MDM"), 0.5, "ser") == pytest.approx(0.5)  # halfway in log between 0.25 and 1
+    assert paper_at(rows, ("a", 4, "oracle MDM"), 0.1, "ser") is None
     better = {**rows[0], "sampler": "b", "forwards_per_token": 0.5, "ser": 0.1, "ser_ci_low": 0.0, "ser_ci_high": 0.2}
     worse = {**better, "sampler": "w", "ser": 0.9, "ser_ci_low": 0.8, "ser_ci_high": 0.95}
     costly = {**better, "sampler": "c", "forwards_per_token": 1.5, "ser": 0.5, "ser_ci_low": 0.4, "ser_ci_high": 0.6}
     cheap_tie = {**costly, "sampler": "t", "ser": 0.15, "ser_ci_low": 0.1, "ser_ci_high": 0.2}  # not above the last
     text = verdict(rows + [better, worse, costly, cheap_tie])
-    assert "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500; c at 1.50: 0.500 vs 0.100 at 1.00." in text
+    assert "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500, c at 1.50: 0.500 vs 0.100 at 1.00." in text
+    assert "- **b** (SER, oracle): below the paper's on a L=4; above on no panel; 0.50-0.50 forwards / token." in text
+    assert "- **c** (SER, oracle): below the paper's on no panel; above on a L=4; 1.50-1.50 forwards / token." in text
 
 
 def test_rerun_measures_nothing(result):

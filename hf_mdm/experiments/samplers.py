@@ -163,25 +163,51 @@ def _group(r: dict) -> tuple:
 
 
 def verdict(rows: list[dict]) -> str:
-    """Plain words: per language, length and model, the points below and above the paper's sampler at equal
-    sequential forwards (their 95% interval entirely below / above the paper's interval there)."""
+    """Plain words: per sampler, the oracle's SER panels where it lies below / above the paper's sampler and its
+    TER range; then per language, length and model, every point below / above the paper's at equal forwards."""
     lines = ["Against the paper's sampler at equal sequential forwards per token (its curve interpolated in log "
              "forwards; *below* / *above*: the point's 95% interval lies entirely below / above the paper's there; "
              "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
-             "forwards). For SER below is better. For TER, below 0 means "
-             "samples more likely than the language's own (a mode-seeking, lower-entropy distribution), so below "
-             "the paper's is not a better fit of the language: it is the cost in diversity.", ""]
+             "forwards). For SER below is better. For TER, below 0 means samples more likely than the language's own "
+             "(a mode-seeking, lower-entropy distribution), so below the paper's is not a better fit of the language: "
+             "it is the cost in diversity.", "", *_headline(rows), "", "Every point:", ""]
     for group in dict.fromkeys(_group(r) for r in rows):
-        metric = next(r["metric"] for r in rows if _group(r) == group)
-        below, above = _compared(rows, group, METRICS[metric])
-        name = f"{group[0]}, L = {group[1]}, {group[2]} ({METRICS[metric][3]})"
-        lines.append(f"- {name}: below: {'; '.join(below) or 'none'}. Above: {'; '.join(above) or 'none'}.")
+        metric = METRICS[next(r["metric"] for r in rows if _group(r) == group)]
+        below, above = (", ".join(_point(r, metric, paper) for r, paper in side) or "none"
+                        for side in _compared(rows, group, metric))  # fmt: skip
+        lines.append(f"- {group[0]}, L = {group[1]}, {group[2]} ({metric[3]}): below: {below}. Above: {above}.")
     return "\n".join(lines) + "\n"
 
 
-def _compared(rows: list[dict], group: tuple, metric: tuple) -> tuple[list[str], list[str]]:
-    """The non-paper points of ``group`` whose interval lies below / above the paper's at their forwards; a point
-    beyond the paper's last forwards is *above* when it lies above that last point (it loses while spending more)."""
+def _headline(rows: list[dict]) -> list[str]:
+    """One line per sampler: the oracle SER panels where some point lies below / above the paper's sampler, the
+    forwards per token of its points there, and the range of its TER relative increase (oracle)."""
+    panels = {g: _compared(rows, g, METRICS["ser"]) for g in dict.fromkeys(_group(r) for r in rows)
+              if g[2] == "oracle MDM" and any(r["metric"] == "ser" for r in rows if _group(r) == g)}  # fmt: skip
+    lines = []
+    for name in dict.fromkeys(r["sampler"] for r in rows if r["sampler"] != PAPER):
+        sides = [[f"{g[0]} L={g[1]}" for g, compared in panels.items() if any(r["sampler"] == name for r, _ in compared[i])]
+                 for i in (0, 1)]  # fmt: skip
+        ter = [r["relative_increase"] for r in rows if r["sampler"] == name and r["metric"] == "ter"
+               and r["model"] == "oracle MDM"]  # fmt: skip
+        forwards = [r["forwards_per_token"] for r in rows if r["sampler"] == name and _group(r) in panels]
+        if not forwards:
+            continue
+        lines.append(f"- **{name}** (SER, oracle): below the paper's on {', '.join(sides[0]) or 'no panel'}; above on "
+                     f"{', '.join(sides[1]) or 'no panel'}; {min(forwards):.2f}-{max(forwards):.2f} forwards / token"
+                     + (f"; TER relative increase {min(ter):+.3f} to {max(ter):+.3f}" if ter else "") + ".")
+    return lines
+
+
+def _point(r: dict, metric: tuple, paper: str) -> str:
+    setting = f" ({r['setting']})" if r["setting"] else ""
+    return f"{r['sampler']}{setting} at {r['forwards_per_token']:.2f}: {r[metric[1]]:.3f} vs {paper}"
+
+
+def _compared(rows: list[dict], group: tuple, metric: tuple) -> tuple[list[tuple], list[tuple]]:
+    """``(row, the paper's value there)`` of the non-paper points of ``group`` whose interval lies below / above the
+    paper's at their forwards; a point beyond the paper's last forwards is *above* when it lies above that last
+    point (it loses while spending more)."""
     _, value, (low, high), _ = metric
     last = max((r for r in rows if _group(r) == group and r["sampler"] == PAPER), key=lambda r: r["forwards_per_token"])
     below, above = [], []
@@ -189,14 +215,13 @@ def _compared(rows: list[dict], group: tuple, metric: tuple) -> tuple[list[str],
         if _group(r) != group or r["sampler"] == PAPER:
             continue
         x = r["forwards_per_token"]
-        point = f"{r['sampler']}{' (' + r['setting'] + ')' if r['setting'] else ''} at {x:.2f}: {r[value]:.3f} vs "
         paper_low, paper_high, paper = (paper_at(rows, group, x, k) for k in (low, high, value))
         if paper_low is None and x > last["forwards_per_token"] and r[low] > last[high]:
-            above.append(point + f"{last[value]:.3f} at {last['forwards_per_token']:.2f}")
+            above.append((r, f"{last[value]:.3f} at {last['forwards_per_token']:.2f}"))
         elif paper_low is not None and r[high] < paper_low:
-            below.append(point + f"{paper:.3f}")
+            below.append((r, f"{paper:.3f}"))
         elif paper_low is not None and r[low] > paper_high:
-            above.append(point + f"{paper:.3f}")
+            above.append((r, f"{paper:.3f}"))
     return below, above
 
 
