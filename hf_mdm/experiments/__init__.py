@@ -4,7 +4,8 @@ Each experiment takes a plain dict (a preset from ``evaluation/configs/*.yaml``,
 ``<name>.json``, ``<name>.md`` and ``<name>.png`` into an output folder, and reuses finished pieces on re-runs:
 trained models are kept under ``<out>/models/`` and every measured cell is cached in ``<out>/cache/<name>.json``
 (written atomically), so an interrupted run resumes where it stopped. ``run_experiment(name, preset, out)`` runs
-one of ``EXPERIMENTS`` by name.
+one of ``EXPERIMENTS`` by name. ``load_preset`` reads a preset from a config; ``miniature`` shrinks one to a
+seconds-long run with the same keys (``presets.py``).
 
 - ``ter_vs_steps`` (``ter.py``): the TER relative increase TER(p)/TER(q) - 1 (the paper's epsilon_total) of the
   paper's sampler (stochastic transfer, random order, linear schedule) against the number of steps N, for n-gram
@@ -45,6 +46,7 @@ from .common import (
     validation_table,
     write_outputs,
 )
+from .presets import MINIATURE, load_preset, miniature
 from .ser import plot_ser, ser_table, ser_vs_steps
 from .speed import median_seconds, plot_wallclock, wallclock, wallclock_table
 from .ter import plot_ter, ter_table, ter_vs_steps
@@ -64,17 +66,6 @@ def run_experiment(name: str, preset: dict, out: Path) -> dict:
     return EXPERIMENTS[name](preset, Path(out))
 
 
-def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
-    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections."""
-    import yaml
-
-    config = yaml.safe_load(Path(config_path).read_text())
-    for key in ("experiment", "quick", "full"):
-        if key not in config:
-            raise ValueError(f"{config_path}: missing the `{key}` field")
-    return config["experiment"], config["full" if full else "quick"]
-
-
 __all__ = [
     "EXPERIMENTS",
     "LANGUAGE_KINDS",
@@ -88,6 +79,8 @@ __all__ = [
     "make_language",
     "measure_languages",
     "median_seconds",
+    "MINIATURE",
+    "miniature",
     "oracle_rows",
     "PAPER_SAMPLER",
     "plot_ser",
