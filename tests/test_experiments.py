@@ -128,6 +128,9 @@ def test_report_puts_paper_numbers_beside_ours(results):
     assert "| 2-gram | 256 | 2.72% |" in report  # the paper's table
     assert "| 8192 | 7.4 | 45.8 |" in report
     assert "oracle MDM" in report and "The quick preset" in report
+    assert report.count("Sampler: the paper's") == 2 and "32 samples per cell" in report  # the TER and SER tables
+    assert "- 2-gram: `tiny` (64 wide, 2 layers), 4 steps of batch 32" in report
+    assert "Time is forwards x cost per forward" in report
 
 
 def test_unknown_language_kind_names_the_field():
@@ -195,27 +198,38 @@ def test_wallclock_crossover_is_where_ar_stays_slower():
     assert crossover_length(rows, mdm) == 64 and crossover_length(rows[:4], mdm) is None
     assert crossover_length(rows[:2], mdm) == 16
     window = rows[:6] + [{**rows[6], "seconds": 0.5}, rows[7]]  # AR faster again at 128
-    assert crossover_sentence(window, mdm) == "AR is slower than the MDM, 4 steps only at L = 16, 64, not at the longest L"
+    expected = "AR is slower than the MDM, 4 steps only at L = 16, 64, not at the longest L"
+    assert crossover_sentence(window, mdm) == expected
     result = {"preset": {"size": "tiny", "vocab_size": 4, "batch_size": 1, "repeats": 1}, "rows": rows,
               "machine": "cpu", "parameters": {"mdm": 1, "ar": 1}, "equal_ter": None}  # fmt: skip
     table = wallclock_table(result)
-    assert "AR is slower than the MDM, 4 steps at every L from 64 on." in table and "| 64 | MDM, 4 steps | 4 | 250.00 | 1.000 | 2.01 |" in table
+    assert "AR is slower than the MDM, 4 steps at every L from 64 on." in table
+    assert "| 64 | MDM, 4 steps | 4 | 250.00 | 1.000 | 2.01 |" in table
+    from hf_mdm.report import _machine_against_paper
+
+    assert _machine_against_paper(rows[:4], mdm, 18.0).startswith("This machine differs: AR is slower than the MDM, "
+                                                                  "4 steps only at L = 16, not at the longest L")
+    assert _machine_against_paper(rows, mdm, 2.0).startswith("On this machine too, AR is slower than the MDM, 4 steps "
+                                                             "at every L from 64 on (the paper: from about L = 2048)")
 
 
 def test_equal_ter_steps_is_the_first_overlap(tmp_path):
     from hf_mdm.experiments.speed import equal_ter_steps
 
     def cell(model, steps, low, high):
-        return {"language": "2-gram", "length": 64, "model": model, "steps": steps, "relative_increase": (low + high) / 2,
-                "ci_low": low, "ci_high": high, "num_samples": 256}
+        return {"language": "2-gram", "length": 64, "model": model, "steps": steps, "ci_low": low, "ci_high": high,
+                "relative_increase": (low + high) / 2, "num_samples": 256}
 
     ar = cell("trained AR", 64, -0.01, 0.02)
-    rows = [ar, cell("trained MDM", 32, 0.015, 0.04), cell("trained MDM", 8, 0.05, 0.09), cell("trained MDM", 64, 0.0, 0.03)]
+    rows = [ar, cell("trained MDM", 32, 0.015, 0.04), cell("trained MDM", 8, 0.05, 0.09),
+            cell("trained MDM", 64, 0.0, 0.03)]  # out of order: the smallest overlapping N is 32
     (tmp_path / "ter.json").write_text(json.dumps({"rows": rows}))
-    assert equal_ter_steps(tmp_path / "ter.json")["steps"] == 32 and equal_ter_steps(tmp_path / "ter.json")["matched"]
+    found = equal_ter_steps(tmp_path / "ter.json")
+    assert found["steps"] == 32 and found["matched"] and found["mdm_ci"] == [0.015, 0.04]
     (tmp_path / "ter.json").write_text(json.dumps({"rows": [ar, cell("trained MDM", 8, 0.05, 0.09),
                                                             cell("trained MDM", 16, 0.03, 0.05)]}))
-    assert equal_ter_steps(tmp_path / "ter.json") == {**equal_ter_steps(tmp_path / "ter.json"), "steps": 16, "matched": False}
+    found = equal_ter_steps(tmp_path / "ter.json")  # no overlap: the largest N, not matched
+    assert (found["steps"], found["matched"], found["ar_ci"]) == (16, False, [-0.01, 0.02])
     assert equal_ter_steps(tmp_path / "missing.json") is None
 
 

@@ -16,7 +16,7 @@ MINIATURE = {"num_samples": 16, "lengths": [8, 16], "train_length": 8, "steps": 
              "batch_size": 2, "mdm_steps": [4], "repeats": 1, "dual_cache_blocks": 2}
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {"size": "tiny", "num_train": 64, "num_validation": 16, "batch_size": 16, "max_steps": 2,
-                      "warmup_steps": 0}
+                      "ar_max_steps": 2, "warmup_steps": 0}
 #: The ``fast_samplers`` section of a miniature: blocks that fit ``MINIATURE["train_length"]``.
 MINIATURE_FAST = {"block_length": 4}
 

@@ -70,8 +70,8 @@ def plot_ter(rows: list[dict], path: Path) -> None:
         return max(value, PLOT_FLOOR)
 
     def draw(ax: Any, name: str) -> None:
-        mdm_curves(ax, rows, name, "steps", "relative_increase", clip)
-        ar_lines(ax, rows, name, "relative_increase", clip)
+        mdm_curves(ax, rows, name, "steps", "relative_increase", clip, interval=("ci_low", "ci_high"))
+        ar_lines(ax, rows, name, "relative_increase", clip, interval=("ci_low", "ci_high"))
         ax.set(xscale="log", yscale="log", xlabel="sampling steps N", ylabel="TER(p)/TER(q) - 1", title=name)
 
     language_panels(rows, path, 4.2, "TER relative increase vs steps (Theorem 4.2: depends on N, not L)", draw)
