@@ -13,8 +13,9 @@ seconds-long run with the same keys (``presets.py``).
   trained AR model's TER as reference (Theorem 4.2: it depends on N, not on L).
 - ``ser_vs_steps`` (``ser.py``): the sequence error rate against N for a pruned HMM and for the Theorem 4.4 chain
   language, oracle and trained MDM, AR as reference, plus SER against N/L for several L (Theorem 4.4: one curve).
-- ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at a fixed number of steps and with the
-  same-size AR model decoding with its KV cache, as L grows (timed with ``hf_mdm.timer.Stopwatch``).
+- ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at fixed step counts (the paper's 512, and
+  the steps where its TER matched AR's in ``ter_vs_steps``) and with the same-size AR model decoding with its KV
+  cache, as L grows, with the forwards of each and the cost of one (timed with ``hf_mdm.timer.Stopwatch``).
 
 What they share is in ``common.py`` (the cell cache, languages from preset entries through
 ``hf_mdm.languages.build_language``, ``sample_mdm`` / ``sample_ar``, trained models, rows and outputs) and
