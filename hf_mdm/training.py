@@ -130,7 +130,8 @@ class CausalLMCollator:
         return batch
 
 
-def _size(size: Any) -> dict[str, int]:
+def model_dims(size: Any) -> dict[str, int]:
+    """The dimensions of a model size: a name of ``MODEL_SIZES`` or a dict of dimensions."""
     if isinstance(size, dict):
         return dict(size)
     if size not in MODEL_SIZES:
@@ -143,13 +144,13 @@ def mdm_config_for(vocab_size: int, length: int, size: Any = "tiny", schedule: A
     schedule = get_schedule(schedule)
     return MDMConfig(
         vocab_size=vocab_size + 1, mask_token_id=vocab_size, max_position_embeddings=length,
-        schedule=schedule.to_dict() if schedule.kwargs() else schedule.name, **_size(size),
+        schedule=schedule.to_dict() if schedule.kwargs() else schedule.name, **model_dims(size),
     )
 
 
 def ar_config_for(vocab_size: int, length: int, size: Any = "tiny") -> LlamaConfig:
     """The matched AR baseline: same dimensions, BOS = ``vocab_size`` (one extra id), positions for BOS + L."""
-    dims = _size(size)
+    dims = model_dims(size)
     return LlamaConfig(
         vocab_size=vocab_size + 1, bos_token_id=vocab_size, eos_token_id=None, pad_token_id=None,
         max_position_embeddings=length + 1, tie_word_embeddings=False, **dims,

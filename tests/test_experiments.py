@@ -1,6 +1,7 @@
 """The synthetic experiments end to end on miniature presets, resume, the report, and the CLI's errors."""
 
 import json
+from collections.abc import Mapping
 from unittest import mock
 
 import pytest
@@ -29,8 +30,8 @@ def results(tmp_path_factory):
            "training": TRAINING, "fast_samplers": FAST}
     ser = {"num_samples": 32, "lengths": [8, 16], "steps_over_length": [0.5, 2], "train_length": 8, "progress": False,
            "languages": [{"kind": "chain", "name": "chain", "train": True}], "training": TRAINING}
-    wall = {"vocab_size": 8, "size": "tiny", "batch_size": 2, "mdm_steps": 4, "lengths": [8, 16], "repeats": 1,
-            "dual_cache_blocks": 2}
+    wall = {"vocab_size": 8, "size": "tiny", "batch_size": 2, "mdm_steps": [4], "lengths": [8, 16], "repeats": 1,
+            "dual_cache_blocks": 2, "equal_ter_from": "ter_vs_steps"}
     outputs = {name: run_experiment(name, preset, out) for name, preset in
                (("ter_vs_steps", ter), ("ser_vs_steps", ser), ("wallclock", wall))}
     return out, outputs, {"ter_vs_steps": ter, "ser_vs_steps": ser, "wallclock": wall}
@@ -49,9 +50,16 @@ def test_outputs_written(results):
     assert len(oracle) == 4 and all(r["num_out_of_support"] == 0 for r in oracle)
     chain = [r for r in outputs["ser_vs_steps"]["rows"] if r["model"] == "oracle MDM"]
     assert all(0.0 <= r["ser"] <= 1.0 and "predicted" in r for r in chain)
-    assert [r["length"] for r in outputs["wallclock"]["rows"]] == [8, 16]
-    assert all(r["mdm_dual_s"] > 0 for r in outputs["wallclock"]["rows"])
-    assert "MDM + dual cache, 2 blocks (s)" in (out / "wallclock.md").read_text()
+    wall = outputs["wallclock"]
+    equal = wall["equal_ter"]["steps"]
+    assert equal in (2, 8) and wall["equal_ter"]["num_samples"] == 32
+    models = ["AR, KV cache", "MDM, 4 steps", f"MDM, {equal} steps (TER as AR)", "MDM + dual cache (2 blocks), 4 steps",
+              f"MDM + dual cache (2 blocks), {equal} steps (TER as AR)"]
+    assert [(r["length"], r["model"]) for r in wall["rows"]] == [(n, m) for n in (8, 16) for m in models]
+    for r in wall["rows"]:  # AR: one forward per token; the MDM: one per step, at most one per token
+        expected = r["length"] if r["model"].startswith("AR") else min(r["steps"], r["length"])
+        assert r["forwards"] == expected and r["ms_per_forward"] == pytest.approx(1000 * r["seconds"] / expected)
+    assert "| 16 | MDM + dual cache (2 blocks), 4 steps | 4 |" in (out / "wallclock.md").read_text()
 
 
 def test_fast_samplers_rows(results):
@@ -120,6 +128,9 @@ def test_report_puts_paper_numbers_beside_ours(results):
     assert "| 2-gram | 256 | 2.72% |" in report  # the paper's table
     assert "| 8192 | 7.4 | 45.8 |" in report
     assert "oracle MDM" in report and "The quick preset" in report
+    assert report.count("Sampler: the paper's") == 2 and "32 samples per cell" in report  # the TER and SER tables
+    assert "- 2-gram: `tiny` (64 wide, 2 layers), 4 steps of batch 32" in report
+    assert "Time is forwards x cost per forward" in report
 
 
 def test_unknown_language_kind_names_the_field():
@@ -177,14 +188,49 @@ def test_cli_names_a_missing_local_model(tmp_path, capsys):
 
 
 def test_wallclock_crossover_is_where_ar_stays_slower():
-    from hf_mdm.experiments.speed import crossover_length, wallclock_table
+    from hf_mdm.experiments.speed import crossover_length, crossover_sentence, equal_ter_steps, wallclock_table
 
-    ratios = {16: 1.01, 32: 0.98, 64: 2.01, 128: 2.7}  # AR / MDM, as in results/wallclock.md
-    rows = [{"length": n, "mdm_s": 1.0, "ar_s": r, "ar_over_mdm": r} for n, r in ratios.items()]
-    assert crossover_length(rows) == 64 and crossover_length(rows[:2]) is None and crossover_length(rows[:1]) == 16
-    result = {"preset": {"mdm_steps": 4, "batch_size": 1, "repeats": 1}, "rows": rows, "machine": "cpu",
-              "parameters": {"mdm": 1, "ar": 1}}  # fmt: skip
-    assert "AR is slower than the MDM at every L from 64 on." in wallclock_table(result)
+    ratios = {16: 1.01, 32: 0.98, 64: 2.01, 128: 2.7}  # AR / MDM
+    mdm = "MDM, 4 steps"
+    rows = [row for n, r in ratios.items() for row in (
+        {"length": n, "model": "AR, KV cache", "steps": n, "seconds": r, "forwards": n, "ms_per_forward": 1.0},
+        {"length": n, "model": mdm, "steps": 4, "seconds": 1.0, "forwards": 4, "ms_per_forward": 250.0})]
+    assert crossover_length(rows, mdm) == 64 and crossover_length(rows[:4], mdm) is None
+    assert crossover_length(rows[:2], mdm) == 16
+    window = rows[:6] + [{**rows[6], "seconds": 0.5}, rows[7]]  # AR faster again at 128
+    expected = "AR is slower than the MDM, 4 steps only at L = 16, 64, not at the longest L"
+    assert crossover_sentence(window, mdm) == expected
+    result = {"preset": {"size": "tiny", "vocab_size": 4, "batch_size": 1, "repeats": 1}, "rows": rows,
+              "machine": "cpu", "parameters": {"mdm": 1, "ar": 1}, "equal_ter": None}  # fmt: skip
+    table = wallclock_table(result)
+    assert "AR is slower than the MDM, 4 steps at every L from 64 on." in table
+    assert "| 64 | MDM, 4 steps | 4 | 250.00 | 1.000 | 2.01 |" in table
+    from hf_mdm.report import _machine_against_paper
+
+    assert _machine_against_paper(rows[:4], mdm, 18.0).startswith("This machine differs: AR is slower than the MDM, "
+                                                                  "4 steps only at L = 16, not at the longest L")
+    assert _machine_against_paper(rows, mdm, 2.0).startswith("On this machine too, AR is slower than the MDM, 4 steps "
+                                                             "at every L from 64 on (the paper: from about L = 2048)")
+
+
+def test_equal_ter_steps_is_the_first_overlap(tmp_path):
+    from hf_mdm.experiments.speed import equal_ter_steps
+
+    def cell(model, steps, low, high):
+        return {"language": "2-gram", "length": 64, "model": model, "steps": steps, "ci_low": low, "ci_high": high,
+                "relative_increase": (low + high) / 2, "num_samples": 256}
+
+    ar = cell("trained AR", 64, -0.01, 0.02)
+    rows = [ar, cell("trained MDM", 32, 0.015, 0.04), cell("trained MDM", 8, 0.05, 0.09),
+            cell("trained MDM", 64, 0.0, 0.03)]  # out of order: the smallest overlapping N is 32
+    (tmp_path / "ter.json").write_text(json.dumps({"rows": rows}))
+    found = equal_ter_steps(tmp_path / "ter.json")
+    assert found["steps"] == 32 and found["matched"] and found["mdm_ci"] == [0.015, 0.04]
+    (tmp_path / "ter.json").write_text(json.dumps({"rows": [ar, cell("trained MDM", 8, 0.05, 0.09),
+                                                            cell("trained MDM", 16, 0.03, 0.05)]}))
+    found = equal_ter_steps(tmp_path / "ter.json")  # no overlap: the largest N, not matched
+    assert (found["steps"], found["matched"], found["ar_ci"]) == (16, False, [-0.01, 0.02])
+    assert equal_ter_steps(tmp_path / "missing.json") is None
 
 
 def test_cli_dataset_build_then_train_then_sample(tmp_path, capsys):
@@ -201,3 +247,62 @@ def test_cli_dataset_build_then_train_then_sample(tmp_path, capsys):
                      "--steps", "4", "--output", str(samples)]) == 0
     rows = json.loads(samples.read_text())["samples"]
     assert len(rows) == 8 and all(0 <= t < 16 for row in rows for t in row)  # ngram2 has 16 tokens; [MASK] = 16
+
+
+class Tracked(Mapping):
+    """A preset section that records the key paths read from it ("training.max_steps", "languages[0].kind")."""
+
+    def __init__(self, data: dict, read: set, path: str = ""):
+        self._data, self._read, self._path = data, read, path
+
+    def __getitem__(self, key):
+        value = self._data[key]
+        path = f"{self._path}.{key}" if self._path else str(key)
+        self._read.add(path)
+        return _tracked(value, self._read, path)
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    def __repr__(self):
+        return repr(self._data)
+
+
+def _tracked(value, read, path):
+    if isinstance(value, dict):
+        return Tracked(value, read, path)
+    if isinstance(value, list) and any(isinstance(v, dict) for v in value):
+        return [_tracked(v, read, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def _key_paths(value, path=""):
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from [f"{path}.{key}" if path else key, *_key_paths(inner, f"{path}.{key}" if path else key)]
+    elif isinstance(value, list):
+        for i, inner in enumerate(value):
+            yield from _key_paths(inner, f"{path}[{i}]")
+
+
+def test_full_presets_run_end_to_end_in_miniature(tmp_path):
+    """Every experiment `hf-mdm reproduce --full` runs, from its config's full preset shrunk by `miniature` (same
+    keys, languages and samplers, tiny sizes), in the order reproduce runs them; every key of the preset is read."""
+    from hf_mdm.cli import CONFIG_DIR, EXPERIMENT_CONFIGS
+    from hf_mdm.experiments import MINIATURE, load_preset, miniature
+
+    for config in EXPERIMENT_CONFIGS:
+        name, full = load_preset(CONFIG_DIR / f"{config}.yaml", full=True)
+        small, read = miniature(full), set()
+        assert sorted(_key_paths(small)) == sorted(_key_paths(full))
+        result = run_experiment(name, Tracked(small, read), tmp_path)
+        assert sorted(set(_key_paths(full)) - read) == [], config
+        assert (tmp_path / f"{name}.png").stat().st_size > 0 and result["rows"]
+    wall = json.loads((tmp_path / "wallclock.json").read_text())
+    assert wall["equal_ter"]["steps"] in MINIATURE["steps"] and wall["rows"][-1]["length"] == 16
+    assert "| 2-gram | 8 | trained MDM |" in (tmp_path / "ter_vs_steps.md").read_text()
+    assert "| hmm | 8 | trained MDM | 1 | 0.125 |" in (tmp_path / "ser_vs_steps.md").read_text()
+

@@ -4,7 +4,8 @@ Each experiment takes a plain dict (a preset from ``evaluation/configs/*.yaml``,
 ``<name>.json``, ``<name>.md`` and ``<name>.png`` into an output folder, and reuses finished pieces on re-runs:
 trained models are kept under ``<out>/models/`` and every measured cell is cached in ``<out>/cache/<name>.json``
 (written atomically), so an interrupted run resumes where it stopped. ``run_experiment(name, preset, out)`` runs
-one of ``EXPERIMENTS`` by name.
+one of ``EXPERIMENTS`` by name. ``load_preset`` reads a preset from a config; ``miniature`` shrinks one to a
+seconds-long run with the same keys (``presets.py``).
 
 - ``ter_vs_steps`` (``ter.py``): the TER relative increase TER(p)/TER(q) - 1 (the paper's epsilon_total) of the
   paper's sampler (stochastic transfer, random order, linear schedule) against the number of steps N, for n-gram
@@ -12,11 +13,9 @@ one of ``EXPERIMENTS`` by name.
   trained AR model's TER as reference (Theorem 4.2: it depends on N, not on L).
 - ``ser_vs_steps`` (``ser.py``): the sequence error rate against N for a pruned HMM and for the Theorem 4.4 chain
   language, oracle and trained MDM, AR as reference, plus SER against N/L for several L (Theorem 4.4: one curve).
-- ``samplers`` (``samplers.py``): beyond Theorem 4.4, SER and TER against sequential forwards per token for the
-  paper's sampler and the others (confidence, threshold, entropy bound, remasking, speculative decoding,
-  left-to-right), oracle everywhere and trained MDMs where the other experiments train them, with a verdict.
-- ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at a fixed number of steps and with the
-  same-size AR model decoding with its KV cache, as L grows (timed with ``hf_mdm.timer.Stopwatch``).
+- ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at fixed step counts (the paper's 512, and
+  the steps where its TER matched AR's in ``ter_vs_steps``) and with the same-size AR model decoding with its KV
+  cache, as L grows, with the forwards of each and the cost of one (timed with ``hf_mdm.timer.Stopwatch``).
 
 What they share is in ``common.py`` (the cell cache, languages from preset entries through
 ``hf_mdm.languages.build_language``, ``sample_mdm`` / ``sample_ar``, trained models, rows and outputs) and
@@ -48,7 +47,7 @@ from .common import (
     validation_table,
     write_outputs,
 )
-from .samplers import compare_samplers, plot_samplers, samplers_table, verdict
+from .presets import MINIATURE, load_preset, miniature
 from .ser import plot_ser, ser_table, ser_vs_steps
 from .speed import median_seconds, plot_wallclock, wallclock, wallclock_table
 from .ter import plot_ter, ter_table, ter_vs_steps
@@ -57,7 +56,6 @@ from .ter import plot_ter, ter_table, ter_vs_steps
 EXPERIMENTS: dict[str, Callable[[dict, Path], dict]] = {
     "ter_vs_steps": ter_vs_steps,
     "ser_vs_steps": ser_vs_steps,
-    "samplers": compare_samplers,
     "wallclock": wallclock,
 }
 
@@ -67,17 +65,6 @@ def run_experiment(name: str, preset: dict, out: Path) -> dict:
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}: use one of {sorted(EXPERIMENTS)}")
     return EXPERIMENTS[name](preset, Path(out))
-
-
-def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
-    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections."""
-    import yaml
-
-    config = yaml.safe_load(Path(config_path).read_text())
-    for key in ("experiment", "quick", "full"):
-        if key not in config:
-            raise ValueError(f"{config_path}: missing the `{key}` field")
-    return config["experiment"], config["full" if full else "quick"]
 
 
 __all__ = [
@@ -93,17 +80,16 @@ __all__ = [
     "make_language",
     "measure_languages",
     "median_seconds",
+    "MINIATURE",
+    "miniature",
     "oracle_rows",
     "PAPER_SAMPLER",
-    "plot_samplers",
     "plot_ser",
     "plot_ter",
     "plot_wallclock",
     "run_experiment",
     "sample_ar",
     "sample_mdm",
-    "compare_samplers",
-    "samplers_table",
     "ser_table",
     "ser_vs_steps",
     "ter_table",
@@ -112,7 +98,6 @@ __all__ = [
     "trained_rows",
     "validation_row",
     "validation_table",
-    "verdict",
     "wallclock",
     "wallclock_table",
     "write_outputs",

@@ -19,7 +19,7 @@ import json
 import os
 import platform
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -34,7 +34,8 @@ EXPERIMENT_FIELDS = ("name", "train", "training")
 #: What ``validation_row`` keeps of a trained pair.
 VALIDATION_KEYS = ("mdm_nll", "ar_nll", "entropy_per_token", "mdm_gap", "ar_gap")
 
-Score = Callable[[torch.Tensor], dict]
+Score = Callable[[torch.Tensor], dict]  # samples -> a cell's values
+Cell = Callable[[SyntheticLanguage, torch.Tensor], dict]  # (language, samples) -> a cell's values
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -138,7 +139,8 @@ def trained_pair(language: Any, length: int, preset: dict, out: Path, tag: str,
                  overrides: Optional[dict] = None) -> dict[str, Any]:
     """Train (or reload) the tiny MDM and AR baseline of a language; returns models and validation NLL vs entropy.
 
-    ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``).
+    ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``);
+    ``training_steps`` gives each model's steps.
     Models live in ``<out>/models/<tag>-L<length>-<hash of the settings and the language>-<mdm|ar>/final``."""
     entropy = language.expected_nll(length).value / length
     train_cfg = {**preset["training"], **(overrides or {})}
@@ -148,10 +150,17 @@ def trained_pair(language: Any, length: int, preset: dict, out: Path, tag: str,
     for kind in ("mdm", "ar"):
         folder = out / "models" / f"{tag}-L{length}-{settings}-{kind}"  # new settings never reuse stale models
         if not (folder / "final" / "metrics.json").exists():
-            print(f"training the {kind.upper()} for {tag} at L={length}: {train_cfg['max_steps']} steps", flush=True)
-            _train_model(kind, folder, datasets(), language.vocab_size, length, train_cfg, entropy)
+            kind_cfg = {**train_cfg, "max_steps": training_steps(train_cfg, kind)}
+            print(f"training the {kind.upper()} for {tag} at L={length}: {kind_cfg['max_steps']} steps", flush=True)
+            _train_model(kind, folder, datasets(), language.vocab_size, length, kind_cfg, entropy)
         result.update(_load_trained(kind, folder, entropy))
     return result
+
+
+def training_steps(train_cfg: dict, kind: str) -> int:
+    """The optimiser steps of one model: ``max_steps``, or for the AR model ``ar_max_steps`` where given (AR learns
+    a language faster than an MDM, which must learn every masked conditional)."""
+    return train_cfg.get("ar_max_steps", train_cfg["max_steps"]) if kind == "ar" else train_cfg["max_steps"]
 
 
 def _settings_hash(train_cfg: dict, language: Any) -> str:
@@ -226,17 +235,7 @@ def lazy_pair(language: Any, length: int, preset: dict, out: Path, tag: str, ove
 # Rows: one measured cell each
 
 
-def scorer(metric: Any, language: Any, keys: Sequence[str]) -> Score:
-    """Samples -> ``{key: metric value}`` for ``keys`` of ``metric.compute`` against the language."""
-
-    def score(samples: torch.Tensor) -> dict:
-        r = metric.compute(predictions=samples.tolist(), language=language)
-        return {k: r[k] for k in keys}
-
-    return score
-
-
-def oracle_rows(oracle: Any, name: str, length: int, steps_list: Sequence[int], num: int, cache: CellCache,
+def oracle_rows(oracle: Any, name: str, length: int, steps_list: list[int], num: int, cache: CellCache,
                 score: Score, desc: str) -> list[dict[str, Any]]:
     """Rows for the exact-posterior oracle at one length and each step count."""
     rows = []
@@ -268,24 +267,24 @@ def validation_row(pair: dict[str, Any]) -> dict[str, float]:
     return {k: float(pair[k]) for k in VALIDATION_KEYS}
 
 
-def measure_languages(name: str, preset: dict, out: Path, *, metric: Any, keys: Sequence[str],
-                      steps_for: Callable[[int], list[int]], label: str) -> list[dict[str, Any]]:
+def measure_languages(name: str, preset: dict, out: Path, *, cell: Cell, steps_for: Callable[[int], list[int]],
+                      label: str) -> list[dict[str, Any]]:
     """The rows of every entry of ``preset["languages"]`` (``language_rows``), cells cached in
-    ``<out>/cache/<name>.json``. ``steps_for(length)`` gives the step counts at a length; a cell keeps ``keys`` of
-    ``metric``'s result; ``label`` names the experiment in progress bars."""
+    ``<out>/cache/<name>.json``. ``steps_for(length)`` gives the step counts at a length; ``cell(language,
+    samples)`` gives a cell's values; ``label`` names the experiment in progress bars."""
     cache = CellCache(out / "cache" / f"{name}.json")
     rows: list[dict[str, Any]] = []
     for spec in preset["languages"]:
-        rows += language_rows(spec, preset, out, cache, metric=metric, keys=keys, steps_for=steps_for, label=label)
+        rows += language_rows(spec, preset, out, cache, cell=cell, steps_for=steps_for, label=label)
     return rows
 
 
-def language_rows(spec: dict, preset: dict, out: Path, cache: CellCache, *, metric: Any, keys: Sequence[str],
+def language_rows(spec: dict, preset: dict, out: Path, cache: CellCache, *, cell: Cell,
                   steps_for: Callable[[int], list[int]], label: str) -> list[dict[str, Any]]:
     """All rows of one language entry: the oracle at each length of ``preset["lengths"]``, then (with ``train``)
     the trained models at ``preset["train_length"]`` (arguments as in ``measure_languages``)."""
     language, name = make_language(spec), language_name(spec)
-    score = scorer(metric, language, keys)
+    score = functools.partial(cell, language)
     oracle = OracleDenoiser(language, mask_token_id=language.vocab_size)
     rows: list[dict[str, Any]] = []
     for length in preset["lengths"]:
@@ -306,16 +305,54 @@ def experiment_result(name: str, preset: dict, rows: list[dict], **extra: Any) -
 
 
 def validation_table(rows: list[dict]) -> list[str]:
-    """Markdown lines: trained models' validation NLL per token beside the language's exact entropy."""
+    """Markdown lines: trained models' validation NLL per token beside the language's exact entropy, and the gap
+    (NLL minus entropy, in nats per token and relative)."""
     validation = [r for r in rows if r["model"] == "validation"]
     if not validation:
         return []
-    lines = ["", "| language | L | entropy/token | MDM val NLL (ELBO) | gap | AR val NLL | gap |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["", "| language | L | entropy/token | MDM val NLL (ELBO) | MDM gap (nats) | gap | AR val NLL "
+             "| AR gap (nats) | gap |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in validation:
-        lines.append(f"| {r['language']} | {r['length']} | {r['entropy_per_token']:.4f} | {r['mdm_nll']:.4f} | "
-                     f"{100 * r['mdm_gap']:+.2f}% | {r['ar_nll']:.4f} | {100 * r['ar_gap']:+.2f}% |")
+        entropy = r["entropy_per_token"]
+        lines.append(f"| {r['language']} | {r['length']} | {entropy:.4f} | {r['mdm_nll']:.4f} | "
+                     f"{r['mdm_nll'] - entropy:.4f} | {100 * r['mdm_gap']:+.2f}% | {r['ar_nll']:.4f} | "
+                     f"{r['ar_nll'] - entropy:.4f} | {100 * r['ar_gap']:+.2f}% |")
     return lines
+
+
+def setup_lines(preset: dict) -> list[str]:
+    """Markdown lines stating a table's set-up: each language's parameters, the sampler, the sample count, and
+    each trained language's model size and training budget (the preset's ``training`` updated by the entry's own)."""
+    languages = "; ".join(f"{language_name(spec)} ({spec['kind']}: {language_parameters(spec)})"
+                          for spec in preset["languages"])  # fmt: skip
+    lines = ["", f"Languages: {languages}.", "",
+             "Sampler: the paper's (stochastic transfer, random order, linear schedule, temperature 1) for the MDMs, "
+             f"ancestral sampling at temperature 1 for AR; {preset['num_samples']} samples per cell. Trained models "
+             f"(the MDM and the same-size AR model, each trained at L = {preset['train_length']}):"]
+    for spec in preset["languages"]:
+        if spec.get("train", False):
+            budget = training_sentence({**preset["training"], **spec.get("training", {})})
+            lines.append(f"- {language_name(spec)}: {budget}")
+    return lines + [""]
+
+
+def language_parameters(spec: dict) -> str:
+    """A language entry's parameters in words, defaults included: ``num_states 16, vocab_size 16, ...``."""
+    return ", ".join(f"{k} {v}" for k, v in make_language(spec).hyperparameters().items())
+
+
+def training_sentence(cfg: dict) -> str:
+    """A training budget in words: size, steps, batch, learning rate, training sequences."""
+    from ..training import model_dims
+
+    dims = model_dims(cfg["size"])
+    size = cfg["size"] if isinstance(cfg["size"], str) else "custom"
+    steps = f"{cfg['max_steps']:,} steps (AR {training_steps(cfg, 'ar'):,})" if "ar_max_steps" in cfg else \
+        f"{cfg['max_steps']:,} steps"
+    return (f"`{size}` ({dims['hidden_size']} wide, {dims['num_hidden_layers']} layers), {steps} of "
+            f"batch {cfg['batch_size']} at learning rate {cfg['learning_rate']:g} (cosine, "
+            f"{cfg.get('warmup_steps', 0)} warm-up) on {cfg['num_train']:,} sampled sequences, "
+            f"{cfg['num_validation']:,} for validation")
 
 
 def write_outputs(out: Path, name: str, result: dict, table: str, plot: Callable[[Path], None]) -> None:

@@ -56,7 +56,7 @@ def fast_rows(preset: dict, out: Path, cache: CellCache, score: Callable[[Any, t
 
 
 def _cell_key(model: str, language: str, length: int, section: dict, sampler: dict) -> str:
-    settings = json.dumps([section.get("block_length"), section.get("seed", 0), sampler], sort_keys=True)
+    settings = json.dumps([section.get("block_length"), section.get("seed", 0), dict(sampler)], sort_keys=True)
     return f"fast|{model}|{language}|{length}|{hashlib.sha1(settings.encode()).hexdigest()[:10]}"
 
 

@@ -15,7 +15,8 @@ from typing import Any
 
 from ..languages import ChainLanguage
 from ..metrics import SequenceErrorRate
-from .common import CellCache, experiment_result, measure_languages, validation_table, write_outputs
+from .common import (CellCache, experiment_result, measure_languages, setup_lines, validation_table,
+                     write_outputs)
 from .fast import fast_rows, fast_table
 from .plotting import ar_lines, language_panels, mdm_curves
 
@@ -26,18 +27,19 @@ SER_KEYS = ("ser", "ser_ci_low", "ser_ci_high")
 def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
     """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
     ratios = preset["steps_over_length"]
-    rows = measure_languages("ser_vs_steps", preset, out, metric=SequenceErrorRate(), keys=SER_KEYS,
+    rows = measure_languages("ser_vs_steps", preset, out, cell=ser_cell,
                              steps_for=lambda length: steps_at(length, ratios), label="SER")
     add_ratios_and_predictions(rows)
-    fast = fast_rows(preset, out, CellCache(out / "cache" / "ser_vs_steps.json"), fast_ser_cell)
+    fast = fast_rows(preset, out, CellCache(out / "cache" / "ser_vs_steps.json"), ser_cell)
     result = experiment_result("ser_vs_steps", preset, rows, **({"fast_rows": fast} if fast else {}))
-    table = ser_table(rows) + fast_table(fast, preset, "ser", ("ser_ci_low", "ser_ci_high"), "SER")
+    setup = "\n".join(setup_lines(preset)) + "\n"
+    table = setup + ser_table(rows) + fast_table(fast, preset, "ser", ("ser_ci_low", "ser_ci_high"), "SER")
     write_outputs(out, "ser_vs_steps", result, table, lambda p: plot_ser(rows, p))
     return result
 
 
-def fast_ser_cell(language: Any, samples: Any) -> dict[str, float]:
-    """A fast-sampling cell: the SER and its 95% Wilson interval."""
+def ser_cell(language: Any, samples: Any) -> dict[str, float]:
+    """A cell: the SER and its 95% Wilson interval."""
     r = SequenceErrorRate().compute(predictions=samples.tolist(), language=language)
     return {k: r[k] for k in SER_KEYS}
 
@@ -72,14 +74,15 @@ def ser_table(rows: list[dict]) -> str:
 
 
 def plot_ser(rows: list[dict], path: Path) -> None:
-    """One panel per language: SER against N/L (log x), one curve per model and length; the chain's theory curve."""
+    """One panel per language: SER against N/L (log x), one curve per model and length with its 95% interval as a
+    band; the chain's theory curve."""
 
     def draw(ax: Any, name: str) -> None:
-        mdm_curves(ax, rows, name, "steps_over_length", "ser")
+        mdm_curves(ax, rows, name, "steps_over_length", "ser", interval=("ser_ci_low", "ser_ci_high"))
         if name == "chain":
             grid = [2 ** (k / 4) for k in range(-12, 21)]
             ax.plot(grid, [1 - math.exp(-0.75 / g) for g in grid], "k-", lw=0.8, alpha=0.5, label="1 - exp(-3L/4N)")
-        ar_lines(ax, rows, name, "ser")
+        ar_lines(ax, rows, name, "ser", interval=("ser_ci_low", "ser_ci_high"))
         ax.set(xscale="log", xlabel="steps / length (N/L)", ylabel="SER", ylim=(-0.02, 1.02), title=name)
 
     language_panels(rows, path, 4.4, "Sequence error rate vs N/L (Theorem 4.4: needs N growing with L)", draw)

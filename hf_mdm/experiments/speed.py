@@ -1,15 +1,22 @@
-"""Experiment c: MDM vs AR wall-clock as the sequence length grows.
+"""Experiment c: MDM vs AR wall-clock as the sequence length grows, as forwards x cost per forward.
 
-``wallclock`` times the generation of one batch by an MDM at a fixed number of steps and by the same-size AR model
-(Llama) decoding with its KV cache, at each length L, with untrained models (the time does not depend on the
-weights). With ``dual_cache_blocks`` in the preset, the MDM is also timed with Fast-dLLM's dual KV cache in that
-many semi-autoregressive blocks (the same steps; ``hf_mdm.kv_cache``). Each time is the median of ``repeats`` runs, measured with ``hf_mdm.timer.Stopwatch`` (the device
-synchronised at both ends). Writes ``wallclock.{json,md,png}``; cells are cached in ``<out>/cache/wallclock.json``
-keyed on L, the batch size, the steps and the device type.
+``wallclock`` times one batch at each length L of ``preset["lengths"]``: the same-size AR model (Llama) decoding
+with its KV cache (L forwards of one new token each), and the MDM at each step count of ``preset["mdm_steps"]``
+(the paper's 512) and, with ``equal_ter_from``, at the steps where the trained MDM's TER matched the trained AR's
+in that experiment's results (``equal_ter_steps``; Theorem 4.2: those steps do not grow with L). The MDM does
+min(N, L) forwards of the whole sequence (steps that would reveal nothing are skipped). With
+``dual_cache_blocks``, every MDM setting is timed again with Fast-dLLM's dual KV cache in that many blocks
+(``hf_mdm.kv_cache``). The models are untrained: the time does not depend on the weights.
+
+Each row holds the median seconds of ``repeats`` runs (``hf_mdm.timer.Stopwatch``, the device synchronised at both
+ends), the forwards of one run (counted by a forward hook) and the milliseconds per forward (their quotient), so a
+crossover reads as forwards x cost per forward. Writes ``wallclock.{json,md,png}``; cells are cached in
+``<out>/cache/wallclock.json`` keyed on the model, L, the batch size, the steps and the device type.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -22,6 +29,8 @@ from ..timer import Stopwatch
 from .common import CellCache, experiment_result, write_outputs
 from .plotting import pyplot, save_figure
 
+AR_MODEL = "AR, KV cache"
+
 
 @torch.no_grad()
 def wallclock(preset: dict, out: Path) -> dict[str, Any]:
@@ -29,13 +38,16 @@ def wallclock(preset: dict, out: Path) -> dict[str, Any]:
     cache = CellCache(out / "cache" / "wallclock.json")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mdm, ar = untrained_models(preset, device)
-    rows = [timing_row(mdm, ar, length, preset, cache, device)
-            for length in tqdm(preset["lengths"], desc="wall-clock", leave=False)]
-    crossover = crossover_length(rows)
+    equal = equal_ter_steps(out / f"{preset['equal_ter_from']}.json") if preset.get("equal_ter_from") else None
+    settings = mdm_settings(preset, equal)
+    rows: list[dict] = []
+    for length in tqdm(preset["lengths"], desc="wall-clock", leave=False):
+        rows += timing_rows(mdm, ar, length, preset, settings, cache, device)
     parameters = {"mdm": sum(p.numel() for p in mdm.parameters()), "ar": sum(p.numel() for p in ar.parameters())}
-    result = experiment_result("wallclock", preset, rows, crossover_length=crossover, parameters=parameters)
-    steps = preset["mdm_steps"]
-    write_outputs(out, "wallclock", result, wallclock_table(result), lambda p: plot_wallclock(rows, steps, p))
+    crossovers = {s["model"]: crossover_length(rows, s["model"]) for s in settings}
+    result = experiment_result("wallclock", preset, rows, crossover_length=crossovers, parameters=parameters,
+                               equal_ter=equal)  # fmt: skip
+    write_outputs(out, "wallclock", result, wallclock_table(result), lambda p: plot_wallclock(rows, p))
     return result
 
 
@@ -53,34 +65,76 @@ def untrained_models(preset: dict, device: torch.device) -> tuple[Any, Any]:
     return mdm, ar
 
 
-def timing_row(mdm: Any, ar: Any, length: int, preset: dict, cache: CellCache, device: torch.device) -> dict:
-    """``{"length", "mdm_s", "ar_s", "ar_over_mdm"}``: median seconds per batch of each model at one length."""
-    vocab, batch, steps, repeats = preset["vocab_size"], preset["batch_size"], preset["mdm_steps"], preset["repeats"]
+def equal_ter_steps(path: Path) -> Optional[dict]:
+    """The smallest N at which the trained MDM's TER relative increase is indistinguishable from the trained AR's
+    (their 95% intervals overlap) in a ``ter_vs_steps.json``; None when that file is missing. Without such an N,
+    the largest N measured, with ``matched`` False."""
+    if not path.exists():
+        return None
+    result = json.loads(path.read_text())
+    ar = next(r for r in result["rows"] if r["model"] == "trained AR")
+    mdm = sorted((r for r in result["rows"] if r["model"] == "trained MDM" and r["language"] == ar["language"]),
+                 key=lambda r: r["steps"])  # fmt: skip
+    matched = [r for r in mdm if r["ci_low"] <= ar["ci_high"]]
+    pick = matched[0] if matched else mdm[-1]
+    return {"steps": pick["steps"], "matched": bool(matched), "language": ar["language"], "length": ar["length"],
+            "mdm_increase": pick["relative_increase"], "mdm_ci": [pick["ci_low"], pick["ci_high"]],
+            "ar_increase": ar["relative_increase"], "ar_ci": [ar["ci_low"], ar["ci_high"]],
+            "num_samples": pick["num_samples"]}
+
+
+def mdm_settings(preset: dict, equal: Optional[dict]) -> list[dict]:
+    """The MDM settings to time: ``{"model": label, "steps": N, "dual": bool}``, each step count of
+    ``preset["mdm_steps"]`` and the equal-TER one, then each again with the dual cache (``dual_cache_blocks``)."""
+    plain = [{"model": f"MDM, {n} steps", "steps": n, "dual": False} for n in preset["mdm_steps"]]
+    if equal is not None:
+        plain.append({"model": f"MDM, {equal['steps']} steps (TER as AR)", "steps": equal["steps"], "dual": False})
+    blocks = preset.get("dual_cache_blocks")
+    dual = [{**s, "model": s["model"].replace("MDM", f"MDM + dual cache ({blocks} blocks)"), "dual": True}
+            for s in plain] if blocks else []  # fmt: skip
+    return plain + dual
+
+
+def timing_rows(mdm: Any, ar: Any, length: int, preset: dict, settings: list[dict], cache: CellCache,
+                device: torch.device) -> list[dict]:
+    """One row per model at one length: AR first, then each MDM setting (``row``)."""
+    vocab, batch, repeats, blocks = (preset[k] for k in ("vocab_size", "batch_size", "repeats", "dual_cache_blocks"))
     prompt = torch.zeros(batch, 0, dtype=torch.long, device=device)
     bos = torch.full((batch, 1), vocab, dtype=torch.long, device=device)
-
-    def run_mdm() -> None:
-        diffusion_generate(mdm, prompt, max_new_tokens=length, steps=steps, transfer="deterministic",
-                           strategy="confidence", stop_at_eos=False)
 
     def run_ar() -> None:
         ar.generate(bos, attention_mask=torch.ones_like(bos), max_new_tokens=length, min_new_tokens=length,
                     do_sample=False, use_cache=True, pad_token_id=vocab, eos_token_id=None)
 
-    cell = cache.get(f"{length}|{batch}|{steps}|{device.type}", lambda: {
-        "mdm_s": median_seconds(run_mdm, repeats, device), "ar_s": median_seconds(run_ar, repeats, device)})
-    row = {"length": length, **cell, "ar_over_mdm": cell["ar_s"] / cell["mdm_s"]}
-    blocks = preset.get("dual_cache_blocks")
-    if blocks:
-        block_length = -(-length // blocks)
+    def run_mdm(steps: int, dual: bool) -> Callable[[], None]:
+        cached = {"block_length": -(-length // blocks), "kv_cache": "dual"} if dual else {}
+        return lambda: diffusion_generate(mdm, prompt, max_new_tokens=length, steps=steps, transfer="deterministic",
+                                          strategy="confidence", stop_at_eos=False, **cached)
 
-        def run_dual() -> None:
-            diffusion_generate(mdm, prompt, max_new_tokens=length, steps=steps, transfer="deterministic",
-                               strategy="confidence", stop_at_eos=False, block_length=block_length, kv_cache="dual")
+    where = f"{length}|{batch}|{device.type}"
+    rows = [row(AR_MODEL, length, length, cache.get(f"ar|{where}", lambda: timed(run_ar, ar, repeats, device)))]
+    for s in settings:
+        kind = f"dual|{blocks}" if s["dual"] else "mdm"
+        cell = cache.get(f"{kind}|{s['steps']}|{where}", lambda: timed(run_mdm(s["steps"], s["dual"]), mdm, repeats,
+                                                                        device))  # fmt: skip
+        rows.append(row(s["model"], length, s["steps"], cell))
+    return rows
 
-        row["mdm_dual_s"] = cache.get(f"dual|{blocks}|{length}|{batch}|{steps}|{device.type}",
-                                      lambda: median_seconds(run_dual, repeats, device))  # fmt: skip
-    return row
+
+def row(model: str, length: int, steps: int, cell: dict) -> dict:
+    return {"length": length, "model": model, "steps": steps, **cell,
+            "ms_per_forward": 1000 * cell["seconds"] / cell["forwards"]}
+
+
+def timed(fn: Callable[[], Any], model: Any, repeats: int, device: torch.device) -> dict:
+    """``{"seconds": median of repeats, "forwards": forwards of ``model`` per run}``."""
+    calls = []
+    hook = model.register_forward_hook(lambda *args: calls.append(1))
+    try:
+        seconds = median_seconds(fn, repeats, device)
+    finally:
+        hook.remove()
+    return {"seconds": seconds, "forwards": len(calls) / repeats}
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
@@ -93,47 +147,78 @@ def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) ->
     return statistics.median(times)
 
 
-def crossover_length(rows: list[dict]) -> Optional[int]:
-    """The length from which AR stays slower than the MDM (at that L and every longer one measured), or None when
-    AR is not slower at the longest L; rows are ordered by length."""
+def ar_over(rows: list[dict], model: str) -> dict[int, float]:
+    """``{L: AR seconds / model seconds}``: above 1 where AR is slower."""
+    ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR_MODEL}
+    return {r["length"]: ar[r["length"]] / r["seconds"] for r in rows if r["model"] == model}
+
+
+def crossover_length(rows: list[dict], model: str) -> Optional[int]:
+    """The length from which AR stays slower than ``model`` (at that L and every longer one measured), or None when
+    AR is not slower at the longest L."""
     crossover = None
-    for row in rows:
-        crossover = (crossover or row["length"]) if row["ar_s"] > row["mdm_s"] else None
+    for length, ratio in sorted(ar_over(rows, model).items()):
+        crossover = (crossover or length) if ratio > 1 else None
     return crossover
 
 
-def crossover_sentence(rows: list[dict]) -> str:
-    """The crossover in words (`crossover_length`)."""
-    crossover = crossover_length(rows)
-    if crossover is None:
-        return "AR is not slower than the MDM at the longest L measured"
-    return f"AR is slower than the MDM at every L from {crossover} on"
+def crossover_sentence(rows: list[dict], model: str) -> str:
+    """Where AR is slower than ``model``, in words."""
+    slower = [length for length, ratio in sorted(ar_over(rows, model).items()) if ratio > 1]
+    crossover = crossover_length(rows, model)
+    if crossover is not None:
+        return f"AR is slower than the {model} at every L from {crossover} on"
+    if slower:
+        return f"AR is slower than the {model} only at L = {', '.join(map(str, slower))}, not at the longest L"
+    return f"AR is faster than the {model} at every L measured"
+
+
+def equal_ter_sentence(equal: Optional[dict]) -> str:
+    """Where the equal-TER steps come from, in words."""
+    if equal is None:
+        return "No TER results in the output folder: the MDM is not timed at equal-TER steps."
+    found = (f"N = {equal['steps']} is the smallest N at which the trained MDM's TER relative increase" if
+             equal["matched"] else f"No N measured brings the trained MDM's TER relative increase to within the 95% "
+             f"interval of the trained AR's; N = {equal['steps']}, the largest measured, is timed instead")
+    return (f"{found} ({100 * equal['mdm_increase']:.2f}%, 95% CI [{100 * equal['mdm_ci'][0]:.2f}%, "
+            f"{100 * equal['mdm_ci'][1]:.2f}%]) " + ("overlaps the 95% interval of the trained AR's" if equal["matched"]
+            else "against the trained AR's") + f" ({100 * equal['ar_increase']:.2f}%, [{100 * equal['ar_ci'][0]:.2f}%, "
+            f"{100 * equal['ar_ci'][1]:.2f}%]) on the {equal['language']} at L = {equal['length']}, "
+            f"{equal['num_samples']} samples per cell (ter_vs_steps); Theorem 4.2: this N does not grow with L.")
 
 
 def wallclock_table(result: dict) -> str:
-    """Markdown: seconds per batch of each model at each L, and a line on the set-up and the crossover."""
+    """Markdown: each model's forwards, milliseconds per forward and seconds per batch at each L, then the set-up,
+    the equal-TER steps and the crossovers in words."""
     preset, rows = result["preset"], result["rows"]
-    dual = "mdm_dual_s" in rows[0]
-    lines = [f"| L | MDM, {preset['mdm_steps']} steps (s) | AR with KV cache (s) | AR / MDM |"
-             + (f" MDM + dual cache, {preset['dual_cache_blocks']} blocks (s) | AR / (MDM + dual cache) |" if dual else ""),
-             "| --- | --- | --- | --- |" + (" --- | --- |" if dual else "")]  # fmt: skip
-    lines += [f"| {r['length']} | {r['mdm_s']:.3f} | {r['ar_s']:.3f} | {r['ar_over_mdm']:.2f} |"
-              + (f" {r['mdm_dual_s']:.3f} | {r['ar_s'] / r['mdm_dual_s']:.2f} |" if dual else "") for r in rows]
-    lines += ["", f"Batch {preset['batch_size']}, {result['machine']}, {result['parameters']['mdm']:,} / "
-              f"{result['parameters']['ar']:,} parameters (MDM / AR); medians of {preset['repeats']} runs. "
-              + crossover_sentence(rows) + "."]
+    lines = ["| L | model | forwards | ms / forward | seconds | AR / model |", "| --- | --- | --- | --- | --- | --- |"]
+    ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR_MODEL}
+    for r in rows:
+        ratio = "" if r["model"] == AR_MODEL else f"{ar[r['length']] / r['seconds']:.2f}"
+        lines.append(f"| {r['length']} | {r['model']} | {r['forwards']:g} | {r['ms_per_forward']:.2f} | "
+                     f"{r['seconds']:.3f} | {ratio} |")
+    models = list(dict.fromkeys(r["model"] for r in rows if r["model"] != AR_MODEL))
+    lines += ["", f"Untrained `{preset['size']}` models ({result['parameters']['mdm']:,} / "
+              f"{result['parameters']['ar']:,} parameters, MDM / AR), {preset['vocab_size']} tokens, batch "
+              f"{preset['batch_size']}, {result['machine']}; medians of {preset['repeats']} runs. The MDM samples "
+              "with deterministic transfer by confidence (argmax), AR decodes greedily; forwards are counted per run.",
+              "", equal_ter_sentence(result.get("equal_ter")), ""]
+    lines += [f"- {crossover_sentence(rows, m)}." for m in models]
     return "\n".join(lines) + "\n"
 
 
-def plot_wallclock(rows: list[dict], steps: int, path: Path) -> None:
-    """Seconds per batch against L (log-log), one line per model."""
-    fig, ax = pyplot().subplots(figsize=(5, 3.6))
-    lengths = [r["length"] for r in rows]
-    ax.plot(lengths, [r["mdm_s"] for r in rows], "-o", label=f"MDM, {steps} steps")
-    ax.plot(lengths, [r["ar_s"] for r in rows], "-s", label="AR, KV cache")
-    if "mdm_dual_s" in rows[0]:
-        ax.plot(lengths, [r["mdm_dual_s"] for r in rows], "-^", label=f"MDM + dual cache, {steps} steps")
-    ax.set(xscale="log", yscale="log", xlabel="sequence length L", ylabel="seconds per batch", title="Wall-clock vs L")
-    ax.grid(alpha=0.3)
-    ax.legend()
+def plot_wallclock(rows: list[dict], path: Path) -> None:
+    """Two log-log panels against L, one line per model: seconds per batch, and milliseconds per forward."""
+    fig, axes = pyplot().subplots(1, 2, figsize=(10, 3.8))
+    for model in dict.fromkeys(r["model"] for r in rows):
+        own = [r for r in rows if r["model"] == model]
+        style = "-s" if model == AR_MODEL else ("--^" if "dual" in model else "-o")
+        for ax, key in zip(axes, ("seconds", "ms_per_forward")):
+            ax.plot([r["length"] for r in own], [r[key] for r in own], style, label=model, ms=4)
+    axes[0].set(ylabel="seconds per batch", title="Wall-clock vs L")
+    axes[1].set(ylabel="ms per forward", title="Cost of one forward vs L")
+    for ax in axes:
+        ax.set(xscale="log", yscale="log", xlabel="sequence length L")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
     save_figure(fig, path)

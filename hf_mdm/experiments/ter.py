@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..metrics import TokenErrorRate
-from .common import CellCache, experiment_result, measure_languages, validation_table, write_outputs
+from .common import (CellCache, experiment_result, measure_languages, setup_lines, validation_table,
+                     write_outputs)
 from .fast import fast_rows, fast_table, ter_interval
 from .plotting import ar_lines, language_panels, mdm_curves
 
@@ -26,21 +27,22 @@ PLOT_FLOOR = 1e-5
 def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
     """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
     steps_list = preset["steps"]
-    rows = measure_languages("ter_vs_steps", preset, out, metric=TokenErrorRate(), keys=TER_KEYS,
-                             steps_for=lambda length: steps_list, label="TER")
-    fast = fast_rows(preset, out, CellCache(out / "cache" / "ter_vs_steps.json"), fast_ter_cell)
+    rows = measure_languages("ter_vs_steps", preset, out, cell=ter_cell, steps_for=lambda length: steps_list,
+                             label="TER")
+    fast = fast_rows(preset, out, CellCache(out / "cache" / "ter_vs_steps.json"), ter_cell)
     result = experiment_result("ter_vs_steps", preset, rows, **({"fast_rows": fast} if fast else {}))
-    table = ter_table(rows, steps_list) + fast_table(fast, preset, "relative_increase", ("ci_low", "ci_high"),
-                                                     "TER(p)/TER(q) - 1")  # fmt: skip
+    fast_lines = fast_table(fast, preset, "relative_increase", ("ci_low", "ci_high"), "TER(p)/TER(q) - 1")
+    table = "\n".join(setup_lines(preset)) + "\n" + ter_table(rows, steps_list) + fast_lines
     write_outputs(out, "ter_vs_steps", result, table, lambda p: plot_ter(rows, p))
     return result
 
 
-def fast_ter_cell(language: Any, samples: Any) -> dict[str, float]:
-    """A fast-sampling cell: the TER keys and the 95% interval of the relative increase."""
+def ter_cell(language: Any, samples: Any) -> dict[str, float]:
+    """A cell: the TER keys, the 95% interval of the relative increase (``ci_low``, ``ci_high``) and the
+    sample count."""
     r = TokenErrorRate().compute(predictions=samples.tolist(), language=language)
     low, high = ter_interval(language, samples, r["ter_reference"])
-    return {**{k: r[k] for k in TER_KEYS}, "ci_low": low, "ci_high": high}
+    return {**{k: r[k] for k in TER_KEYS}, "ci_low": low, "ci_high": high, "num_samples": int(samples.shape[0])}
 
 
 def ter_table(rows: list[dict], steps_list: list[int]) -> str:
@@ -68,8 +70,8 @@ def plot_ter(rows: list[dict], path: Path) -> None:
         return max(value, PLOT_FLOOR)
 
     def draw(ax: Any, name: str) -> None:
-        mdm_curves(ax, rows, name, "steps", "relative_increase", clip)
-        ar_lines(ax, rows, name, "relative_increase", clip)
+        mdm_curves(ax, rows, name, "steps", "relative_increase", clip, interval=("ci_low", "ci_high"))
+        ar_lines(ax, rows, name, "relative_increase", clip, interval=("ci_low", "ci_high"))
         ax.set(xscale="log", yscale="log", xlabel="sampling steps N", ylabel="TER(p)/TER(q) - 1", title=name)
 
     language_panels(rows, path, 4.2, "TER relative increase vs steps (Theorem 4.2: depends on N, not L)", draw)

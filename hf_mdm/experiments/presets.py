@@ -1,0 +1,50 @@
+"""Presets: read from ``evaluation/configs/*.yaml`` (``load_preset``), and shrunk to a miniature (``miniature``).
+
+A miniature keeps every key of a preset and its languages, samplers and code path, and swaps the sizes for tiny
+ones (``MINIATURE`` for the experiment's own keys, ``MINIATURE_TRAINING`` for its training settings and a language
+entry's overrides, ``MINIATURE_FAST`` for its ``fast_samplers`` section): the paper-scale ``--full`` presets run
+end to end in seconds this way (``tests/test_experiments.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+#: The experiment-level sizes of a miniature: only keys the preset has are replaced.
+MINIATURE = {"num_samples": 16, "lengths": [8, 16], "train_length": 8, "steps": [2, 8], "size": "tiny",
+             "batch_size": 2, "mdm_steps": [4], "repeats": 1, "dual_cache_blocks": 2}
+#: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
+MINIATURE_TRAINING = {"size": "tiny", "num_train": 64, "num_validation": 16, "batch_size": 16, "max_steps": 2,
+                      "ar_max_steps": 2, "warmup_steps": 0}
+#: The ``fast_samplers`` section of a miniature: blocks that fit ``MINIATURE["train_length"]``.
+MINIATURE_FAST = {"block_length": 4}
+
+
+def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
+    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections."""
+    import yaml
+
+    config = yaml.safe_load(Path(config_path).read_text())
+    for key in ("experiment", "quick", "full"):
+        if key not in config:
+            raise ValueError(f"{config_path}: missing the `{key}` field")
+    return config["experiment"], config["full" if full else "quick"]
+
+
+def miniature(preset: dict) -> dict:
+    """A copy of ``preset`` with the same keys and tiny sizes (``MINIATURE``, ``MINIATURE_TRAINING``,
+    ``MINIATURE_FAST``): the same experiment and code path in seconds."""
+    small = copy.deepcopy(preset)
+    _replace(small, MINIATURE)
+    _replace(small.get("training", {}), MINIATURE_TRAINING)
+    for spec in small.get("languages", []):
+        _replace(spec.get("training", {}), MINIATURE_TRAINING)
+    _replace(small.get("fast_samplers", {}), MINIATURE_FAST)
+    return small
+
+
+def _replace(section: dict, sizes: dict) -> None:
+    for key, value in sizes.items():
+        if key in section:
+            section[key] = copy.deepcopy(value)
