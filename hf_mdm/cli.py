@@ -21,7 +21,7 @@ from typing import Any, Optional, Sequence
 CONFIG_DIR = Path("evaluation") / "configs"
 EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "wallclock")
 #: Experiments that reuse another's trained models start when it has finished (never train the same model twice).
-AFTER = {"samplers": "ser_vs_steps"}
+AFTER = {"samplers": ("ter_vs_steps", "ser_vs_steps")}
 
 
 def _fail(message: str) -> int:
@@ -265,10 +265,11 @@ def _reproduce(args: argparse.Namespace) -> int:
     workers = max(1, min(len(parallel), args.jobs))
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         submit = lambda n: pool.submit(_experiment_worker, n, args.config_dir, str(output_dir), args.full)  # noqa: E731
-        futures = {n: submit(n) for n in parallel if AFTER.get(n) not in parallel}
+        futures = {n: submit(n) for n in parallel if not set(AFTER.get(n, ())) & set(parallel)}
         for n in parallel:
-            if n not in futures:  # after the experiment whose models it reuses
-                seconds[AFTER[n]] = futures[AFTER[n]].result()
+            if n not in futures:  # after the experiments whose models it reuses
+                for first in set(AFTER[n]) & set(parallel):
+                    seconds[first] = futures[first].result()
                 futures[n] = submit(n)
         for n, future in futures.items():
             seconds[n] = future.result()

@@ -61,6 +61,22 @@ SER_TEXT = (
     "forward, exactly as its learnt conditionals say.")
 
 
+SAMPLERS_TEXT = """The paper leaves open whether samplers other than its own (remasking, verification) escape the sequence-error
+limit of Theorem 4.4. With the exact-posterior oracle the answer is exact (no learning error): each point draws
+sequences at temperature 1 in one block and is placed at its *sequential forwards per token*, the forwards one row
+needs on its own (the steps or rounds in which it revealed something; a remasking step that only takes tokens
+back runs no forward) over L; one token a forward (1.0) is the cost of left-to-right or AR decoding. Speculative
+decoding computes several canvases per round: its computed rows per token say what it spends in parallel. The
+comparison below the table is computed from the points. Why they differ: with the exact denoiser every sequence error
+comes from tokens revealed in the same forward that depend on each other. Exact speculative decoding keeps the
+left-to-right law whatever it accepts (a draft is kept with probability min(1, p/q)), so its SER is AR's at fewer
+rounds than L, paid for in canvases computed per round. Remasking takes back tokens at random (or by stored
+confidence) and reveals them again: each re-reveal costs a forward and can introduce a new conflict, so at equal
+forwards it does not reach the paper's sampler. Confidence-ordered rules spend their forwards on the easy positions
+first, which helps where constraints are local (the HMM) and hurts on the chain, whose hard pairs they reveal together;
+their negative TER shows the price: less diversity than the language."""
+
+
 def _section(folder: Path, name: str, title: str, text: str) -> list[str]:
     if not (folder / f"{name}.md").exists():
         return [f"## {title}", "", "Not run.", ""]
@@ -163,6 +179,7 @@ def write_report(folder: Path, full: bool = False) -> Path:
     lines += [PAPER_TER_NOTE, "", _paper_ter_table(), ""]
     lines += _section(folder, "ser_vs_steps", "Sequence error rate vs steps (Theorem 4.4)",
                       SER_TEXT + " " + _ser_summary(folder))
+    lines += _section(folder, "samplers", "Beyond Theorem 4.4: samplers at equal sequential forwards", SAMPLERS_TEXT)
     lines += _section(folder, "wallclock", "Wall-clock: MDM at fixed steps vs AR with a KV cache",
                       _wallclock_summary(folder))
     lines += [PAPER_WALLCLOCK_NOTE, "", _paper_wallclock_table(), ""]

@@ -161,3 +161,17 @@ def test_cli_samples_with_remasking(tmp_path, capsys):
     assert cli.main(args + ["--remdm-t-off", "0.8", "--output", str(tmp_path / "t.json")]) != 0
     assert "the loop window needs 0 < remdm_t_off < remdm_t_on < 1" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_quick_preset_reuses_the_ser_experiments_models():
+    """The trained languages of the quick preset are ser_vs_steps' entries with its training settings and length,
+    so reproduce trains nothing new for the comparison (the models' folder names hash exactly these)."""
+    configs = Path(__file__).parents[1] / "evaluation" / "configs"
+    mine = yaml.safe_load(open(configs / "samplers.yaml"))["quick"]
+    ser = yaml.safe_load(open(configs / "ser_vs_steps.yaml"))["quick"]
+    entries = {e["name"]: e for e in ser["languages"]}
+    trained = [e for e in mine["languages"] if e.get("train")]
+    assert {e["name"] for e in trained} == {"chain", "hmm"}
+    for entry in trained:
+        assert {k: v for k, v in entry.items() if k not in ("metric", "lengths")} == entries[entry["name"]]
+    assert (mine["training"], mine["train_length"]) == (ser["training"], ser["train_length"])

@@ -13,6 +13,9 @@ seconds-long run with the same keys (``presets.py``).
   trained AR model's TER as reference (Theorem 4.2: it depends on N, not on L).
 - ``ser_vs_steps`` (``ser.py``): the sequence error rate against N for a pruned HMM and for the Theorem 4.4 chain
   language, oracle and trained MDM, AR as reference, plus SER against N/L for several L (Theorem 4.4: one curve).
+- ``samplers`` (``samplers.py``): beyond Theorem 4.4, SER and TER against sequential forwards per token for the
+  paper's sampler and the others (confidence, threshold, entropy bound, remasking, speculative decoding,
+  left-to-right), oracle everywhere and trained MDMs where the other experiments train them, with a verdict.
 - ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at fixed step counts (the paper's 512, and
   the steps where its TER matched AR's in ``ter_vs_steps``) and with the same-size AR model decoding with its KV
   cache, as L grows, with the forwards of each and the cost of one (timed with ``hf_mdm.timer.Stopwatch``).
@@ -47,6 +50,7 @@ from .common import (
     validation_table,
     write_outputs,
 )
+from .samplers import compare_samplers, plot_samplers, samplers_table, verdict
 from .presets import MINIATURE, load_preset, miniature
 from .ser import plot_ser, ser_table, ser_vs_steps
 from .speed import median_seconds, plot_wallclock, wallclock, wallclock_table
@@ -56,6 +60,7 @@ from .ter import plot_ter, ter_table, ter_vs_steps
 EXPERIMENTS: dict[str, Callable[[dict, Path], dict]] = {
     "ter_vs_steps": ter_vs_steps,
     "ser_vs_steps": ser_vs_steps,
+    "samplers": compare_samplers,
     "wallclock": wallclock,
 }
 
@@ -84,12 +89,15 @@ __all__ = [
     "miniature",
     "oracle_rows",
     "PAPER_SAMPLER",
+    "plot_samplers",
     "plot_ser",
     "plot_ter",
     "plot_wallclock",
     "run_experiment",
     "sample_ar",
     "sample_mdm",
+    "compare_samplers",
+    "samplers_table",
     "ser_table",
     "ser_vs_steps",
     "ter_table",
@@ -98,6 +106,7 @@ __all__ = [
     "trained_rows",
     "validation_row",
     "validation_table",
+    "verdict",
     "wallclock",
     "wallclock_table",
     "write_outputs",

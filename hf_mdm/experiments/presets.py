@@ -39,6 +39,7 @@ def miniature(preset: dict) -> dict:
     _replace(small, MINIATURE)
     _replace(small.get("training", {}), MINIATURE_TRAINING)
     for spec in small.get("languages", []):
+        _replace(spec, {"lengths": MINIATURE["lengths"]})  # a language's own lengths (the sampler comparison's)
         _replace(spec.get("training", {}), MINIATURE_TRAINING)
     _replace(small.get("fast_samplers", {}), MINIATURE_FAST)
     return small

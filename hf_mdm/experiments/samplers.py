@@ -34,15 +34,15 @@ from ..languages import OracleDenoiser
 from .common import CellCache, _device, experiment_result, language_name, lazy_pair, make_language, write_outputs
 from .fast import active_steps
 from .plotting import pyplot
-from .ser import fast_ser_cell
-from .ter import fast_ter_cell
+from .ser import ser_cell
+from .ter import ter_cell
 
 #: Keys of a language entry that are this experiment's, not the language's.
 ENTRY_FIELDS = ("metric", "lengths")
 #: The cell of each metric: samples -> values with a 95% interval, and the names of value / interval keys.
 METRICS = {
-    "ser": (fast_ser_cell, "ser", ("ser_ci_low", "ser_ci_high"), "SER"),
-    "ter": (fast_ter_cell, "relative_increase", ("ci_low", "ci_high"), "TER(p)/TER(q) - 1"),
+    "ser": (ser_cell, "ser", ("ser_ci_low", "ser_ci_high"), "SER"),
+    "ter": (ter_cell, "relative_increase", ("ci_low", "ci_high"), "TER(p)/TER(q) - 1"),
 }
 #: The sampler every other is compared with (its ``name`` in the preset).
 PAPER = "paper (stochastic, random)"
