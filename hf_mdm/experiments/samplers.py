@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 
 from ..generation import diffusion_generate
 from ..languages import OracleDenoiser
-from .common import CellCache, _device, experiment_result, language_name, lazy_pair, make_language, write_outputs
+from .common import (CellCache, _device, experiment_result, language_name, language_parameters, lazy_pair, make_language,
+                     training_sentence, write_outputs)  # fmt: skip
 from .fast import active_steps
 from .plotting import pyplot
 from .ser import ser_cell
@@ -55,9 +56,24 @@ def compare_samplers(preset: dict, out: Path) -> dict[str, Any]:
     for entry in preset["languages"]:
         rows += _language_rows(entry, preset, out, cache)
     result = experiment_result("samplers", preset, rows)
-    text = samplers_table(rows) + "\n" + verdict(rows) + "\n"
+    text = "\n".join(setup_lines(preset)) + samplers_table(rows) + "\n" + verdict(rows) + "\n"
     write_outputs(out, "samplers", result, text, lambda p: plot_samplers(rows, p))
     return result
+
+
+def setup_lines(preset: dict) -> list[str]:
+    """Markdown lines stating the set-up: each language with its parameters, metric and lengths, the sampling, and
+    the trained models' size and training budget."""
+    lines = ["", "Languages:"]
+    for entry in preset["languages"]:
+        spec = {k: v for k, v in entry.items() if k not in ENTRY_FIELDS}
+        lines.append(f"- {language_name(spec)} ({spec['kind']}: {language_parameters(spec)}): "
+                     f"{METRICS[entry['metric']][3]} at L = {', '.join(map(str, entry['lengths']))}"
+                     + (f"; trained MDM at L = {preset['train_length']}: "
+                        f"{training_sentence({**preset['training'], **spec.get('training', {})})}"
+                        if spec.get("train", False) else ""))  # fmt: skip
+    return lines + ["", f"Every point: {preset['num_samples']} sequences drawn at temperature 1 in one block from the "
+                    "empty prompt, seeded; the oracle is the exact posterior of the language.", ""]
 
 
 def _language_rows(entry: dict, preset: dict, out: Path, cache: CellCache) -> list[dict]:
