@@ -317,3 +317,26 @@ def test_network_law_and_acceptance_equal_enumeration(arch, sampling):
     with torch.no_grad():  # a random network, tempered so that its conditionals differ from its marginals
         model.lm_head.weight.mul_(0.1)
     check_against_enumeration(model, 3, 4, 2, num=12000, shift=1 if arch == "dream" else 0, **sampling)
+
+
+def test_lm_eval_model_decodes_speculatively_with_left_to_right_answers(tmp_path):
+    """A real lm-eval GSM8K request through the `hf_mdm` model with `transfer=speculative`: the answer of
+    left-to-right decoding (one token a step, temperature 0) in fewer sequential forwards, and the timing records
+    the rows it computed."""
+    from hf_mdm.harness import MaskedDiffusionLM, simple_evaluate
+    from hf_mdm.harness.evaluator import build_task_manager
+    from hf_mdm.harness.tiny import build_tiny_models
+
+    tiny = build_tiny_models(tmp_path)
+    answers, records = {}, {}
+    for name, settings in (("speculative", dict(transfer="speculative", draft_length=4)),
+                           ("left_to_right", dict(strategy="left_to_right", steps=None))):
+        model = MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu", max_gen_toks=16, **settings)
+        results = simple_evaluate(model, tasks=["mdm_gsm8k"], limit=1, log_samples=True,
+                                  task_manager=build_task_manager(["mdm_gsm8k"]))
+        answers[name] = results["samples"]["mdm_gsm8k"][0]["resps"]
+        (records[name],) = model.timing.records
+    assert answers["speculative"] == answers["left_to_right"]
+    assert records["speculative"].nfe < records["left_to_right"].nfe
+    per_forward = {name: r.forward_tokens / r.nfe for name, r in records.items()}
+    assert per_forward["speculative"] > per_forward["left_to_right"]  # several canvases a round, one a step
