@@ -253,3 +253,23 @@ def test_loop_schedule_holds_alpha_on_the_window():
     torch.testing.assert_close(loop.alpha(t), torch.tensor([0.0, 0.2, 0.4, 0.4, 0.4, 0.7, 1.0], dtype=torch.float64))
     torch.testing.assert_close(loop.weight(torch.tensor([0.8, 0.4, 0.1], dtype=torch.float64)),
                                torch.tensor([1 / 0.8, 0.0, 3 / 0.3], dtype=torch.float64))  # -alpha' / (1 - alpha)
+
+
+def test_lm_eval_model_remasks_and_eta_zero_is_the_papers_sampler(tmp_path):
+    """Real lm-eval GSM8K requests through the `hf_mdm` model: `remdm=cap, remdm_eta=0` answers as the paper's
+    sampler does (same seed, same forwards), and eta > 0 remasks (another answer, more forwards)."""
+    from hf_mdm.harness import MaskedDiffusionLM, simple_evaluate
+    from hf_mdm.harness.evaluator import build_task_manager
+    from hf_mdm.harness.tiny import build_tiny_models
+
+    tiny = build_tiny_models(tmp_path)
+    answers, nfe = {}, {}
+    for name, settings in (("cap 0", dict(remdm="cap", remdm_eta=0.0)), ("paper", dict(transfer="stochastic",
+                           strategy="random")), ("cap 0.2", dict(remdm="cap", remdm_eta=0.2))):  # fmt: skip
+        model = MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu", max_gen_toks=16, temperature=1.0, steps=16,
+                                  **settings)  # fmt: skip
+        results = simple_evaluate(model, tasks=["mdm_gsm8k"], limit=1, log_samples=True,
+                                  task_manager=build_task_manager(["mdm_gsm8k"]))
+        answers[name], nfe[name] = results["samples"]["mdm_gsm8k"][0]["resps"], model.timing.records[0].nfe
+    assert (answers["cap 0"], nfe["cap 0"]) == (answers["paper"], nfe["paper"])
+    assert answers["cap 0.2"] != answers["paper"] and nfe["cap 0.2"] > nfe["paper"]
