@@ -10,8 +10,6 @@ unset fields of a call's config from the model and the caller. Exported with the
 from __future__ import annotations
 
 import copy
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -25,6 +23,7 @@ from .generation_speculative import validate_speculative
 from .generation_remask import validate_remdm
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFERS
+from .generation_values import is_integer, is_number
 from .schedules import get_schedule
 
 _DIFFUSION_DEFAULTS: dict[str, Any] = {
@@ -172,9 +171,9 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
     def validate_diffusion(self) -> None:
         """Raise a ValueError naming the field for every diffusion setting that cannot run."""
         _check_sampling_values(self)
-        if self.steps is not None and (not _integer(self.steps) or self.steps < 1):
+        if self.steps is not None and (not is_integer(self.steps) or self.steps < 1):
             raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
-        if self.block_length is not None and (not _integer(self.block_length) or self.block_length < 1):
+        if self.block_length is not None and (not is_integer(self.block_length) or self.block_length < 1):
             raise ValueError(f"block_length must be an integer >= 1 (or None for one block), got {self.block_length!r}")
         if self.transfer not in TRANSFERS:
             raise ValueError(f"unknown transfer {self.transfer!r}: use one of {list(TRANSFERS)}")
@@ -390,27 +389,17 @@ del _name, _default
 DIFFUSION_FIELDS = tuple(_DIFFUSION_DEFAULTS)
 
 
-def _integer(value: Any) -> bool:
-    """An integer (Python's or numpy's), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _number(value: Any) -> bool:
-    """A finite real number (not a bool, a string, NaN or infinity)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_sampling_values(config: MaskedDiffusionGenerationConfig) -> None:
     """Types and ranges of the length, token sampling and token id fields (a ValueError naming the field)."""
     checks = (
-        ("max_new_tokens", lambda v: _integer(v) and v >= 0, "an integer >= 0"),
-        ("temperature", lambda v: _number(v) and v >= 0, "a number >= 0 (0 = argmax)"),
-        ("top_k", lambda v: _integer(v) and v >= 0, "an integer >= 0 (0 or None keeps every token)"),
-        ("top_p", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1] (1 or None keeps every token)"),
-        ("cfg_scale", lambda v: _number(v) and v >= 0, "a number >= 0 (0 = no guidance)"),
-        ("threshold", lambda v: _number(v) and 0 < v <= 1, "a number in (0, 1]"),
-        ("draft_length", lambda v: _integer(v) and v >= 1, "an integer >= 1 (tokens drafted per round)"),
-        ("mask_token_id", lambda v: _integer(v) and v >= 0, "a token id (an integer >= 0)"),
+        ("max_new_tokens", lambda v: is_integer(v) and v >= 0, "an integer >= 0"),
+        ("temperature", lambda v: is_number(v) and v >= 0, "a number >= 0 (0 = argmax)"),
+        ("top_k", lambda v: is_integer(v) and v >= 0, "an integer >= 0 (0 or None keeps every token)"),
+        ("top_p", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1] (1 or None keeps every token)"),
+        ("cfg_scale", lambda v: is_number(v) and v >= 0, "a number >= 0 (0 = no guidance)"),
+        ("threshold", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        ("draft_length", lambda v: is_integer(v) and v >= 1, "an integer >= 1 (tokens drafted per round)"),
+        ("mask_token_id", lambda v: is_integer(v) and v >= 0, "a token id (an integer >= 0)"),
         ("stop_at_eos", lambda v: isinstance(v, bool), "True or False"),
     )
     for name, valid, expected in checks:

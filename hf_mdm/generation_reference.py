@@ -14,14 +14,13 @@ Exported with the model as remote code (imports only torch and sibling modules).
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 
 from .generation_denoiser import Denoiser
+from .generation_values import is_integer, is_number
 
 REFERENCES = ("llada", "dream")
 LLADA_REMASKINGS = ("low_confidence", "random")
@@ -71,19 +70,15 @@ def check_reference_values(config: Any, reference: Optional[str] = None) -> None
     checks = (
         ("remasking", "llada", lambda v: v in LLADA_REMASKINGS, f"one of {list(LLADA_REMASKINGS)}"),
         ("alg", "dream", lambda v: v in DREAM_ALGS, f"one of {list(DREAM_ALGS)}"),
-        ("eps", "dream", lambda v: _real(v) and 0 <= v < 1, "a number in [0, 1)"),
-        ("alg_temp", "dream", lambda v: v is None or (_real(v) and v >= 0), "a number >= 0 or None"),
-        ("eot_token_id", "llada", lambda v: v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0),
+        ("eps", "dream", lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
+        ("alg_temp", "dream", lambda v: v is None or (is_number(v) and v >= 0), "a number >= 0 or None"),
+        ("eot_token_id", "llada", lambda v: v is None or (is_integer(v) and v >= 0),
          "a token id >= 0 or None"),
     )  # fmt: skip
     for name, owner, valid, expected in checks:
         value = getattr(config, name, None)
         if (value is not None or owner == reference) and not valid(value):
             raise ValueError(f"{name} must be {expected}, got {value!r}{hint(owner)}")
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def reject_inert_reference_args(config: Any, kwargs: dict[str, Any]) -> None:

@@ -24,7 +24,8 @@ The variants choose sigma_t (eta = ``remdm_eta``):
   [0, t_off] (`LoopSchedule`). A step is in the window when t <= t_on and s >= t_off; eta <= (1 - alpha(t_on)) /
   alpha(t_on) keeps the reveal probability <= 1.
 
-alpha is the config's schedule rescaled to end exactly at 0 (t = 1) and 1 (t = 0), as the plain sampler does.
+alpha is the config's schedule rescaled to end exactly at 0 (t = 1) and 1 (t = 0) (`normalised_alpha`), as the
+plain sampler's.
 Since the chance that a masked position is revealed at step i depends only on i, a position's reveal step is drawn
 once when it becomes masked (at the block's start, or when remasked), by inverse CDF over the remaining steps: with
 eta = 0 this draws the same random numbers as the paper's sampler and gives the same tokens under the same seed.
@@ -36,7 +37,6 @@ streamer is refused (a streamed token could be remasked later). Exported with th
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -45,7 +45,8 @@ import torch
 from .generation_denoiser import Rows
 from .generation_sampler import Sampler, reveal_rows
 from .generation_strategy import canonical_strategy
-from .generation_transfer import time_grid
+from .generation_transfer import draw_steps, normalised_alpha, time_grid
+from .generation_values import is_number
 from .schedules import get_schedule
 
 REMDM_VARIANTS = ("cap", "rescale", "conf", "loop")
@@ -93,7 +94,7 @@ def _check_window(config: Any) -> None:
     if t_on is None or t_off is None:
         raise ValueError("remdm='loop' needs its window remdm_t_on and remdm_t_off with 0 < remdm_t_off < remdm_t_on "
                          "< 1, e.g. remdm_t_on=0.55, remdm_t_off=0.05")  # fmt: skip
-    if not (_real(t_on) and _real(t_off) and 0 < t_off < t_on < 1):
+    if not (is_number(t_on) and is_number(t_off) and 0 < t_off < t_on < 1):
         raise ValueError(f"remdm_t_on={t_on!r}, remdm_t_off={t_off!r}: the loop window needs 0 < remdm_t_off < "
                          "remdm_t_on < 1")  # fmt: skip
 
@@ -105,24 +106,14 @@ def _check_eta(config: Any) -> None:
             return  # the paper's conf: eta = 1
         raise ValueError(f"remdm={config.remdm!r} needs remdm_eta in [0, 1] (the remasking rate), e.g. remdm_eta=0.05")
     bound, why = 1.0, ""
-    if config.remdm == "loop" and _real(eta):
+    if config.remdm == "loop" and is_number(eta):
         alpha_on = float(normalised_alpha(get_schedule(config.schedule, **(config.schedule_kwargs or {})),
                                           torch.tensor([float(config.remdm_t_on)]))[0])  # fmt: skip
         bound = min(1.0, (1.0 - alpha_on) / alpha_on) if alpha_on > 0 else 1.0
         why = (f" (remdm='loop' with alpha(remdm_t_on)={alpha_on:.4g}: eta <= (1 - alpha) / alpha keeps the reveal "
                "probability <= 1; lower remdm_eta or raise remdm_t_on)")  # fmt: skip
-    if not (_real(eta) and 0 <= eta <= bound):
+    if not (is_number(eta) and 0 <= eta <= bound):
         raise ValueError(f"remdm_eta must be a number in [0, {bound:.4g}]{why}, got {eta!r}")
-
-
-def _real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def normalised_alpha(schedule: Any, t: torch.Tensor) -> torch.Tensor:
-    """alpha(t) (float64) rescaled to alpha(1) = 0 and alpha(0) = 1, as the plain sampler's reveal law is."""
-    ends = schedule.alpha(torch.tensor([1.0, 0.0], dtype=torch.float64)).double()
-    return (schedule.alpha(t.double()).double() - ends[0]) / (ends[1] - ends[0])
 
 
 @dataclass(frozen=True)
@@ -246,10 +237,7 @@ class Remasking:
 
 def _draw_reveal_steps(hazard: torch.Tensor, first: int, chosen: torch.Tensor, generator) -> torch.Tensor:
     """(B, L) the step (>= ``first``) that reveals each ``chosen`` position, -1 elsewhere: each step i reveals a
-    position still masked with probability ``hazard[i]``, drawn by inverse CDF from one uniform per position (the
-    draw of `hf_mdm.generation_transfer.reveal_steps`)."""
+    position still masked with probability ``hazard[i]`` (`draw_steps`, the plain sampler's draw)."""
     cdf = 1.0 - torch.cumprod(1.0 - hazard[first:], dim=0)
-    cdf[-1] = 1.0
-    u = torch.rand(chosen.shape, generator=generator, device=chosen.device, dtype=torch.float64)
-    steps = first + torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.numel() - 1)
+    steps = first + draw_steps(cdf, chosen.shape, generator, chosen.device)
     return steps.masked_fill_(~chosen, -1)

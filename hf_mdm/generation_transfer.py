@@ -66,14 +66,24 @@ def reveal_probability(schedule: Any, t: float, s: float) -> float:
     return min(max((alpha_s - alpha_t) / (1.0 - alpha_t), 0.0), 1.0)
 
 
+def normalised_alpha(schedule: Any, t: torch.Tensor) -> torch.Tensor:
+    """alpha(t) (float64) rescaled to alpha(1) = 0 and alpha(0) = 1, so that every schedule reveals everything."""
+    ends = schedule.alpha(torch.tensor([1.0, 0.0], dtype=torch.float64)).double()
+    return (schedule.alpha(t.double()).double() - ends[0]) / (ends[1] - ends[0])
+
+
+def draw_steps(cdf: torch.Tensor, shape: torch.Size, generator, device) -> torch.Tensor:
+    """(shape) step indices drawn by inverse CDF from ``cdf`` (S,) (its last entry read as 1), one float64 uniform
+    per element: the one draw of every sampler that decides a position's reveal step up front."""
+    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    return torch.searchsorted(cdf.to(device), u, right=True).clamp_(max=cdf.numel() - 1)
+
+
 def reveal_steps(schedule: Any, num_steps: int, shape: torch.Size, generator, device) -> torch.Tensor:
     """(B, L) step at which each position is revealed when every masked position is revealed independently with
     probability (alpha(s) - alpha(t)) / (1 - alpha(t)) at each step: drawn once, from
-    P(step i) = (alpha(s_i) - alpha(t_i)) / (alpha(0) - alpha(1)) (inverse CDF)."""
-    alphas = schedule.alpha(time_grid(num_steps)).to(torch.float64)
-    cdf = ((alphas[1:] - alphas[0]) / (alphas[-1] - alphas[0])).to(device)
-    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=num_steps - 1)
+    P(step <= i) = normalised alpha(s_i) (inverse CDF)."""
+    return draw_steps(normalised_alpha(schedule, time_grid(num_steps))[1:], shape, generator, device)
 
 
 def split_steps(steps: Optional[int], block_counts: list[int]) -> list[int]:

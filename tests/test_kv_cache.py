@@ -15,6 +15,7 @@ from hf_mdm.generation_denoiser import Denoiser, Rows
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
 from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from hf_mdm.models.llada.modeling_llada import apply_rotary, rotary_cos_sin, split_heads
+from sampler_prompts import left_padded_prompts
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -46,12 +47,8 @@ def models():
     }
 
 
-def padded_prompts(bsz=3, length=6, seed=0):
-    ids = torch.randint(2, MASK, (bsz, length), generator=torch.Generator().manual_seed(seed))
-    attention = torch.ones_like(ids)
-    attention[1, :2] = 0
-    attention[2, :1] = 0
-    return ids, attention
+def padded_prompts(length=6, seed=0):
+    return left_padded_prompts(MASK, length=length, seed=seed)
 
 
 SETTINGS = {

@@ -18,6 +18,7 @@ from hf_mdm.generation_sampler import block_spans, prepare_canvas
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
 from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from hf_mdm.schedules import get_schedule
+from sampler_prompts import left_padded_prompts
 
 ALPHA = 1e-4  # two-sided false-alarm rate of one check
 MASK, VOCAB = 30, 31
@@ -49,12 +50,8 @@ def models():
     return {"mdm": mdm.eval(), "llada": llada.eval(), "dream": dream.eval()}
 
 
-def padded_prompts(bsz=3, length=4, seed=0):
-    ids = torch.randint(2, MASK, (bsz, length), generator=torch.Generator().manual_seed(seed))
-    attention = torch.ones_like(ids)
-    attention[1, :2] = 0
-    attention[2, :1] = 0
-    return ids, attention
+def padded_prompts(length=4, seed=0):
+    return left_padded_prompts(MASK, length=length, seed=seed)
 
 
 # -- the formulas, written out ---------------------------------------------------------------------------------------

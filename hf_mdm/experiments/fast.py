@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -67,17 +67,25 @@ def _measure(model: Any, language: Any, preset: dict, section: dict, sampler: di
             "num_samples": int(samples.shape[0])}  # fmt: skip
 
 
+def generate_batches(model: Any, num: int, length: int, seed: int, settings: dict,
+                     batch_size: int = 256) -> Iterator[Any]:  # fmt: skip
+    """The outputs, batch by batch, of drawing ``num`` sequences of ``length`` tokens from the empty prompt with
+    ``settings`` (default ``steps=None``) at temperature 1, each batch seeded ``seed`` + its first row and carrying
+    its step canvases (``output_history``)."""
+    kwargs = {"steps": None, **settings, "temperature": 1.0}
+    for start in range(0, num, batch_size):
+        empty = torch.zeros(min(batch_size, num - start), 0, dtype=torch.long, device=_device(model))
+        yield diffusion_generate(model, empty, max_new_tokens=length, seed=seed + start, stop_at_eos=False,
+                                 output_history=True, return_dict_in_generate=True, **kwargs)  # fmt: skip
+
+
 def sample_with(model: Any, num: int, length: int, section: dict, settings: dict,
                 batch_size: int = 256) -> tuple[torch.Tensor, float]:  # fmt: skip
     """``num`` samples of ``length`` tokens drawn with ``settings`` (default ``steps=None``) at temperature 1 in
     blocks of ``section["block_length"]``, and the mean number of forwards in which a row revealed something."""
-    kwargs = {"steps": None, **settings, "block_length": section.get("block_length"), "temperature": 1.0}
+    settings = {**settings, "block_length": section.get("block_length")}
     samples, forwards = [], []
-    for start in range(0, num, batch_size):
-        rows = min(batch_size, num - start)
-        empty = torch.zeros(rows, 0, dtype=torch.long, device=_device(model))
-        out = diffusion_generate(model, empty, max_new_tokens=length, seed=section.get("seed", 0) + start,
-                                 stop_at_eos=False, output_history=True, return_dict_in_generate=True, **kwargs)
+    for out in generate_batches(model, num, length, section.get("seed", 0), settings, batch_size):
         samples.append(out.sequences.cpu())
         forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
     return torch.cat(samples), float(torch.cat(forwards).float().mean())

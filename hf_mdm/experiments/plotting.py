@@ -29,11 +29,12 @@ def pyplot() -> Any:
     return plt
 
 
-def save_figure(fig: Any, path: Path, title: Optional[str] = None) -> None:
-    """Lay out, save at 120 dpi and close ``fig``, with ``title`` above all its panels if given."""
+def save_figure(fig: Any, path: Path, title: Optional[str] = None, bottom: float = 0.0) -> None:
+    """Lay out, save at 120 dpi and close ``fig``, with ``title`` above all its panels if given and the bottom
+    ``bottom`` of the figure (a fraction) left free, e.g. for a figure legend."""
     if title is not None:
         fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=120)
     pyplot().close(fig)
 

@@ -29,12 +29,11 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from ..generation import diffusion_generate
 from ..languages import OracleDenoiser
-from .common import (CellCache, _device, experiment_result, language_name, language_parameters, lazy_pair, make_language,
+from .common import (CellCache, experiment_result, language_name, language_parameters, lazy_pair, make_language,
                      training_sentence, write_outputs)  # fmt: skip
-from .fast import active_steps
-from .plotting import pyplot
+from .fast import active_steps, generate_batches
+from .plotting import pyplot, save_figure
 from .ser import ser_cell
 from .ter import ter_cell
 
@@ -125,14 +124,9 @@ def measure(model: Any, language: Any, metric: str, length: int, settings: dict,
     """One point: ``preset["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with the
     sequential forwards per token and (where the sampler computes several canvases a forward) computed rows per
     token, and tokens accepted per round for speculative decoding."""
-    num, seed = preset["num_samples"], preset.get("seed", 0)
-    kwargs = {"steps": None, **settings, "temperature": 1.0}
+    num = preset["num_samples"]
     samples, forwards, computed, accepted = [], [], 0.0, []
-    for start in range(0, num, batch_size):
-        rows = min(batch_size, num - start)
-        empty = torch.zeros(rows, 0, dtype=torch.long, device=_device(model))
-        out = diffusion_generate(model, empty, max_new_tokens=length, seed=seed + start, stop_at_eos=False,
-                                 output_history=True, return_dict_in_generate=True, **kwargs)  # fmt: skip
+    for out in generate_batches(model, num, length, preset.get("seed", 0), settings, batch_size):
         samples.append(out.sequences.cpu())
         forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
         computed += float(out.forward_rows)
@@ -186,20 +180,21 @@ def verdict(rows: list[dict]) -> str:
              "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
              "forwards). For SER below is better. For TER, below 0 means samples more likely than the language's own "
              "(a mode-seeking, lower-entropy distribution), so below the paper's is not a better fit of the language: "
-             "it is the cost in diversity.", "", *_headline(rows), "", "Every point:", ""]
-    for group in dict.fromkeys(_group(r) for r in rows):
-        metric = METRICS[next(r["metric"] for r in rows if _group(r) == group)]
-        below, above = (", ".join(_point(r, metric, paper) for r, paper in side) or "none"
-                        for side in _compared(rows, group, metric))  # fmt: skip
+             "it is the cost in diversity."]
+    metrics = {_group(r): r["metric"] for r in rows}
+    compared = {group: _compared(rows, group, METRICS[metric]) for group, metric in metrics.items()}
+    lines += ["", *_headline(rows, {g: c for g, c in compared.items() if g[2] == "oracle MDM" and metrics[g] == "ser"}),
+              "", "Every point:", ""]  # fmt: skip
+    for group, sides in compared.items():
+        metric = METRICS[metrics[group]]
+        below, above = (", ".join(_point(r, metric, paper) for r, paper in side) or "none" for side in sides)
         lines.append(f"- {group[0]}, L = {group[1]}, {group[2]} ({metric[3]}): below: {below}. Above: {above}.")
     return "\n".join(lines) + "\n"
 
 
-def _headline(rows: list[dict]) -> list[str]:
-    """One line per sampler: the oracle SER panels where some point lies below / above the paper's sampler, the
-    forwards per token of its points there, and the range of its TER relative increase (oracle)."""
-    panels = {g: _compared(rows, g, METRICS["ser"]) for g in dict.fromkeys(_group(r) for r in rows)
-              if g[2] == "oracle MDM" and any(r["metric"] == "ser" for r in rows if _group(r) == g)}  # fmt: skip
+def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
+    """One line per sampler: the oracle SER ``panels`` (group -> `_compared`) where some point lies below / above
+    the paper's sampler, the forwards per token of its points there, and the range of its TER relative increase."""
     lines = []
     for name in dict.fromkeys(r["sampler"] for r in rows if r["sampler"] != PAPER):
         sides = [[f"{g[0]} L={g[1]}" for g, compared in panels.items() if any(r["sampler"] == name for r, _ in compared[i])]
@@ -263,10 +258,8 @@ def plot_samplers(rows: list[dict], path: Path) -> None:
         ax.set_visible(False)
     handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=7, frameon=False)
-    fig.suptitle("Samplers at equal sequential forwards (oracle, solid: exact; trained MDM, dashed)")
-    fig.tight_layout(rect=(0, 0.04 * math.ceil(len(handles) / 4) / axes.shape[0], 1, 0.97))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, "Samplers at equal sequential forwards (oracle, solid: exact; trained MDM, dashed)",
+                bottom=0.04 * math.ceil(len(handles) / 4) / axes.shape[0])
 
 
 def _draw_panel(ax: Any, rows: list[dict], colours: dict[str, str]) -> None:
