@@ -1,21 +1,23 @@
-# The two commands: `make test` and `make reproduce`. Each creates or updates .venv itself.
+# The two commands: `make test` and `make reproduce`. Each creates or updates .venv itself, with the versions pinned
+# in constraints.txt (the lock). `make test-newest` / `make test-lowest` run the suite at either end of the ranges in
+# pyproject.toml, each in a fresh environment; `make lock` rewrites constraints.txt from the newest releases once the
+# suite passes on them. tools/envs.py does the installing.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LOCK := constraints.txt
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+export TORCH_SPEC
+OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce venv bench clean sandbox
+.PHONY: test reproduce venv bench clean sandbox test-newest test-lowest lock
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	# torch first: on machines with a local CPU wheel this picks it; the package's own range then installs nothing more
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)" || $(PY) -m pip install --quiet "torch>=2.4,<3"
-	$(PY) -m pip install --quiet -e ".[test]"
+$(STAMP): pyproject.toml $(LOCK) tools/envs.py
+	$(PYTHON) tools/envs.py create $(VENV) --versions locked
 	touch $(STAMP)
 
 # bubblewrap: the sandbox's operating-system layer for generated code (hf_mdm/harness/bubblewrap.py). Installed with
@@ -31,13 +33,28 @@ sandbox:
 	  fi; }
 
 test: $(STAMP) sandbox
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+	$(OFFLINE) $(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
 reproduce: $(STAMP)
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(VENV)/bin/hf-mdm reproduce
+	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce
+
+# The suite on the newest releases the ranges admit, and on the lower bounds of the ranges (fresh environments).
+test-newest: sandbox
+	$(PYTHON) tools/envs.py create .venv-newest --versions newest --fresh
+	$(OFFLINE) .venv-newest/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
+	@$(PYTHON) tools/envs.py versions .venv-newest
+
+test-lowest: sandbox
+	$(PYTHON) tools/envs.py create .venv-lowest --versions lowest --fresh
+	$(OFFLINE) .venv-lowest/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
+	@$(PYTHON) tools/envs.py versions .venv-lowest
+
+# Rewrites the lock from the newest releases, only after the whole suite passed on them.
+lock: test-newest
+	$(PYTHON) tools/envs.py lock .venv-newest
 
 bench: $(STAMP)
 	$(PY) evaluation/bench_sampler.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-newest .venv-lowest build *.egg-info

@@ -30,6 +30,7 @@ from hf_mdm.experiments import load_preset
 from hf_mdm.experiments.common import make_language, trained_pair
 from hf_mdm.experiments.fast import sample_with, ter_interval
 from hf_mdm.generation import diffusion_generate
+from hf_mdm.kv_cache import output_cache
 from hf_mdm.metrics import TokenErrorRate
 from hf_mdm.models import LLaDAConfig, LLaDAModelLM
 from hf_mdm.timer import Stopwatch
@@ -48,11 +49,11 @@ class CacheProbe(torch.nn.Module):
         super().__init__()
         self.model, self.config, self.cache_bytes = model, model.config, []
 
-    def forward(self, input_ids, attention_mask=None, logits_to_keep=0, past_key_values=None, use_cache=None,
+    def forward(self, input_ids, attention_mask=None, logits_to_keep=0, cache=None, use_cache=None,
                 cache_position=None):  # fmt: skip
         out = self.model(input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep,
-                         past_key_values=past_key_values, use_cache=use_cache, cache_position=cache_position)
-        cache = out.past_key_values
+                         cache=cache, use_cache=use_cache, cache_position=cache_position)
+        cache = output_cache(out)
         if cache is not None:
             self.cache_bytes.append(sum(l.keys.nbytes + l.values.nbytes for l in cache.layers))
         return out

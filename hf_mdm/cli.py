@@ -97,13 +97,16 @@ def _load_split_data(path: str):
 
 
 def _train(args: argparse.Namespace) -> int:
+    """Train, write ``final`` (model and language) atomically, then evaluate it on a bounded validation sample: a
+    Ctrl-C during that evaluation keeps the trained model."""
     from transformers import TrainingArguments
 
-    from .training import build_trainer, train
+    from .training import build_trainer, train_save_evaluate
 
     dataset, language = _load_split_data(args.data)
     length = len(dataset["train"][0]["input_ids"])
     entropy = language.expected_nll(length).value / length
+    validation = dataset["validation"].select(range(min(args.eval_samples, len(dataset["validation"]))))
     training_args = TrainingArguments(
         output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
         per_device_eval_batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
@@ -111,13 +114,16 @@ def _train(args: argparse.Namespace) -> int:
         eval_strategy="steps", eval_steps=args.save_steps, logging_steps=max(args.max_steps // 20, 1), report_to=[],
         seed=args.seed,
     )
-    trainer = build_trainer(args.kind, dataset["train"], dataset["validation"], vocab_size=language.vocab_size,
+    trainer = build_trainer(args.kind, dataset["train"], validation, vocab_size=language.vocab_size,
                             length=length, args=training_args, size=args.size, schedule=args.schedule,
                             entropy_per_token=entropy, seed=args.seed)
-    train(trainer, resume=not args.no_resume)
-    metrics = trainer.evaluate()
-    trainer.save_model(str(Path(args.output_dir) / "final"))
-    language.save_pretrained(Path(args.output_dir) / "final" / "language")
+    final = Path(args.output_dir) / "final"
+    print(f"training; then the model is saved to {final} and evaluated on {len(validation)} validation sequences")
+    metrics = train_save_evaluate(trainer, final, lambda folder: language.save_pretrained(folder / "language"),
+                                  resume=not args.no_resume)
+    if metrics is None:
+        print(f"evaluation interrupted; the trained model is saved in {final}", file=sys.stderr)
+        return 130
     print(json.dumps({k: round(float(v), 5) for k, v in metrics.items()}, indent=1))
     return 0
 
@@ -188,7 +194,21 @@ def _sample(args: argparse.Namespace) -> int:
                                                 "sampler": sampler, "samples": samples.tolist()}, default=str))
     used = "".join(f", {name} {value}" for name, value in sampler.items() if value is not None)
     print(f"wrote {samples.shape[0]} samples of length {samples.shape[1]} to {args.output}{used}")
+    if kind == "mdm":
+        _print_generate_difference(model, {name: sampler[name] for name in defaults if given[name] is None})
     return 0
+
+
+def _print_generate_difference(model: Any, defaulted: dict[str, Any]) -> None:
+    """Says which of the settings this command defaulted (to the paper's sampler, `PAPER_SAMPLER`) differ from what
+    ``model.generate`` would use (its generation config's)."""
+    from .generation import resolve_config
+
+    plain = resolve_config(model, None, {"max_new_tokens": 1})
+    differ = [f"{name}={getattr(plain, name)!r}" for name, value in defaulted.items() if getattr(plain, name) != value]
+    if differ:
+        print("note: this command defaults to the paper's sampler; model.generate() without these flags would use "
+              + ", ".join(differ) + " (pass --transfer/--strategy/--temperature to choose)")
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -357,6 +377,8 @@ def _add_train_command(commands: Any) -> None:
     train.add_argument("--learning-rate", type=positive_float, default=3e-3)
     train.add_argument("--warmup-steps", type=at_least(0), default=50)
     train.add_argument("--save-steps", type=at_least(1), default=500)
+    train.add_argument("--eval-samples", type=at_least(1), default=512,
+                       help="validation sequences evaluated every --save-steps and at the end (default 512)")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     train.set_defaults(func=_train)

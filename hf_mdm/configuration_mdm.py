@@ -42,7 +42,7 @@ class MDMConfig(PretrainedConfig):
     """
 
     model_type = "hf_mdm"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
 
     def __init__(
         self,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Union
+from typing import Callable, Union
 
 
 def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None:
@@ -19,4 +20,24 @@ def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_directory_atomic(path: Union[str, os.PathLike], write: Callable[[Path], None]) -> None:
+    """``write(folder)`` into a temporary folder beside ``path``, then put it in place of ``path``: an interrupted
+    write leaves the previous ``path`` (if any) whole and no partial folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        write(tmp)
+        if path.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -125,7 +125,7 @@ def diffusion_generate(
     if generator is None and seed is not None:
         generator = torch.Generator(device=input_ids.device).manual_seed(int(seed))
     mask_id = int(config.mask_token_id)
-    canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id)
+    canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id, _max_positions(model))
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
     remasking = Remasking.from_config(config, streamer)  # None without remdm
     denoiser = Denoiser.for_model(model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache,
@@ -173,8 +173,8 @@ def _new_tokens(config: MaskedDiffusionGenerationConfig, input_ids: torch.Tensor
 
 
 def _check_inputs(model, config, canvas: Canvas, input_ids, logits_processor, stopping_criteria) -> None:
-    """ValueErrors for nothing to generate, a canvas longer than the model's positions, token ids outside the
-    model's vocabulary and inputs a reference sampler cannot take."""
+    """ValueErrors for nothing to generate, token ids outside the model's vocabulary and inputs a reference sampler
+    cannot take (`prepare_canvas` checked the canvas' length and the attention mask)."""
     if config.max_new_tokens is None and not bool(canvas.gen_mask0.any()):
         raise ValueError(
             f"nothing to generate: input_ids hold no [MASK] (id {config.mask_token_id}) and no length is set "
@@ -182,15 +182,7 @@ def _check_inputs(model, config, canvas: Canvas, input_ids, logits_processor, st
             + (f"; max_length={config.max_length} leaves no room after the prompt" if config.max_length else "")
             + "): pass max_new_tokens=..., or set model.generation_config.max_new_tokens"
         )
-    model_config = getattr(model, "config", None)
-    max_positions = getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "max_sequence_length", None)
-    length = canvas.x.shape[1]
-    if max_positions is not None and length > max_positions:
-        raise ValueError(
-            f"prompt ({input_ids.shape[1]}) + max_new_tokens ({length - input_ids.shape[1]}) = {length} "
-            f"exceeds the model's max_position_embeddings={max_positions}: shorten one of them"
-        )
-    check_token_ids(model, config.mask_token_id, input_ids)
+    check_token_ids(model, config.mask_token_id, input_ids, config.eos_token_id)
     if config.reference is not None and (logits_processor or stopping_criteria):
         raise ValueError(
             f"reference={config.reference!r} reproduces its reference sampler, which has no logits processors nor "
@@ -198,9 +190,12 @@ def _check_inputs(model, config, canvas: Canvas, input_ids, logits_processor, st
         )
 
 
-def check_token_ids(model: Any, mask_token_id: int, input_ids: Optional[torch.Tensor] = None) -> None:
-    """ValueErrors for a [MASK] id or prompt ids outside the model's vocabulary (which would otherwise fail inside
-    the embedding); nothing when the model does not say its vocabulary size."""
+def check_token_ids(
+    model: Any, mask_token_id: int, input_ids: Optional[torch.Tensor] = None, eos_token_id: Any = None
+) -> None:
+    """ValueErrors for a [MASK] id, EOS ids or prompt ids outside the model's vocabulary (which would otherwise fail
+    inside the embedding, or never match a generated token); nothing when the model does not say its vocabulary
+    size."""
     vocab_size = _vocab_size(model)
     if vocab_size is None:
         return
@@ -209,11 +204,24 @@ def check_token_ids(model: Any, mask_token_id: int, input_ids: Optional[torch.Te
             f"mask_token_id={mask_token_id} is outside the model's vocabulary (vocab_size={vocab_size}): pass the "
             "[MASK] id of this model (its config's or tokenizer's mask_token_id)"
         )
+    eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    outside = [int(i) for i in eos_ids if not 0 <= int(i) < vocab_size]
+    if outside:
+        raise ValueError(
+            f"eos_token_id {outside} is outside the model's vocabulary (vocab_size={vocab_size}), so generation "
+            "would never stop at it: pass this model's EOS id (its tokenizer's eos_token_id), or eos_token_id=None"
+        )
     if input_ids is not None and input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
         raise ValueError(
             f"input_ids hold ids outside the model's vocabulary [0, {vocab_size}): min {int(input_ids.min())}, max "
             f"{int(input_ids.max())}: encode the prompt with this model's tokenizer"
         )
+
+
+def _max_positions(model: Any) -> Optional[int]:
+    """The longest canvas the model takes (``max_position_embeddings`` or ``max_sequence_length``), or None."""
+    model_config = getattr(model, "config", None)
+    return getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "max_sequence_length", None)
 
 
 def _vocab_size(model: Any) -> Optional[int]:

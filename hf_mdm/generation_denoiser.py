@@ -19,7 +19,7 @@ exact-posterior oracle) and is the only place that calls it:
   before the block, so the logits predicting the block's first position come from a fresh hidden state.
 
 Transfers and strategies never see the model nor the cache; the denoiser knows nothing of them: the loop only says
-where a block starts (`Denoiser.begin_block`). Exported with the model as remote code (imports only torch).
+where a block starts (`Denoiser.begin_block`). Exported with the model as remote code (imports torch and `hf_mdm.kv_cache`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+
+from .kv_cache import output_cache
 
 
 def accepts(model: Any, name: str) -> bool:
@@ -112,7 +114,7 @@ class Denoiser:
         ``kv_cache`` is asked of a model that cannot keep keys/values."""
         if kv_cache is not None and not supports_kv_cache(model):
             raise ValueError(
-                f"kv_cache={kv_cache!r} needs a model whose forward keeps keys/values across steps (past_key_values "
+                f"kv_cache={kv_cache!r} needs a model whose forward keeps keys/values across steps (cache "
                 f"and cache_position, as hf_mdm.kv_cache describes: MDMForMaskedDiffusion, LLaDAModelLM, DreamModel); "
                 f"{type(model).__name__} does not: drop kv_cache"
             )
@@ -188,7 +190,7 @@ class Denoiser:
             return None
         start = max(block.start - self.shift, 0)
         end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
-        kwargs.update(past_key_values=block.cache, cache_position=torch.arange(start, end, device=inputs.device))
+        kwargs.update(cache=block.cache, cache_position=torch.arange(start, end, device=inputs.device))
         return start
 
     def full_logits(self, x: torch.Tensor, prompt_mask: torch.Tensor, model_kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -207,7 +209,7 @@ class Denoiser:
     def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         output = self.model(inputs, **kwargs)
         if kwargs.get("use_cache"):
-            self.block.cache = output.past_key_values
+            self.block.cache = output_cache(output)
         self.nfe += 2 if self.guided else 1
         self.forward_rows += inputs.shape[0]
         self.forward_tokens += inputs.shape[0] * inputs.shape[1]

@@ -104,8 +104,12 @@ class Sampler:
 BlockDenoiser = Callable[[Sampler, Rows, torch.Tensor, int, Callable[[], None]], None]
 
 
-def prepare_canvas(input_ids, attention_mask, max_new_tokens: int, mask_id: int) -> Canvas:
-    """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded)."""
+def prepare_canvas(
+    input_ids, attention_mask, max_new_tokens: int, mask_id: int, max_positions: Optional[int] = None
+) -> Canvas:
+    """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded).
+    ValueErrors, before anything is allocated, for a canvas longer than ``max_positions`` (the model's positions)
+    and for a row whose attention mask is all zeros."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got {shape}")
@@ -113,15 +117,15 @@ def prepare_canvas(input_ids, attention_mask, max_new_tokens: int, mask_id: int)
         raise ValueError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}: pass the "
                          "tokenizer's ids or input_ids.long()")  # fmt: skip
     bsz, prompt_len = input_ids.shape
-    if attention_mask is not None:
-        if tuple(attention_mask.shape) != (bsz, prompt_len):
-            raise ValueError(
-                f"attention_mask must be 2-D (batch, prompt_length) = {(bsz, prompt_len)} like input_ids, "
-                f"got {tuple(attention_mask.shape)}"
-            )
-        attention_mask = attention_mask.to(input_ids.device).bool()
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if max_positions is not None and prompt_len + max_new_tokens > max_positions:
+        raise ValueError(
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) = {prompt_len + max_new_tokens} "
+            f"exceeds the model's max_position_embeddings={max_positions}: shorten one of them"
+        )
+    if attention_mask is not None:
+        attention_mask = _checked_attention_mask(attention_mask, bsz, prompt_len, input_ids.device)
     x = torch.cat([input_ids, input_ids.new_full((bsz, max_new_tokens), mask_id)], dim=1)
     attn = None
     if attention_mask is not None and not bool(attention_mask.all()):
@@ -130,6 +134,24 @@ def prepare_canvas(input_ids, attention_mask, max_new_tokens: int, mask_id: int)
     if attn is not None:
         gen_mask &= attn
     return Canvas(x, attn, gen_mask)
+
+
+def _checked_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: int, device: Any) -> torch.Tensor:
+    """The prompt's attention mask as booleans on ``device``; ValueErrors for another shape or an all-zero row."""
+    if tuple(attention_mask.shape) != (bsz, prompt_len):
+        raise ValueError(
+            f"attention_mask must be 2-D (batch, prompt_length) = {(bsz, prompt_len)} like input_ids, "
+            f"got {tuple(attention_mask.shape)}"
+        )
+    attention_mask = attention_mask.to(device).bool()
+    empty = (~attention_mask.any(1)).nonzero().flatten() if prompt_len else attention_mask.new_zeros(0)
+    if empty.numel():
+        raise ValueError(
+            f"attention_mask is all zeros in row(s) {empty.tolist()}: every row needs at least one prompt token "
+            "(1 = token, 0 = padding); drop those rows, or pass an empty prompt (prompt_length 0) to sample "
+            "unconditionally"
+        )
+    return attention_mask
 
 
 def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tuple[int, int]]:

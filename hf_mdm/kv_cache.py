@@ -5,12 +5,16 @@ An MDM attends bidirectionally, so nothing it computed stays exact once a token 
 ones of the tokens far from the block change little. The models of this package support it through two forward
 arguments, in transformers' vocabulary (a `transformers.DynamicCache` holds the keys/values, one layer each):
 
-- ``past_key_values=None, use_cache=True``: a full forward; every layer's keys/values (after RoPE) are stored in a
-  new cache, returned as ``output.past_key_values``;
-- ``past_key_values=cache, cache_position=columns``: the input ids are the canvas columns ``columns`` (1-D, the
+- ``cache=None, use_cache=True``: a full forward; every layer's keys/values (after RoPE) are stored in a new
+  cache, returned in the output (`output_cache`);
+- ``cache=cache, cache_position=columns``: the input ids are the canvas columns ``columns`` (1-D, the
   same in every row); their fresh keys/values replace the cache's entries there, and attention reads the whole
   cache (the canvas' other columns as cached). ``attention_mask`` and ``position_ids`` describe the whole canvas
   (B, L) as in a full forward, so RoPE positions stay absolute and padding stays unattended.
+
+The cache keyword and output field are called ``cache`` since transformers 5.24 and ``past_key_values`` before it.
+The models take both keywords (``past_key_values`` as the older name of ``cache``); their outputs carry the cache
+under the installed transformers' name (`CACHE_FIELD`), and `output_cache` reads it under either.
 
 Running the block and everything after it is the *prefix* cache; the block alone, the *dual* cache. The sampler's
 use of it is in `hf_mdm.generation_denoiser`. This module imports only torch and transformers (it is exported with
@@ -20,43 +24,84 @@ use of it is in `hf_mdm.generation_denoiser`. This module imports only torch and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from transformers import Cache, DynamicCache
-from transformers.modeling_outputs import MaskedLMOutput
+from transformers.modeling_outputs import BaseModelOutputWithPast, MaskedLMOutput
 
-__all__ = ["MaskedLMOutputWithPast", "cached_keys_values", "new_cache", "span_position_ids"]
+__all__ = [
+    "CACHE_FIELD",
+    "MaskedLMOutputWithPast",
+    "cached_keys_values",
+    "model_output_with_cache",
+    "new_cache",
+    "output_cache",
+    "span_position_ids",
+]
+
+# The name of the cache field of transformers' model outputs: "cache" from transformers 5.24 on, else the older one.
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+if CACHE_FIELD == "cache":
+
+    @dataclass
+    class MaskedLMOutputWithPast(MaskedLMOutput):
+        """`transformers.modeling_outputs.MaskedLMOutput` with the keys/values cache (``cache``) of the call."""
+
+        cache: Optional[Cache] = None
+
+else:
+
+    @dataclass
+    class MaskedLMOutputWithPast(MaskedLMOutput):
+        """`transformers.modeling_outputs.MaskedLMOutput` with the keys/values cache (``past_key_values``) of the
+        call."""
+
+        past_key_values: Optional[Cache] = None
 
 
-@dataclass
-class MaskedLMOutputWithPast(MaskedLMOutput):
-    """`transformers.modeling_outputs.MaskedLMOutput` with the keys/values cache (``past_key_values``) of the call."""
+def model_output_with_cache(output_class: type, cache: Optional[Cache], **fields: Any):
+    """``output_class(**fields)`` with ``cache`` under the installed transformers' field name (`CACHE_FIELD`)."""
+    return output_class(**fields, **{CACHE_FIELD: cache})
 
-    past_key_values: Optional[Cache] = None
+
+def output_cache(output: Any) -> Optional[Cache]:
+    """The keys/values cache a model output carries, under either name (``cache``, or ``past_key_values`` before
+    transformers 5.24 and in outputs of other packages); None when it has none."""
+    for name in ("cache", "past_key_values"):
+        if name in getattr(output, "__dataclass_fields__", ()):
+            return getattr(output, name)
+    return None
 
 
 def new_cache(
-    past_key_values: Optional[Cache], use_cache: Optional[bool], cache_position: Optional[torch.Tensor]
+    cache: Optional[Cache],
+    use_cache: Optional[bool],
+    cache_position: Optional[torch.Tensor],
+    past_key_values: Optional[Cache] = None,
 ) -> Optional[Cache]:
-    """The cache a forward reads and writes: the given one, a new `DynamicCache` with ``use_cache``, else None."""
-    if past_key_values is None:
+    """The cache a forward reads and writes: the given one (``cache``, or its older name ``past_key_values``), a new
+    `DynamicCache` with ``use_cache``, else None."""
+    if past_key_values is not None:
+        if cache is not None:
+            raise ValueError("pass the keys/values cache once: as cache (past_key_values is its older name)")
+        cache = past_key_values
+    if cache is None:
         if cache_position is not None:
-            raise ValueError("cache_position needs past_key_values holding the canvas' keys/values")
+            raise ValueError("cache_position needs a cache (cache=...) holding the canvas' keys/values")
         return DynamicCache() if use_cache else None
-    if not isinstance(past_key_values, Cache):
-        raise ValueError(
-            f"past_key_values must be a transformers Cache (e.g. DynamicCache), got {type(past_key_values).__name__}"
-        )
-    filled = past_key_values.get_seq_length() > 0
+    if not isinstance(cache, Cache):
+        raise ValueError(f"cache must be a transformers Cache (e.g. DynamicCache), got {type(cache).__name__}")
+    filled = cache.get_seq_length() > 0
     if cache_position is None and filled:
         raise ValueError(
-            "past_key_values already holds keys/values: pass cache_position (the canvas columns of input_ids) to run "
-            "a span against it, or use_cache=True without past_key_values for a new full forward"
+            "the cache already holds keys/values: pass cache_position (the canvas columns of input_ids) to run a span "
+            "against it, or use_cache=True without a cache for a new full forward"
         )
     if cache_position is not None and not filled:
-        raise ValueError("cache_position needs past_key_values holding the canvas' keys/values (a full forward first)")
-    return past_key_values
+        raise ValueError("cache_position needs a cache holding the canvas' keys/values (a full forward first)")
+    return cache
 
 
 def span_position_ids(

@@ -3,8 +3,8 @@
 Self-contained (relative imports of single files only), so that ``save_pretrained`` exports this file,
 ``configuration_mdm.py`` and the flat modules they import (``schedules.py``, ``kv_cache.py``, ``generation*.py``,
 ``timer.py``) as remote code that loads with ``trust_remote_code=True`` on a machine without hf_mdm. Keys and values
-can be kept across denoising steps (``past_key_values``, ``use_cache``, ``cache_position``: see `hf_mdm.kv_cache`). Parameter names follow Llama
-(``model.embed_tokens``, ``model.layers.N.self_attn.q_proj``, ...).
+can be kept across denoising steps (``cache``, ``use_cache``, ``cache_position``: see `hf_mdm.kv_cache`).
+Parameter names follow Llama (``model.embed_tokens``, ``model.layers.N.self_attn.q_proj``, ...).
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from .configuration_mdm import MDMConfig
 from .generation import MaskedDiffusionGenerationMixin
-from .kv_cache import MaskedLMOutputWithPast, cached_keys_values, new_cache, span_position_ids
+from .kv_cache import (
+    MaskedLMOutputWithPast,
+    cached_keys_values,
+    model_output_with_cache,
+    new_cache,
+    output_cache,
+    span_position_ids,
+)
 from .schedules import get_schedule
 
 
@@ -162,6 +169,7 @@ class MDMModel(MDMPreTrainedModel):
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
@@ -176,16 +184,16 @@ class MDMModel(MDMPreTrainedModel):
             position_ids: (B, L) of the whole canvas; default ``cumsum(attention_mask) - 1`` so left and right
                 padding give the same result as no padding, else ``0..L-1``.
             inputs_embeds: (B, L, hidden) instead of ``input_ids``.
-            past_key_values, use_cache, cache_position: keep keys/values across denoising steps (see
-                `hf_mdm.kv_cache`): ``use_cache=True`` stores every layer's keys/values of a full forward in
-                ``past_key_values`` (returned); with ``past_key_values`` and ``cache_position`` (l,) the input is
-                those canvas columns, their keys/values replace the cached ones and attention reads the whole cache.
+            cache, use_cache, cache_position: keep keys/values across denoising steps (see `hf_mdm.kv_cache`;
+                ``past_key_values`` is the older name of ``cache``): ``use_cache=True`` stores every layer's
+                keys/values of a full forward in a new cache (returned); with ``cache`` and ``cache_position`` (l,)
+                the input is those canvas columns, their keys/values replace the cached ones and attention reads the whole cache.
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        cache = new_cache(past_key_values, use_cache, cache_position)
+        cache = new_cache(cache, use_cache, cache_position, past_key_values)
         bsz, length = inputs_embeds.shape[:2]
         canvas = cache.get_seq_length() if cache_position is not None else length
         if canvas > self.config.max_position_embeddings:
@@ -203,8 +211,9 @@ class MDMModel(MDMPreTrainedModel):
             if all_hidden is not None:
                 all_hidden.append(hidden_states)
         hidden_states = self.norm(hidden_states)
-        return BaseModelOutputWithPast(
-            last_hidden_state=hidden_states, past_key_values=cache, hidden_states=tuple(all_hidden) if all_hidden else None
+        hidden = tuple(all_hidden) if all_hidden else None
+        return model_output_with_cache(
+            BaseModelOutputWithPast, cache, last_hidden_state=hidden_states, hidden_states=hidden
         )
 
     @staticmethod
@@ -244,7 +253,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
-    supports_diffusion_cache = True  # past_key_values / cache_position as in hf_mdm.kv_cache
+    supports_diffusion_cache = True  # cache / cache_position as in hf_mdm.kv_cache
 
     def __init__(self, config: MDMConfig):
         super().__init__(config)
@@ -268,6 +277,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
         logits_to_keep: Union[int, torch.Tensor] = 0,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
@@ -286,12 +296,13 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             logits_to_keep: ``0`` = logits at every position; an int ``k`` = the last ``k`` positions; a 1-D index
                 tensor = those positions; a 2-D (B, K) tensor = K positions per row (the LM head runs only there).
                 Indices count in the input (with ``cache_position``: in the span).
-            past_key_values, use_cache, cache_position: keys/values kept across denoising steps, see
+            cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
+                older name of ``cache``), see
                 `MDMModel.forward` and `hf_mdm.kv_cache`.
 
         Returns:
             `MaskedLMOutputWithPast` with ``logits`` (B, L or K, vocab_size), ``loss`` when ``labels`` is given and
-            the cache in ``past_key_values`` when one was used.
+            the cache (`hf_mdm.kv_cache.output_cache`) when one was used.
             With ``config.logits_shift == 1`` the logits at index i are those computed from hidden state i, which
             predict token i+1; the sampler and the loss apply the shift.
         """
@@ -301,6 +312,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            cache=cache,
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,

@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 
 from .configuration_mdm import MDMConfig
+from .fileio import write_directory_atomic
 from .modeling_mdm import MDMForMaskedDiffusion
 from .schedules import get_schedule
 
@@ -214,3 +216,32 @@ def train(trainer: Trainer, resume: bool = True) -> Any:
     """Train, resuming from the newest checkpoint in ``args.output_dir`` when there is one."""
     last = get_last_checkpoint(trainer.args.output_dir) if resume and os.path.isdir(trainer.args.output_dir) else None
     return trainer.train(resume_from_checkpoint=last)
+
+
+class NoEvaluationAtTheLastStep(TrainerCallback):
+    """Drops the trainer's own evaluation at the last step (`train_save_evaluate` saves the model, then evaluates)."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_evaluate = False
+
+
+def train_save_evaluate(
+    trainer: Trainer, final: Union[str, os.PathLike], write_extra: Optional[Callable[[Path], None]] = None,
+    resume: bool = True,
+) -> Optional[dict[str, float]]:
+    """Train, write the model to ``final`` atomically (with ``write_extra(folder)``), then evaluate it. Returns the
+    metrics, or None when the evaluation was interrupted (Ctrl-C): the trained model is on disk before it starts."""
+    trainer.add_callback(NoEvaluationAtTheLastStep())
+    train(trainer, resume=resume)
+
+    def write(folder: Path) -> None:
+        trainer.save_model(str(folder))
+        if write_extra is not None:
+            write_extra(folder)
+
+    write_directory_atomic(final, write)
+    try:
+        return trainer.evaluate()
+    except KeyboardInterrupt:
+        return None

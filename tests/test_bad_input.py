@@ -60,6 +60,10 @@ GENERATE_KWARGS = [
     (dict(max_new_tokens=2.5), "max_new_tokens must be an integer >= 0"),
     (dict(max_new_tokens="4"), "max_new_tokens must be an integer >= 0"),
     (dict(max_new_tokens=200), "exceeds the model's max_position_embeddings=64: shorten"),
+    # checked before the canvas is allocated (10**12 positions would not fit in memory)
+    (dict(max_new_tokens=10**12), "exceeds the model's max_position_embeddings=64: shorten"),
+    (dict(eos_token_id=VOCAB + 3), r"eos_token_id \[20\] is outside the model's vocabulary \(vocab_size=17\)"),
+    (dict(eos_token_id=[2, -1]), r"eos_token_id \[-1\] is outside the model's vocabulary"),
     (dict(schedule="nope"), "unknown schedule"),
     (dict(schedule_kwargs={"zzz": 1}), "bad schedule_kwargs"),
     (dict(strategy="nope"), "unknown strategy 'nope': use one of"),
@@ -151,6 +155,8 @@ GENERATE_INPUTS = [
     (torch.tensor([[1, 20, 3]]), None, r"input_ids hold ids outside the model's vocabulary \[0, 17\)"),
     (torch.tensor([[1, -2, 3]]), None, r"input_ids hold ids outside the model's vocabulary \[0, 17\)"),
     (PROMPT, torch.ones(1, 4), "attention_mask must be 2-D"),
+    (PROMPT, torch.zeros(1, 3), r"attention_mask is all zeros in row\(s\) \[0\]: every row needs at least one"),
+    (PROMPT.repeat(3, 1), torch.tensor([[1, 1, 1], [0, 0, 0], [0, 1, 1]]), r"all zeros in row\(s\) \[1\]"),
 ]
 
 

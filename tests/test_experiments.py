@@ -7,7 +7,7 @@ from unittest import mock
 import pytest
 import torch
 
-from hf_mdm import cli, experiments
+from hf_mdm import MDMConfig, MDMForMaskedDiffusion, cli, experiments
 from hf_mdm.experiments import make_language, run_experiment
 from hf_mdm.report import write_report
 
@@ -247,6 +247,47 @@ def test_cli_dataset_build_then_train_then_sample(tmp_path, capsys):
                      "--steps", "4", "--output", str(samples)]) == 0
     rows = json.loads(samples.read_text())["samples"]
     assert len(rows) == 8 and all(0 <= t < 16 for row in rows for t in row)  # ngram2 has 16 tokens; [MASK] = 16
+
+
+def test_cli_train_saves_final_before_a_bounded_evaluation_and_keeps_it_on_ctrl_c(tmp_path, monkeypatch, capsys):
+    """``final`` is written (atomically) before the closing evaluation, which reads ``--eval-samples`` sequences; a
+    Ctrl-C during it leaves the trained model loadable and exits 130."""
+    from transformers import Trainer
+
+    data, run = tmp_path / "data", tmp_path / "run"
+    assert cli.main(["dataset", "build", "ngram2", "--length", "8", "--num-train", "64", "--num-validation", "40",
+                     "--num-test", "4", "--output-dir", str(data), "--cache-dir", str(tmp_path / "cache")]) == 0
+    seen = {}
+
+    def interrupted(self, *args, **kwargs):
+        seen["saved"] = (run / "final" / "config.json").exists() and (run / "final" / "language").is_dir()
+        seen["rows"] = len(self.eval_dataset)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "evaluate", interrupted)
+    assert cli.main(["train", "--data", str(data), "--kind", "mdm", "--output-dir", str(run), "--max-steps", "2",
+                     "--batch-size", "8", "--save-steps", "100", "--warmup-steps", "0", "--eval-samples", "8"]) == 130
+    assert seen == {"saved": True, "rows": 8}
+    assert "the trained model is saved in" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # no half-written folder left
+    MDMForMaskedDiffusion.from_pretrained(run / "final")
+
+
+def test_cli_sample_says_where_its_default_sampler_differs_from_generate(tmp_path, capsys):
+    model_dir = tmp_path / "model"
+    MDMForMaskedDiffusion(MDMConfig(vocab_size=5, mask_token_id=4, hidden_size=16, num_hidden_layers=1,
+                                    num_attention_heads=2, intermediate_size=32)).save_pretrained(model_dir)
+    out = tmp_path / "s.json"
+    assert cli.main(["sample", "--model", str(model_dir), "--kind", "mdm", "--num", "2", "--length", "4", "--steps",
+                     "2", "--output", str(out)]) == 0
+    note = capsys.readouterr().out.splitlines()[-1]
+    assert note == ("note: this command defaults to the paper's sampler; model.generate() without these flags would "
+                    "use transfer='deterministic', strategy='confidence', temperature=0.0 (pass "
+                    "--transfer/--strategy/--temperature to choose)")
+    assert cli.main(["sample", "--model", str(model_dir), "--kind", "mdm", "--num", "2", "--length", "4", "--steps",
+                     "2", "--output", str(out), "--transfer", "deterministic", "--strategy", "confidence",
+                     "--temperature", "0"]) == 0
+    assert "note:" not in capsys.readouterr().out
 
 
 class Tracked(Mapping):

@@ -184,7 +184,9 @@ def test_remote_code_export_loads_without_hf_mdm(model, tmp_path):
     x = torch.tensor([[1, 2, 3, 4]])
     expected_logits = model(x).logits
     expected_gen = model.generate(x)
-    torch.save({"x": x, "logits": expected_logits, "gen": expected_gen}, tmp_path / "expected.pt")
+    cached_gen = model.generate(x, kv_cache="prefix")  # the keys/values cache through the exported code
+    assert not torch.equal(cached_gen, x)
+    torch.save({"x": x, "logits": expected_logits, "gen": expected_gen, "cached": cached_gen}, tmp_path / "expected.pt")
     script = textwrap.dedent(
         f"""
         import sys
@@ -196,6 +198,7 @@ def test_remote_code_export_loads_without_hf_mdm(model, tmp_path):
         ref = torch.load({str(tmp_path / "expected.pt")!r})
         torch.testing.assert_close(model(ref["x"]).logits, ref["logits"])
         assert torch.equal(model.generate(ref["x"]), ref["gen"])
+        assert torch.equal(model.generate(ref["x"], kv_cache="prefix"), ref["cached"])
         print("REMOTE_OK", type(model).__module__)
         """
     )

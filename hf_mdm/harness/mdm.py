@@ -343,14 +343,14 @@ def _known_arguments() -> dict[str, list[str]]:
 def _auto_model_class(config: Any, trust_remote_code: bool) -> type:
     """AutoModelForMaskedLM for registered masked LMs (hf_mdm, LLaDA, Dream), else what the remote code offers; a
     checkpoint that is neither (an autoregressive one) is a ValueError."""
-    if type(config) in transformers.AutoModelForMaskedLM._model_mapping:
+    if type(config) in transformers.MODEL_FOR_MASKED_LM_MAPPING:
         return transformers.AutoModelForMaskedLM
     auto_map = getattr(config, "auto_map", None) or {}
     if trust_remote_code:
         for name in ("AutoModelForMaskedLM", "AutoModel", "AutoModelForCausalLM"):
             if name in auto_map:
                 return getattr(transformers, name)
-    causal = type(config) in transformers.AutoModelForCausalLM._model_mapping
+    causal = type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING
     raise ValueError(
         f"pretrained is a {getattr(config, 'model_type', type(config).__name__)!r} checkpoint, "
         + ("an autoregressive LM" if causal else "not a masked LM")

@@ -59,7 +59,7 @@ class DreamConfig(PreTrainedConfig):
     """
 
     model_type = "Dream"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     logits_shift: ClassVar[int] = 1
 
     vocab_size: int = 152064

@@ -30,7 +30,14 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from ...generation import MaskedDiffusionGenerationMixin
-from ...kv_cache import MaskedLMOutputWithPast, cached_keys_values, new_cache
+from ...kv_cache import (
+    MaskedLMOutputWithPast,
+    cached_keys_values,
+    model_output_with_cache,
+    new_cache,
+    output_cache,
+)
+
 
 from ..llada.modeling_llada import (
     RMSNorm,
@@ -145,6 +152,7 @@ class DreamBaseModel(DreamPreTrainedModel):
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
@@ -159,7 +167,8 @@ class DreamBaseModel(DreamPreTrainedModel):
                 it (with left padding the two differ by a shift per row, which RoPE ignores up to rounding).
             inputs_embeds: (B, L, hidden_size) instead of ``input_ids``.
             output_hidden_states: also return the input of every layer and the final normalised state.
-            past_key_values, use_cache, cache_position: keys/values kept across denoising steps (see
+            cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
+                older name of ``cache``; see
                 `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those canvas columns, while
                 ``attention_mask`` and ``position_ids`` still describe the whole canvas.
 
@@ -170,7 +179,7 @@ class DreamBaseModel(DreamPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        cache = new_cache(past_key_values, use_cache, cache_position)
+        cache = new_cache(cache, use_cache, cache_position, past_key_values)
         mask, position_ids = canvas_inputs(attention_mask, position_ids, tuple(x.shape[:2]), x.device, cache,
                                            cache_position)  # fmt: skip
         head_dim = self.config.hidden_size // self.config.num_attention_heads
@@ -183,8 +192,8 @@ class DreamBaseModel(DreamPreTrainedModel):
         x = self.norm(x)
         if hidden_states is not None:
             hidden_states.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache,
-                                       hidden_states=tuple(hidden_states) if hidden_states else None)  # fmt: skip
+        hidden = tuple(hidden_states) if hidden_states else None
+        return model_output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=x, hidden_states=hidden)
 
 
 class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
@@ -210,7 +219,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
-    supports_diffusion_cache = True  # past_key_values / cache_position as in hf_mdm.kv_cache
+    supports_diffusion_cache = True  # cache / cache_position as in hf_mdm.kv_cache
 
     def __init__(self, config: DreamConfig):
         super().__init__(config)
@@ -239,6 +248,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
         labels: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
@@ -256,13 +266,14 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
                 cross-entropy with the logits shifted by one (the token at j is scored with the logits at j - 1;
                 logits at every position are computed, ``logits_to_keep`` is ignored).
             inputs_embeds: (B, L, hidden_size) instead of ``input_ids``.
-            past_key_values, use_cache, cache_position: keys/values kept across denoising steps, see
+            cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
+                older name of ``cache``), see
                 `DreamBaseModel.forward`; ``logits_to_keep`` then counts in the input span.
             kwargs: ignored (other generation keywords).
 
         Returns:
             `MaskedLMOutputWithPast` with unshifted ``logits`` (B, K, vocab_size) = ``lm_head(h)`` at the kept
-            positions, and the cache in ``past_key_values`` when one was used.
+            positions, and the cache (`hf_mdm.kv_cache.output_cache`) when one was used.
         """
         outputs = self.model(
             input_ids=input_ids,
@@ -270,6 +281,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            cache=cache,
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
@@ -281,8 +293,9 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             loss = masked_token_loss(logits, labels, self.config.logits_shift)
         else:
             logits = self.lm_head(keep_positions(hidden_states, logits_to_keep))
-        return MaskedLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                      past_key_values=outputs.past_key_values)  # fmt: skip
+        return model_output_with_cache(
+            MaskedLMOutputWithPast, output_cache(outputs), loss=loss, logits=logits, hidden_states=outputs.hidden_states
+        )
 
 
 __all__ = ["DreamBaseModel", "DreamModel", "DreamPreTrainedModel"]

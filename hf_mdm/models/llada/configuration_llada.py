@@ -65,7 +65,7 @@ class LLaDAConfig(PreTrainedConfig):
     """
 
     model_type = "llada"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "n_heads",

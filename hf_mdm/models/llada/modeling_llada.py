@@ -33,7 +33,14 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from ...generation import MaskedDiffusionGenerationMixin
-from ...kv_cache import MaskedLMOutputWithPast, cached_keys_values, new_cache, span_position_ids
+from ...kv_cache import (
+    MaskedLMOutputWithPast,
+    cached_keys_values,
+    model_output_with_cache,
+    new_cache,
+    output_cache,
+    span_position_ids,
+)
 
 from .configuration_llada import LLaDAConfig
 
@@ -322,6 +329,7 @@ class LLaDAModel(LLaDAPreTrainedModel):
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
@@ -335,7 +343,8 @@ class LLaDAModel(LLaDAPreTrainedModel):
                 model does (RoPE is shift-invariant, so left padding does not change a row's result).
             inputs_embeds: (B, L, d_model) instead of ``input_ids``.
             output_hidden_states: also return the input of every block and the final normalised state.
-            past_key_values, use_cache, cache_position: keys/values kept across denoising steps (see
+            cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
+                older name of ``cache``; see
                 `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those canvas columns, while
                 ``attention_mask`` and ``position_ids`` still describe the whole canvas.
 
@@ -348,7 +357,7 @@ class LLaDAModel(LLaDAPreTrainedModel):
         if self.config.input_emb_norm:
             x = x * (self.config.d_model**0.5)
         x = self.embedding_dropout(x)
-        cache = new_cache(past_key_values, use_cache, cache_position)
+        cache = new_cache(cache, use_cache, cache_position, past_key_values)
         mask, position_ids = canvas_inputs(attention_mask, position_ids, tuple(x.shape[:2]), x.device, cache,
                                            cache_position)  # fmt: skip
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
@@ -360,8 +369,8 @@ class LLaDAModel(LLaDAPreTrainedModel):
         x = self.transformer["ln_f"](x)
         if hidden_states is not None:
             hidden_states.append(x)
-        return BaseModelOutputWithPast(last_hidden_state=x, past_key_values=cache,
-                                       hidden_states=tuple(hidden_states) if hidden_states else None)  # fmt: skip
+        hidden = tuple(hidden_states) if hidden_states else None
+        return model_output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=x, hidden_states=hidden)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Final hidden states (B, K, d_model) -> logits (B, K, embedding_size) in the model dtype."""
@@ -394,7 +403,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
     """
 
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
-    supports_diffusion_cache = True  # past_key_values / cache_position as in hf_mdm.kv_cache
+    supports_diffusion_cache = True  # cache / cache_position as in hf_mdm.kv_cache
 
     def __init__(self, config: LLaDAConfig):
         super().__init__(config)
@@ -422,6 +431,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
         labels: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         output_hidden_states: bool = False,
+        cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
@@ -432,7 +442,8 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             input_ids: (B, L) partly masked token ids.
             attention_mask: (B, L), 1 = token, 0 = padding (never attended to). Left or right padding.
             position_ids: (B, L); default 0..L-1, see `LLaDAModel.forward`.
-            past_key_values, use_cache, cache_position: keys/values kept across denoising steps, see
+            cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
+                older name of ``cache``), see
                 `LLaDAModel.forward`; ``logits_to_keep`` then counts in the input span.
             logits_to_keep: 0 = logits at every position; an int k = the last k positions; a 1-D LongTensor of
                 positions = those positions; a (B, K) tensor = K positions per row. The output layer runs only there.
@@ -443,7 +454,8 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
 
         Returns:
             `MaskedLMOutputWithPast` with ``logits`` (B, K, embedding_size), K = L or the kept positions (the logits
-            at position i predict the token at position i), and the cache in ``past_key_values`` when one was used.
+            at position i predict the token at position i), and the cache (`hf_mdm.kv_cache.output_cache`) when one
+            was used.
         """
         outputs = self.model(
             input_ids=input_ids,
@@ -451,6 +463,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
             output_hidden_states=output_hidden_states,
+            cache=cache,
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
@@ -462,8 +475,9 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             loss = masked_token_loss(logits, labels, self.config.logits_shift)
         else:
             logits = self.model.compute_logits(keep_positions(hidden_states, logits_to_keep))
-        return MaskedLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
-                                      past_key_values=outputs.past_key_values)  # fmt: skip
+        return model_output_with_cache(
+            MaskedLMOutputWithPast, output_cache(outputs), loss=loss, logits=logits, hidden_states=outputs.hidden_states
+        )
 
 
 __all__ = ["LLaDAModel", "LLaDAModelLM", "LLaDAPreTrainedModel"]
