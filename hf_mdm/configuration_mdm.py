@@ -43,6 +43,7 @@ class MDMConfig(PretrainedConfig):
 
     model_type = "hf_mdm"
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
+    has_no_defaults_at_init = True  # mask_token_id has no default (transformers < 5.24 builds cls() otherwise)
 
     def __init__(
         self,

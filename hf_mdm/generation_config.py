@@ -10,6 +10,7 @@ unset fields of a call's config from the model and the caller. Exported with the
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -60,6 +61,15 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
 }
 # GenerationConfig fields whose default differs here (transformers' own default is None)
 _GENERATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
+
+
+def _parent_validate_kwargs(**kwargs: Any) -> dict[str, Any]:
+    """The keywords of ``kwargs`` that the installed `GenerationConfig.validate` takes (``user_set_attributes``
+    arrived during transformers 5)."""
+    return {name: value for name, value in kwargs.items() if name in _PARENT_VALIDATE_PARAMETERS}
+
+
+_PARENT_VALIDATE_PARAMETERS = frozenset(inspect.signature(GenerationConfig.validate).parameters)
 
 
 class MaskedDiffusionGenerationConfig(GenerationConfig):
@@ -161,7 +171,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         saved = {name: self.__dict__[name] for name in hidden if name in self.__dict__}
         try:
             self.__dict__.update(hidden)
-            super().validate(strict=strict, user_set_attributes=user_set_attributes)
+            super().validate(strict=strict, **_parent_validate_kwargs(user_set_attributes=user_set_attributes))
         finally:
             for name in hidden:  # as it was: an unset field stays unset
                 self.__dict__.pop(name, None)

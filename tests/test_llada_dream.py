@@ -333,7 +333,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(arch, checkpoints):
     for checkpointing in (False, True):
         model = AutoModelForMaskedLM.from_pretrained(path, dtype=torch.float32).train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            # activation_checkpointing_enable: its name since transformers 5.2x; gradient_checkpointing_enable before
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
             blocks = [m for m in model.modules() if type(m).__name__ in model._no_split_modules]
             assert blocks and all(block.gradient_checkpointing for block in blocks)
         model(ids, attention_mask=attention_mask, labels=labels).loss.backward()
