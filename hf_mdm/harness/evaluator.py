@@ -14,6 +14,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
+import yaml
+
 from lm_eval import evaluator as lm_eval_evaluator
 from lm_eval.api.model import LM
 from lm_eval.api.registry import get_model
@@ -40,16 +42,35 @@ class _QuietCustomDatasetNote(logging.Filter):
 logging.getLogger("lm_eval.api.task").addFilter(_QuietCustomDatasetNote())
 
 
-@lru_cache(maxsize=1)
+class _TaskConfigLoader(yaml.SafeLoader):
+    """YAML of lm-eval task configs, with ``!function module.name`` kept as the string it names."""
+
+
+_TaskConfigLoader.add_constructor("!function", lambda loader, node: loader.construct_scalar(node))
+
+
+@lru_cache(maxsize=None)
+def task_configs() -> dict[str, dict]:
+    """hf_mdm's task configs (``include:`` resolved, ``!function`` left unresolved) by task or group name."""
+    configs = {}
+    for path in sorted(TASKS_DIR.glob("*.yaml")):
+        config = _read_task_config(path)
+        for key in ("task", "group"):
+            if key in config:
+                configs[str(config[key])] = config
+    return configs
+
+
+def _read_task_config(path: Path) -> dict:
+    config = yaml.load(path.read_text(), Loader=_TaskConfigLoader) or {}
+    if "include" in config:
+        config = {**_read_task_config(path.parent / config.pop("include")), **config}
+    return config
+
+
 def task_names() -> frozenset[str]:
     """Names of the tasks in hf_mdm's task directory."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    names = set()
-    for path in TASKS_DIR.glob("*.yaml"):
-        config = load_yaml(path, resolve_func=False)
-        names.update(str(config[key]) for key in ("task", "group") if key in config)
-    return frozenset(names)
+    return frozenset(task_configs())
 
 
 def _only_ours(tasks: Optional[Iterable[Any]]) -> bool:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from typing import Any, Iterable, Optional
 
 from ..checkpoints import check_local_path
@@ -25,24 +24,11 @@ __all__ = ["unsafe_tasks", "check_requirements"]
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
-@lru_cache(maxsize=None)
-def _task_configs() -> dict[str, dict]:
-    """hf_mdm's task configs by task name."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    from .evaluator import TASKS_DIR
-
-    configs = {}
-    for path in sorted(TASKS_DIR.glob("*.yaml")):
-        config = load_yaml(path, resolve_func=False)
-        if "task" in config:
-            configs[str(config["task"])] = config
-    return configs
-
-
 def unsafe_tasks(tasks: Iterable[str]) -> list[str]:
     """The tasks among ``tasks`` that execute generated code (hf_mdm's tasks with ``unsafe_code: true``)."""
-    configs = _task_configs()
+    from .evaluator import task_configs
+
+    configs = task_configs()
     return sorted({t for t in tasks if configs.get(t, {}).get("unsafe_code")})
 
 
