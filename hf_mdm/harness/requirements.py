@@ -24,10 +24,15 @@ __all__ = ["unsafe_tasks", "check_requirements"]
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
 
+def task_configs() -> dict[str, dict]:
+    """hf_mdm's task configs by name (`hf_mdm.harness.evaluator.task_configs`, imported when first needed)."""
+    from .evaluator import task_configs as configs
+
+    return configs()
+
+
 def unsafe_tasks(tasks: Iterable[str]) -> list[str]:
     """The tasks among ``tasks`` that execute generated code (hf_mdm's tasks with ``unsafe_code: true``)."""
-    from .evaluator import task_configs
-
     configs = task_configs()
     return sorted({t for t in tasks if configs.get(t, {}).get("unsafe_code")})
 
@@ -44,7 +49,7 @@ def _problems(tasks: list[str], confirm_unsafe_code: bool, checkpoints: Iterable
     if unsafe and not confirm_unsafe_code:
         problems.append(f"tasks {', '.join(unsafe)} need lm-eval's --confirm_run_unsafe_code (in a compare config: "
                         "`evaluate: {confirm_run_unsafe_code: true}`)")  # fmt: skip
-    ours = [t for t in tasks if t in _task_configs()]
+    ours = [t for t in tasks if t in task_configs()]
     try:
         local = data_dir()
     except FileNotFoundError as err:
