@@ -30,6 +30,8 @@ class MDMConfig(PretrainedConfig):
             1 means from hidden state i-1 (Dream's convention). Applied by the sampler and the loss.
         schedule (`str` or `dict`, defaults to `"linear"`): masking schedule used by the ELBO loss
             (see `hf_mdm.schedules`); a dict ``{"name": ..., **kwargs}`` carries schedule arguments.
+        block_size (`int`, *optional*): None for bidirectional attention; b for block-causal attention
+            (bidirectional inside each block of b positions, causal across blocks; b = 1 is causal attention).
 
     Example:
 
@@ -44,6 +46,21 @@ class MDMConfig(PretrainedConfig):
     model_type = "hf_mdm"
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
     has_no_defaults_at_init = True  # mask_token_id has no default (transformers < 5.24 builds cls() otherwise)
+    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")``): heads and MLP columns split across devices.
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
 
     def __init__(
         self,
@@ -65,6 +82,7 @@ class MDMConfig(PretrainedConfig):
         tie_word_embeddings: bool = False,
         logits_shift: int = 0,
         schedule: Any = "linear",
+        block_size: Optional[int] = None,
         **kwargs: Any,
     ):
         if mask_token_id is None:
@@ -80,6 +98,8 @@ class MDMConfig(PretrainedConfig):
             )
         if logits_shift not in (0, 1):
             raise ValueError(f"logits_shift must be 0 or 1, got {logits_shift}")
+        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+            raise ValueError(f"block_size must be None (bidirectional) or an integer >= 1, got {block_size!r}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -94,6 +114,7 @@ class MDMConfig(PretrainedConfig):
         self.mask_token_id = mask_token_id
         self.logits_shift = logits_shift
         self.schedule = schedule
+        self.block_size = block_size
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,

@@ -34,6 +34,7 @@ __all__ = [
     "CACHE_FIELD",
     "MaskedLMOutputWithPast",
     "cached_keys_values",
+    "masked_lm_output",
     "model_output_with_cache",
     "new_cache",
     "output_cache",
@@ -64,6 +65,21 @@ else:
 def model_output_with_cache(output_class: type, cache: Optional[Cache], **fields: Any):
     """``output_class(**fields)`` with ``cache`` under the installed transformers' field name (`CACHE_FIELD`)."""
     return output_class(**fields, **{CACHE_FIELD: cache})
+
+
+def masked_lm_output(
+    outputs: Any, logits: torch.Tensor, loss: Optional[torch.Tensor] = None
+) -> MaskedLMOutputWithPast:
+    """The head's output: ``logits`` and ``loss`` with the cache, hidden states and attentions of the base model's
+    ``outputs``."""
+    return model_output_with_cache(
+        MaskedLMOutputWithPast,
+        output_cache(outputs),
+        loss=loss,
+        logits=logits,
+        hidden_states=outputs.hidden_states,
+        attentions=outputs.attentions,
+    )
 
 
 def output_cache(output: Any) -> Optional[Cache]:

@@ -15,81 +15,74 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import Cache, PreTrainedModel
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_mdm import MDMConfig
 from .generation import MaskedDiffusionGenerationMixin
 from .kv_cache import (
     MaskedLMOutputWithPast,
     cached_keys_values,
+    masked_lm_output,
     model_output_with_cache,
     new_cache,
-    output_cache,
     span_position_ids,
+)
+from .modeling_blocks import (
+    RMSNorm,
+    apply_rotary,
+    diffusion_attention_mask,
+    eager_attention_forward,
+    keep_positions,
+    rotary_cos_sin,
+    shift_logits,
+    split_heads,
 )
 from .schedules import get_schedule
 
 
-class MDMRMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        dtype = hidden_states.dtype
-        hidden_states = hidden_states.float()
-        hidden_states = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * hidden_states.to(dtype)
-
-
-def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos and sin of RoPE angles, each (B, L, head_dim), computed from positions (no stored buffers)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
-    angles = position_ids.float()[..., None] * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, heads, L, head_dim); cos, sin: (B, L, head_dim)."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
-
-
 class MDMAttention(nn.Module):
-    """Multi-head (optionally grouped-query) self-attention without a causal mask."""
+    """Multi-head (optionally grouped-query) self-attention, bidirectional or block-causal as the mask says, through
+    transformers' attention interface (``config._attn_implementation``: eager, sdpa, flex_attention, kernels)."""
 
     def __init__(self, config: MDMConfig, layer_idx: int = 0):
         super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.config, self.layer_idx = config, layer_idx
         self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
 
-    def forward(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, key_mask: Optional[torch.Tensor],
-                cache: Optional[Cache] = None, columns: Optional[torch.Tensor] = None):  # fmt: skip
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: Any,
+        cache: Optional[Cache] = None,
+        columns: Optional[torch.Tensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """hidden_states (B, l, hidden) at canvas columns ``columns`` (None: the whole canvas); keys/values through
-        `hf_mdm.kv_cache.cached_keys_values`; key_mask (B, 1, 1, L) over the canvas or None."""
-        bsz, length, _ = hidden_states.shape
-        q = self.q_proj(hidden_states).view(bsz, length, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden_states).view(bsz, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden_states).view(bsz, length, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        `hf_mdm.kv_cache.cached_keys_values`. Returns the output (B, l, hidden) and the attention weights (eager)."""
+        q = split_heads(self.q_proj(hidden_states), self.head_dim)
+        k = split_heads(self.k_proj(hidden_states), self.head_dim)
+        v = split_heads(self.v_proj(hidden_states), self.head_dim)
+        q, k = apply_rotary(q, cos, sin, hidden_states.dtype), apply_rotary(k, cos, sin, hidden_states.dtype)
         k, v = cached_keys_values(cache, self.layer_idx, k, v, columns)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=key_mask, is_causal=False, enable_gqa=self.num_kv_heads != self.num_heads
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = interface(
+            self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, is_causal=False
         )
-        return self.o_proj(out.transpose(1, 2).reshape(bsz, length, -1))
+        out = out.reshape(*out.shape[:2], -1)
+        return self.o_proj(out), weights
 
 
 class MDMMLP(nn.Module):
@@ -103,16 +96,17 @@ class MDMMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
-class MDMDecoderLayer(nn.Module):
+class MDMDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: MDMConfig, layer_idx: int = 0):
         super().__init__()
-        self.input_layernorm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = MDMAttention(config, layer_idx)
-        self.post_attention_layernorm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MDMMLP(config)
 
-    def forward(self, hidden_states, cos, sin, key_mask, cache=None, columns=None):
-        hidden_states = hidden_states + self.self_attn(self.input_layernorm(hidden_states), cos, sin, key_mask, cache, columns)
+    def forward(self, hidden_states, cos, sin, attention_mask, cache=None, columns=None) -> torch.Tensor:
+        attended, _ = self.self_attn(self.input_layernorm(hidden_states), cos, sin, attention_mask, cache, columns)
+        hidden_states = hidden_states + attended
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
@@ -120,9 +114,13 @@ class MDMPreTrainedModel(PreTrainedModel):
     config_class = MDMConfig
     config: MDMConfig
     base_model_prefix = "model"
-    supports_gradient_checkpointing = False
+    supports_gradient_checkpointing = True
     _no_split_modules = ["MDMDecoderLayer"]
     _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+    _can_record_outputs = {"hidden_states": MDMDecoderLayer, "attentions": MDMAttention}
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
@@ -132,28 +130,21 @@ class MDMPreTrainedModel(PreTrainedModel):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        elif isinstance(module, MDMRMSNorm):
+        elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
 
 
-def check_attention_mask(input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> None:
-    if attention_mask is not None and attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"attention_mask must be 2-D (batch, length) like input_ids {tuple(input_ids.shape)}, "
-            f"got {tuple(attention_mask.shape)}"
-        )
-
-
 class MDMModel(MDMPreTrainedModel):
-    """The bare transformer: embeddings, bidirectional blocks, final norm. Returns hidden states (B, L, hidden)."""
+    """The bare transformer: embeddings, bidirectional (or block-causal) blocks, final norm. Returns hidden states
+    (B, L, hidden)."""
 
     _keys_to_ignore_on_load_unexpected = [r"^lm_head\."]  # AutoModel on a saved MDMForMaskedDiffusion: no head here
 
     def __init__(self, config: MDMConfig):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(MDMDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = MDMRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -162,13 +153,13 @@ class MDMModel(MDMPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
+    @capture_outputs
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
-        output_hidden_states: bool = False,
         cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
@@ -180,14 +171,16 @@ class MDMModel(MDMPreTrainedModel):
             input_ids: (B, L) token ids, [MASK] included (with ``cache_position``: (B, l), the canvas columns
                 ``cache_position``).
             attention_mask: (B, L), 1 for real tokens and 0 for padding; padding is never attended to. Always the
-                whole canvas.
+                whole canvas. A 4-D mask (B, 1, l, L) in the form of the attention implementation is used as given.
             position_ids: (B, L) of the whole canvas; default ``cumsum(attention_mask) - 1`` so left and right
                 padding give the same result as no padding, else ``0..L-1``.
             inputs_embeds: (B, L, hidden) instead of ``input_ids``.
             cache, use_cache, cache_position: keep keys/values across denoising steps (see `hf_mdm.kv_cache`;
                 ``past_key_values`` is the older name of ``cache``): ``use_cache=True`` stores every layer's
                 keys/values of a full forward in a new cache (returned); with ``cache`` and ``cache_position`` (l,)
-                the input is those canvas columns, their keys/values replace the cached ones and attention reads the whole cache.
+                the input is those canvas columns, their keys/values replace the cached ones and attention reads the
+                whole cache.
+            output_hidden_states, output_attentions, return_dict: as in transformers' models (keyword or config).
         """
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -201,38 +194,30 @@ class MDMModel(MDMPreTrainedModel):
                 f"sequence length {canvas} exceeds max_position_embeddings={self.config.max_position_embeddings}: "
                 "shorten the prompt or max_new_tokens"
             )
-        key_mask, position_ids = self._padding(attention_mask, position_ids, bsz, canvas, inputs_embeds.device)
+        position_ids = self._positions(attention_mask, position_ids, bsz, canvas, inputs_embeds.device)
         position_ids = span_position_ids(cache, cache_position, attention_mask, position_ids)
-        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, inputs_embeds.dtype)
-        hidden_states = inputs_embeds
-        all_hidden = [hidden_states] if output_hidden_states else None
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, cos, sin, key_mask, cache, cache_position)
-            if all_hidden is not None:
-                all_hidden.append(hidden_states)
-        hidden_states = self.norm(hidden_states)
-        hidden = tuple(all_hidden) if all_hidden else None
-        return model_output_with_cache(
-            BaseModelOutputWithPast, cache, last_hidden_state=hidden_states, hidden_states=hidden
+        mask = diffusion_attention_mask(
+            self.config, inputs_embeds, attention_mask, cache_position, canvas, self.config.block_size
         )
+        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        hidden_states = inputs_embeds
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, cos, sin, mask, cache, cache_position)
+        hidden_states = self.norm(hidden_states)
+        return model_output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=hidden_states)
 
     @staticmethod
-    def _padding(attention_mask, position_ids, bsz: int, length: int, device) -> tuple[Optional[torch.Tensor], torch.Tensor]:
-        """The key mask (B, 1, 1, L) (None when nothing is padded) and the (B, L) positions of the canvas."""
-        key_mask = None
-        if attention_mask is not None:
-            if attention_mask.shape != (bsz, length):
-                raise ValueError(
-                    f"attention_mask must be 2-D (batch, length) = {(bsz, length)}, got {tuple(attention_mask.shape)}"
-                )
-            attention_mask = attention_mask.bool()
-            if position_ids is None:
-                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            if not bool(attention_mask.all()):
-                key_mask = attention_mask[:, None, None, :]
-        if position_ids is None:
-            position_ids = torch.arange(length, device=device).expand(bsz, length)
-        return key_mask, position_ids
+    def _positions(attention_mask, position_ids, bsz: int, length: int, device) -> torch.Tensor:
+        """The (B, L) positions of the canvas: given, else ``cumsum(attention_mask) - 1``, else ``0..L-1``."""
+        if attention_mask is not None and attention_mask.dim() == 2 and attention_mask.shape != (bsz, length):
+            raise ValueError(
+                f"attention_mask must be 2-D (batch, length) = {(bsz, length)}, got {tuple(attention_mask.shape)}"
+            )
+        if position_ids is not None:
+            return position_ids
+        if attention_mask is not None and attention_mask.dim() == 2:
+            return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return torch.arange(length, device=device).expand(bsz, length)
 
 
 class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
@@ -252,6 +237,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
     supports_diffusion_cache = True  # cache / cache_position as in hf_mdm.kv_cache
 
@@ -267,6 +253,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
@@ -276,7 +263,6 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
         t: Optional[torch.Tensor] = None,
         logits_to_keep: Union[int, torch.Tensor] = 0,
         inputs_embeds: Optional[torch.FloatTensor] = None,
-        output_hidden_states: bool = False,
         cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
@@ -297,8 +283,8 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
                 tensor = those positions; a 2-D (B, K) tensor = K positions per row (the LM head runs only there).
                 Indices count in the input (with ``cache_position``: in the span).
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
-                older name of ``cache``), see
-                `MDMModel.forward` and `hf_mdm.kv_cache`.
+                older name of ``cache``), see `MDMModel.forward` and `hf_mdm.kv_cache`.
+            output_hidden_states, output_attentions, return_dict: as in transformers' models.
 
         Returns:
             `MaskedLMOutputWithPast` with ``logits`` (B, L or K, vocab_size), ``loss`` when ``labels`` is given and
@@ -311,26 +297,20 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
             cache=cache,
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
+            **kwargs,
         )
         hidden_states = outputs.last_hidden_state
+        loss = None
         if labels is not None:
             logits = self.lm_head(hidden_states)
             loss = self.elbo_loss(logits, labels, t, attention_mask)
-            return MaskedLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
-        if isinstance(logits_to_keep, int):
-            hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
-        elif logits_to_keep.dim() == 2:  # (B, K) positions per row
-            index = logits_to_keep[..., None].expand(-1, -1, hidden_states.shape[-1])
-            hidden_states = hidden_states.gather(1, index)
         else:
-            hidden_states = hidden_states[:, logits_to_keep]
-        return MaskedLMOutputWithPast(logits=self.lm_head(hidden_states), hidden_states=outputs.hidden_states,
-                                      past_key_values=outputs.past_key_values)  # fmt: skip
+            logits = self.lm_head(keep_positions(hidden_states, logits_to_keep))
+        return masked_lm_output(outputs, logits, loss)
 
     def elbo_loss(
         self,
@@ -340,8 +320,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
         attention_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """MDM ELBO (per token) from full logits (B, L, V), labels (B, L) and times t (B,)."""
-        if self.config.logits_shift:
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        logits = shift_logits(logits, self.config.logits_shift)
         ce = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
         if t is None:
             return ce.sum() / (labels != -100).sum().clamp(min=1)

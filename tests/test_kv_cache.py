@@ -14,7 +14,7 @@ from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generat
 from hf_mdm.generation_denoiser import Denoiser, Rows
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
 from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
-from hf_mdm.models.llada.modeling_llada import apply_rotary, rotary_cos_sin, split_heads
+from hf_mdm.modeling_blocks import apply_rotary, rotary_cos_sin, split_heads
 from sampler_prompts import left_padded_prompts
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -120,9 +120,9 @@ def llada_forward(model, x, positions, past=None, replace=None):
     layers = []
     for i, block in enumerate(transformer["blocks"]):
         a = block.attn_norm(h)
-        q = apply_rotary(split_heads(block.q_proj(a), config.n_heads), cos, sin, torch.float32)
-        k = apply_rotary(split_heads(block.k_proj(a), config.n_kv_heads), cos, sin, torch.float32)
-        v = split_heads(block.v_proj(a), config.n_kv_heads)
+        q = apply_rotary(split_heads(block.q_proj(a), config.head_dim), cos, sin, torch.float32)
+        k = apply_rotary(split_heads(block.k_proj(a), config.head_dim), cos, sin, torch.float32)
+        v = split_heads(block.v_proj(a), config.head_dim)
         if past is not None and replace is None:
             k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
         elif past is not None:

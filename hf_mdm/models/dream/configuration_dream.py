@@ -60,6 +60,21 @@ class DreamConfig(PreTrainedConfig):
 
     model_type = "Dream"
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
+    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")``), as Qwen2's: heads and MLP columns split.
+    base_model_tp_plan = {
+        "layers.*.self_attn.q_proj": "colwise",
+        "layers.*.self_attn.k_proj": "colwise",
+        "layers.*.self_attn.v_proj": "colwise",
+        "layers.*.self_attn.o_proj": "rowwise",
+        "layers.*.mlp.gate_proj": "colwise",
+        "layers.*.mlp.up_proj": "colwise",
+        "layers.*.mlp.down_proj": "rowwise",
+    }
+    base_model_pp_plan = {
+        "embed_tokens": (["input_ids"], ["inputs_embeds"]),
+        "layers": (["hidden_states", "attention_mask"], ["hidden_states"]),
+        "norm": (["hidden_states"], ["hidden_states"]),
+    }
     logits_shift: ClassVar[int] = 1
 
     vocab_size: int = 152064

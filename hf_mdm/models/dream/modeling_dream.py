@@ -28,22 +28,24 @@ from transformers import Cache, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from ...generation import MaskedDiffusionGenerationMixin
 from ...kv_cache import (
     MaskedLMOutputWithPast,
     cached_keys_values,
+    masked_lm_output,
     model_output_with_cache,
     new_cache,
-    output_cache,
 )
-
-
-from ..llada.modeling_llada import (
+from ...modeling_blocks import (
     RMSNorm,
     apply_rotary,
-    bidirectional_attention,
-    canvas_inputs,
+    canvas_positions,
+    diffusion_attention_mask,
+    eager_attention_forward,
     keep_positions,
     masked_token_loss,
     rotary_cos_sin,
@@ -57,30 +59,40 @@ class DreamAttention(nn.Module):
 
     def __init__(self, config: DreamConfig, layer_idx: int = 0):
         super().__init__()
-        self.layer_idx = layer_idx
-        self.num_heads = config.num_attention_heads
-        self.num_key_value_heads = config.num_key_value_heads
+        self.config, self.layer_idx = config, layer_idx
         self.head_dim = config.hidden_size // config.num_attention_heads
-        self.dropout = config.attention_dropout
-        hidden, kv_dim = config.hidden_size, self.num_key_value_heads * self.head_dim
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=config.attention_bias)
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = False
+        hidden, kv_dim = config.hidden_size, config.num_key_value_heads * self.head_dim
+        self.q_proj = nn.Linear(hidden, config.num_attention_heads * self.head_dim, bias=config.attention_bias)
         self.k_proj = nn.Linear(hidden, kv_dim, bias=config.attention_bias)
         self.v_proj = nn.Linear(hidden, kv_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, hidden, bias=False)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
-        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
-    ) -> torch.Tensor:  # fmt: skip
-        """x (B, L, hidden); cos, sin (B, L, head_dim) -> (B, L, hidden). RoPE is applied in the model dtype; keys
-        and values through `hf_mdm.kv_cache.cached_keys_values`."""
-        query = split_heads(self.q_proj(x), self.num_heads)
-        key = split_heads(self.k_proj(x), self.num_key_value_heads)
-        value = split_heads(self.v_proj(x), self.num_key_value_heads)
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: Any,
+        cache: Optional[Cache] = None,
+        columns: Optional[torch.LongTensor] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """x (B, L, hidden); cos, sin (B, L, head_dim) -> (B, L, hidden) and the attention weights (eager). RoPE is
+        applied in the model dtype; keys and values through `hf_mdm.kv_cache.cached_keys_values`."""
+        query = split_heads(self.q_proj(x), self.head_dim)
+        key = split_heads(self.k_proj(x), self.head_dim)
+        value = split_heads(self.v_proj(x), self.head_dim)
         query, key = apply_rotary(query, cos, sin, x.dtype), apply_rotary(key, cos, sin, x.dtype)
         key, value = cached_keys_values(cache, self.layer_idx, key, value, columns)
-        dropout = self.dropout if self.training else 0.0
-        return self.o_proj(bidirectional_attention(query, key, value, attention_mask, dropout))
+        dropout = self.config.attention_dropout if self.training else 0.0
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = interface(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, is_causal=False
+        )
+        out = out.reshape(*out.shape[:2], -1)
+        return self.o_proj(out), weights
 
 
 class DreamMLP(nn.Module):
@@ -108,10 +120,16 @@ class DreamDecoderLayer(GradientCheckpointingLayer):
         self.mlp = DreamMLP(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
-        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
-    ) -> torch.Tensor:  # fmt: skip
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attention_mask, cache, columns)
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: Any,
+        cache: Optional[Cache] = None,
+        columns: Optional[torch.LongTensor] = None,
+    ) -> torch.Tensor:
+        attended, _ = self.self_attn(self.input_layernorm(x), cos, sin, attention_mask, cache, columns)
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -122,6 +140,10 @@ class DreamPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["DreamDecoderLayer"]
     _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+    _can_record_outputs = {"hidden_states": DreamDecoderLayer, "attentions": DreamAttention}
 
 
 class DreamBaseModel(DreamPreTrainedModel):
@@ -145,13 +167,13 @@ class DreamBaseModel(DreamPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
+    @capture_outputs
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
-        output_hidden_states: bool = False,
         cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
@@ -166,11 +188,11 @@ class DreamBaseModel(DreamPreTrainedModel):
                 ``cumsum(attention_mask) - 1`` (padding set to 1) when the batch is padded: pass those to reproduce
                 it (with left padding the two differ by a shift per row, which RoPE ignores up to rounding).
             inputs_embeds: (B, L, hidden_size) instead of ``input_ids``.
-            output_hidden_states: also return the input of every layer and the final normalised state.
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
-                older name of ``cache``; see
-                `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those canvas columns, while
-                ``attention_mask`` and ``position_ids`` still describe the whole canvas.
+                older name of ``cache``; see `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those
+                canvas columns, while ``attention_mask`` and ``position_ids`` still describe the whole canvas.
+            output_hidden_states, output_attentions, return_dict: as in transformers' models (keyword or config);
+                the hidden states are the input of every layer and the final normalised state.
 
         Returns:
             `BaseModelOutputWithPast` with ``last_hidden_state`` (B, L, hidden_size) after the final norm, and the
@@ -180,20 +202,17 @@ class DreamBaseModel(DreamPreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         cache = new_cache(cache, use_cache, cache_position, past_key_values)
-        mask, position_ids = canvas_inputs(attention_mask, position_ids, tuple(x.shape[:2]), x.device, cache,
-                                           cache_position)  # fmt: skip
+        canvas = (x.shape[0], cache.get_seq_length() if cache_position is not None else x.shape[1])
+        position_ids = canvas_positions(position_ids, canvas, x.device, cache, cache_position, attention_mask)
+        mask = diffusion_attention_mask(
+            self.config, x, attention_mask, cache_position, canvas[1], getattr(self.config, "block_size", None)
+        )
         head_dim = self.config.hidden_size // self.config.num_attention_heads
         cos, sin = rotary_cos_sin(position_ids, head_dim, self.config.rope_theta)
-        hidden_states = [] if output_hidden_states else None
         for layer in self.layers:
-            if hidden_states is not None:
-                hidden_states.append(x)
             x = layer(x, cos, sin, mask, cache, cache_position)
         x = self.norm(x)
-        if hidden_states is not None:
-            hidden_states.append(x)
-        hidden = tuple(hidden_states) if hidden_states else None
-        return model_output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=x, hidden_states=hidden)
+        return model_output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=x)
 
 
 class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
@@ -217,6 +236,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
     """
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    _tp_plan = {"lm_head": "colwise_gather_output"}
 
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
     supports_diffusion_cache = True  # cache / cache_position as in hf_mdm.kv_cache
@@ -239,6 +259,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
@@ -247,7 +268,6 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
         logits_to_keep: Union[int, torch.Tensor] = 0,
         labels: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
-        output_hidden_states: bool = False,
         cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
@@ -269,7 +289,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
                 older name of ``cache``), see
                 `DreamBaseModel.forward`; ``logits_to_keep`` then counts in the input span.
-            kwargs: ignored (other generation keywords).
+            output_hidden_states, output_attentions, return_dict: as in transformers' models.
 
         Returns:
             `MaskedLMOutputWithPast` with unshifted ``logits`` (B, K, vocab_size) = ``lm_head(h)`` at the kept
@@ -280,11 +300,11 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
             cache=cache,
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
+            **kwargs,
         )
         hidden_states = outputs.last_hidden_state
         loss = None
@@ -293,9 +313,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             loss = masked_token_loss(logits, labels, self.config.logits_shift)
         else:
             logits = self.lm_head(keep_positions(hidden_states, logits_to_keep))
-        return model_output_with_cache(
-            MaskedLMOutputWithPast, output_cache(outputs), loss=loss, logits=logits, hidden_states=outputs.hidden_states
-        )
+        return masked_lm_output(outputs, logits, loss)
 
 
 __all__ = ["DreamBaseModel", "DreamModel", "DreamPreTrainedModel"]

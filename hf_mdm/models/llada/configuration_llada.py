@@ -66,6 +66,18 @@ class LLaDAConfig(PreTrainedConfig):
 
     model_type = "llada"
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
+    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")``): heads and MLP columns split across devices;
+    # the output layer's vocabulary columns split and gathered.
+    base_model_tp_plan = {
+        "transformer.blocks.*.q_proj": "colwise",
+        "transformer.blocks.*.k_proj": "colwise",
+        "transformer.blocks.*.v_proj": "colwise",
+        "transformer.blocks.*.attn_out": "rowwise",
+        "transformer.blocks.*.ff_proj": "colwise",
+        "transformer.blocks.*.up_proj": "colwise",
+        "transformer.blocks.*.ff_out": "rowwise",
+        "transformer.ff_out": "colwise_gather_output",
+    }
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "n_heads",

@@ -15,8 +15,8 @@ are, without remote code. Parameter names, exactly as in the published safetenso
     model.transformer.ln_f.weight                                 final RMSNorm
     model.transformer.ff_out.weight                               output layer (absent with ``weight_tying``)
 
-The first half of the file holds the small building blocks that Dream (``hf_mdm.models.dream``) shares: RMSNorm,
-rotary embeddings, the padding mask, bidirectional SDPA attention, ``logits_to_keep`` and the masked-token loss.
+The building blocks (RMSNorm, rotary embeddings, attention through transformers' attention interface, masks from
+its masking utilities) are `hf_mdm.modeling_blocks`', shared with Dream and hf_mdm's own model.
 """
 
 from __future__ import annotations
@@ -31,180 +31,30 @@ from transformers import Cache, PreTrainedModel
 from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from ...generation import MaskedDiffusionGenerationMixin
 from ...kv_cache import (
     MaskedLMOutputWithPast,
     cached_keys_values,
+    masked_lm_output,
     model_output_with_cache,
     new_cache,
-    output_cache,
-    span_position_ids,
 )
-
+from ...modeling_blocks import (
+    RMSNorm,
+    apply_rotary,
+    canvas_positions,
+    diffusion_attention_mask,
+    eager_attention_forward,
+    keep_positions,
+    masked_token_loss,
+    rotary_cos_sin,
+    split_heads,
+)
 from .configuration_llada import LLaDAConfig
-
-# ----------------------------------------------------------------------------------------------------------------
-# Building blocks shared with Dream
-# ----------------------------------------------------------------------------------------------------------------
-
-
-class RMSNorm(nn.Module):
-    """``weight * x / sqrt(mean(x**2) + eps)``, normalised in float32 and cast back before the weight (Llama, OLMo)."""
-
-    def __init__(self, hidden_size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """(..., hidden_size) -> (..., hidden_size), same dtype as the input."""
-        dtype = hidden_states.dtype
-        hidden_states = hidden_states.float()
-        hidden_states = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * hidden_states.to(dtype)
-
-    def extra_repr(self) -> str:
-        return f"{tuple(self.weight.shape)}, eps={self.eps}"
-
-
-def default_position_ids(input_shape: tuple[int, int], device: torch.device) -> torch.LongTensor:
-    """Absolute positions 0..L-1 for every row: (B, L)."""
-    batch, length = input_shape
-    return torch.arange(length, device=device).expand(batch, length)
-
-
-def rotary_cos_sin(position_ids: torch.LongTensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE angles in float32 for positions (B, L): ``cos`` and ``sin``, each (B, L, head_dim).
-
-    Frequencies ``theta ** (-2i / head_dim)``, with the two halves of the head repeated (the "rotate half"
-    convention of Llama, OLMo and Qwen2). Computed from the positions on every call: no buffer to initialise.
-    """
-    exponent = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim
-    inv_freq = 1.0 / (theta**exponent)
-    angles = position_ids.float()[..., None] * inv_freq
-    angles = torch.cat((angles, angles), dim=-1)
-    return angles.cos(), angles.sin()
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """(x1, x2) -> (-x2, x1) on the halves of the last dimension."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Rotate queries or keys x (B, heads, L, head_dim) by cos, sin (B, L, head_dim), computing in ``dtype``."""
-    cos, sin = cos.to(dtype)[:, None], sin.to(dtype)[:, None]
-    rotated = x.to(dtype) * cos + rotate_half(x.to(dtype)) * sin
-    return rotated.to(x.dtype)
-
-
-def padding_attention_mask(
-    attention_mask: Optional[torch.Tensor], input_shape: tuple[int, int]
-) -> Optional[torch.Tensor]:
-    """Turn a 2-D padding mask into the mask SDPA takes, or None when nothing is padded.
-
-    Args:
-        attention_mask: (B, L) with 1 for real tokens and 0 for padding. A 4-D mask (B, 1, L, L) (boolean, True =
-            may attend, or additive float) is passed through unchanged.
-        input_shape: (B, L) of the input ids.
-
-    Returns:
-        Boolean (B, 1, 1, L): query i may attend to key j iff j is a real token. Padding is never attended to;
-        padding queries still attend to the real tokens, and a row without any real token attends to all of its
-        positions, so that no row of the softmax is empty (no NaN).
-    """
-    if attention_mask is None:
-        return None
-    if attention_mask.dim() == 4:
-        return attention_mask
-    if tuple(attention_mask.shape) != tuple(input_shape):
-        raise ValueError(
-            f"attention_mask must be 2-D (batch, length) = {tuple(input_shape)} with 1 for tokens and 0 for "
-            f"padding, got shape {tuple(attention_mask.shape)}"
-        )
-    keep = attention_mask.bool()
-    if bool(keep.all()):
-        return None
-    keep = keep | ~keep.any(dim=-1, keepdim=True)
-    return keep[:, None, None, :]
-
-
-def bidirectional_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
-    dropout: float = 0.0,
-) -> torch.Tensor:
-    """Scaled dot-product attention without a causal mask.
-
-    Args:
-        query: (B, heads, L, head_dim).
-        key, value: (B, kv_heads, L, head_dim); kv_heads divides heads (grouped-query attention: query head h reads
-            key/value head ``h // (heads // kv_heads)``).
-        attention_mask: from `padding_attention_mask`, or None.
-        dropout: attention dropout probability.
-
-    Returns:
-        (B, L, heads * head_dim).
-    """
-    batch, heads, length, head_dim = query.shape
-    output = F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        is_causal=False,
-        enable_gqa=key.shape[1] != heads,
-    )
-    return output.transpose(1, 2).reshape(batch, length, heads * head_dim)
-
-
-def canvas_inputs(
-    attention_mask: Optional[torch.Tensor], position_ids: Optional[torch.LongTensor], input_shape: tuple[int, int],
-    device: torch.device, cache: Optional[Cache], cache_position: Optional[torch.LongTensor],
-) -> tuple[Optional[torch.Tensor], torch.LongTensor]:  # fmt: skip
-    """The SDPA mask and the (B, l) RoPE positions of a forward. ``attention_mask`` and ``position_ids`` describe
-    the whole canvas: the input itself, or with ``cache_position`` the cached canvas whose columns the input is
-    (see `hf_mdm.kv_cache`); a 4-D mask then keeps the rows of the input's columns."""
-    batch, length = input_shape
-    canvas = (batch, cache.get_seq_length()) if cache_position is not None else input_shape
-    mask = padding_attention_mask(attention_mask, canvas)
-    if mask is not None and cache_position is not None and mask.shape[-2] > 1:
-        mask = mask[:, :, cache_position]
-    if position_ids is None:
-        position_ids = default_position_ids(canvas, device)
-    return mask, span_position_ids(cache, cache_position, attention_mask, position_ids)
-
-
-def split_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """(B, L, heads * head_dim) -> (B, heads, L, head_dim)."""
-    batch, length, _ = x.shape
-    return x.view(batch, length, heads, -1).transpose(1, 2)
-
-
-def keep_positions(hidden_states: torch.Tensor, logits_to_keep: Union[int, torch.Tensor]) -> torch.Tensor:
-    """Positions where the LM head runs, as in transformers: 0 = all, an int k = the last k, a 1-D index tensor =
-    those positions, and (hf_mdm's extension) a (B, K) tensor = K positions per row. (B, L, H) -> (B, K, H)."""
-    if isinstance(logits_to_keep, int):
-        return hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
-    if logits_to_keep.dim() == 2:
-        return hidden_states.gather(1, logits_to_keep[..., None].expand(-1, -1, hidden_states.shape[-1]))
-    return hidden_states[:, logits_to_keep]
-
-
-def masked_token_loss(logits: torch.Tensor, labels: torch.LongTensor, logits_shift: int) -> torch.Tensor:
-    """Mean cross-entropy over the labelled positions (labels != -100) of logits (B, L, V).
-
-    With ``logits_shift=1`` (Dream) the token at position j is scored with the logits computed at j - 1, the shift
-    the samplers apply; position 0 reuses its own logits.
-    """
-    if logits_shift:
-        logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -235,6 +85,28 @@ def check_supported(config: LLaDAConfig) -> None:
         )
 
 
+class LLaDAAttention(nn.Module):
+    """The attention core of a LLaDA block (OLMo keeps the projections on the block, so the checkpoints' parameter
+    names stay ``blocks.N.q_proj``): rotated queries (B, heads, L, d) and cached keys/values through transformers'
+    attention interface. Returns the heads' output (B, L, d_model) and the attention weights (eager)."""
+
+    def __init__(self, config: LLaDAConfig):
+        super().__init__()
+        self.config = config
+        self.num_key_value_groups = config.n_heads // config.effective_n_kv_heads
+        self.scaling = config.head_dim**-0.5
+        self.is_causal = False
+
+    def forward(self, query, key, value, attention_mask) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        dropout = self.config.attention_dropout if self.training else 0.0
+        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        out, weights = interface(
+            self, query, key, value, attention_mask, dropout=dropout, scaling=self.scaling, is_causal=False
+        )
+        out = out.reshape(*out.shape[:2], -1)
+        return out, weights
+
+
 class LLaDALlamaBlock(GradientCheckpointingLayer):
     """OLMo's "llama" block: ``x + attn_out(attn(attn_norm(x)))``, then ``+ ff_out(act(ff_proj(h)) * up_proj(h))``
     with ``h = ff_norm(x)``. Attention is bidirectional."""
@@ -257,28 +129,40 @@ class LLaDALlamaBlock(GradientCheckpointingLayer):
         self.ff_out = nn.Linear(hidden, d_model, bias=config.include_bias)
         self.act = ACT2FN[config.activation_type]
         self.dropout = nn.Dropout(config.residual_dropout)
+        self.self_attn = LLaDAAttention(config)
 
     def attention(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
-        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
-    ) -> torch.Tensor:  # fmt: skip
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: Any,
+        cache: Optional[Cache] = None,
+        columns: Optional[torch.LongTensor] = None,
+    ) -> torch.Tensor:
         """(B, L, d_model) normalised input -> (B, L, d_model) attention output (before the residual); keys/values
         through `hf_mdm.kv_cache.cached_keys_values` (the input at canvas ``columns``, None: the whole canvas)."""
-        config = self.config
-        query = split_heads(self.q_proj(x), config.n_heads)
-        key = split_heads(self.k_proj(x), config.effective_n_kv_heads)
-        value = split_heads(self.v_proj(x), config.effective_n_kv_heads)
+        config, head_dim = self.config, self.config.head_dim
+        query = split_heads(self.q_proj(x), head_dim)
+        key = split_heads(self.k_proj(x), head_dim)
+        value = split_heads(self.v_proj(x), head_dim)
         rope_dtype = torch.float32 if config.rope_full_precision else x.dtype
         query, key = apply_rotary(query, cos, sin, rope_dtype), apply_rotary(key, cos, sin, rope_dtype)
         key, value = cached_keys_values(cache, self.layer_idx, key, value, columns)
-        dropout = config.attention_dropout if self.training else 0.0
-        return self.attn_out(bidirectional_attention(query, key, value, attention_mask, dropout))
+        out, _ = self.self_attn(query, key, value, attention_mask)
+        return self.attn_out(out)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention_mask: Optional[torch.Tensor],
-        cache: Optional[Cache] = None, columns: Optional[torch.LongTensor] = None,
-    ) -> torch.Tensor:  # fmt: skip
-        """x (B, L, d_model); cos, sin (B, L, head_dim) float32; attention_mask from `padding_attention_mask`."""
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attention_mask: Any,
+        cache: Optional[Cache] = None,
+        columns: Optional[torch.LongTensor] = None,
+    ) -> torch.Tensor:
+        """x (B, L, d_model); cos, sin (B, L, head_dim) float32; attention_mask from
+        `hf_mdm.modeling_blocks.diffusion_attention_mask`."""
         x = x + self.dropout(self.attention(self.attn_norm(x), cos, sin, attention_mask, cache, columns))
         h = self.ff_norm(x)
         return x + self.dropout(self.ff_out(self.act(self.ff_proj(h)) * self.up_proj(h)))
@@ -291,6 +175,10 @@ class LLaDAPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _no_split_modules = ["LLaDALlamaBlock"]
     _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_attention_backend = True
+    _can_compile_fullgraph = True
+    _can_record_outputs = {"hidden_states": LLaDALlamaBlock, "attentions": LLaDAAttention}
 
 
 class LLaDAModel(LLaDAPreTrainedModel):
@@ -322,13 +210,13 @@ class LLaDAModel(LLaDAPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.transformer["wte"] = value
 
+    @capture_outputs
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,
         position_ids: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
-        output_hidden_states: bool = False,
         cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
@@ -338,15 +226,16 @@ class LLaDAModel(LLaDAPreTrainedModel):
         """
         Args:
             input_ids: (B, L) token ids, [MASK] included.
-            attention_mask: (B, L), 1 for tokens and 0 for padding; padding is never attended to.
+            attention_mask: (B, L), 1 for tokens and 0 for padding; padding is never attended to. A 4-D mask in the
+                form of the attention implementation is used as given.
             position_ids: (B, L) RoPE positions; default 0..L-1 in every row, padding included, as the published
                 model does (RoPE is shift-invariant, so left padding does not change a row's result).
             inputs_embeds: (B, L, d_model) instead of ``input_ids``.
-            output_hidden_states: also return the input of every block and the final normalised state.
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
-                older name of ``cache``; see
-                `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those canvas columns, while
-                ``attention_mask`` and ``position_ids`` still describe the whole canvas.
+                older name of ``cache``; see `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those
+                canvas columns, while ``attention_mask`` and ``position_ids`` still describe the whole canvas.
+            output_hidden_states, output_attentions, return_dict: as in transformers' models (keyword or config);
+                the hidden states are the input of every block and the final normalised state.
 
         Returns:
             `BaseModelOutputWithPast` with ``last_hidden_state`` (B, L, d_model) after ``ln_f`` and the cache.
@@ -358,19 +247,16 @@ class LLaDAModel(LLaDAPreTrainedModel):
             x = x * (self.config.d_model**0.5)
         x = self.embedding_dropout(x)
         cache = new_cache(cache, use_cache, cache_position, past_key_values)
-        mask, position_ids = canvas_inputs(attention_mask, position_ids, tuple(x.shape[:2]), x.device, cache,
-                                           cache_position)  # fmt: skip
+        canvas = (x.shape[0], cache.get_seq_length() if cache_position is not None else x.shape[1])
+        position_ids = canvas_positions(position_ids, canvas, x.device, cache, cache_position, attention_mask)
+        mask = diffusion_attention_mask(
+            self.config, x, attention_mask, cache_position, canvas[1], getattr(self.config, "block_size", None)
+        )
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
-        hidden_states = [] if output_hidden_states else None
         for block in self.transformer["blocks"]:
-            if hidden_states is not None:
-                hidden_states.append(x)
             x = block(x, cos, sin, mask, cache, cache_position)
         x = self.transformer["ln_f"](x)
-        if hidden_states is not None:
-            hidden_states.append(x)
-        hidden = tuple(hidden_states) if hidden_states else None
-        return model_output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=x, hidden_states=hidden)
+        return model_output_with_cache(BaseModelOutputWithPast, cache, last_hidden_state=x)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Final hidden states (B, K, d_model) -> logits (B, K, embedding_size) in the model dtype."""
@@ -422,6 +308,14 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.model.transformer["ff_out"] = value
 
+    def resize_token_embeddings(self, *args: Any, **kwargs: Any) -> nn.Embedding:
+        """As transformers' (new rows at the end, mean-initialised), also setting ``config.embedding_size``, which
+        sizes LLaDA's embedding and output layer, so that the saved checkpoint loads."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        self.config.embedding_size = embeddings.num_embeddings
+        return embeddings
+
+    @can_return_tuple
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
@@ -430,7 +324,6 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
         logits_to_keep: Union[int, torch.Tensor] = 0,
         labels: Optional[torch.LongTensor] = None,
         inputs_embeds: Optional[torch.FloatTensor] = None,
-        output_hidden_states: bool = False,
         cache: Optional[Cache] = None,
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
@@ -450,7 +343,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             labels: (B, L) target ids at the positions to score and -100 elsewhere; the loss is their mean
                 cross-entropy (logits at every position are computed, ``logits_to_keep`` is ignored).
             inputs_embeds: (B, L, d_model) instead of ``input_ids``.
-            kwargs: ignored (other generation keywords).
+            output_hidden_states, output_attentions, return_dict: as in transformers' models.
 
         Returns:
             `MaskedLMOutputWithPast` with ``logits`` (B, K, embedding_size), K = L or the kept positions (the logits
@@ -462,11 +355,11 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             attention_mask=attention_mask,
             position_ids=position_ids,
             inputs_embeds=inputs_embeds,
-            output_hidden_states=output_hidden_states,
             cache=cache,
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
+            **kwargs,
         )
         hidden_states = outputs.last_hidden_state
         loss = None
@@ -475,9 +368,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             loss = masked_token_loss(logits, labels, self.config.logits_shift)
         else:
             logits = self.model.compute_logits(keep_positions(hidden_states, logits_to_keep))
-        return model_output_with_cache(
-            MaskedLMOutputWithPast, output_cache(outputs), loss=loss, logits=logits, hidden_states=outputs.hidden_states
-        )
+        return masked_lm_output(outputs, logits, loss)
 
 
 __all__ = ["LLaDAModel", "LLaDAModelLM", "LLaDAPreTrainedModel"]

@@ -1,0 +1,213 @@
+"""Building blocks of hf_mdm's model classes (`MDMForMaskedDiffusion`, `LLaDAModelLM`, `DreamModel`), written once.
+
+- `RMSNorm`; rotary embeddings (`rotary_cos_sin`, `apply_rotary`);
+- `eager_attention_forward`, the plain-torch attention the models' attention classes fall back to when
+  ``config._attn_implementation`` names no other entry of transformers' ``ALL_ATTENTION_FUNCTIONS`` (sdpa,
+  flex_attention, kernels); each class looks its implementation up itself, as transformers' models do;
+- the attention mask through transformers' masking utilities (`diffusion_attention_mask`): bidirectional with
+  padding, or block-causal (``block_size`` b: bidirectional inside each block of b canvas columns, causal across
+  blocks, as BD3-LM and LLaDA2 use), also for a span of columns run against a cache (`hf_mdm.kv_cache`);
+- the LM head's positions (`keep_positions`), the logits shift (`shift_logits`) and the masked-token loss.
+
+Exported with ``modeling_mdm.py`` as remote code: it imports only torch and transformers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.masking_utils import create_bidirectional_mask
+
+from .kv_cache import span_position_ids
+
+__all__ = [
+    "RMSNorm",
+    "apply_rotary",
+    "block_causal_mask_function",
+    "canvas_positions",
+    "diffusion_attention_mask",
+    "eager_attention_forward",
+    "keep_positions",
+    "masked_token_loss",
+    "rotary_cos_sin",
+    "shift_logits",
+    "split_heads",
+]
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x**2) + eps)``, normalised in float32 and cast back before the weight (Llama, OLMo)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """(..., hidden_size) -> (..., hidden_size), same dtype as the input."""
+        dtype = hidden_states.dtype
+        hidden_states = hidden_states.float()
+        hidden_states = hidden_states * torch.rsqrt(hidden_states.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * hidden_states.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{tuple(self.weight.shape)}, eps={self.eps}"
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE angles in float32 for positions (B, L): ``cos`` and ``sin``, each (B, L, head_dim).
+
+    Frequencies ``theta ** (-2i / head_dim)``, the two halves of the head repeated (the "rotate half" convention of
+    Llama, OLMo and Qwen2). Computed from the positions on every call: no buffer to initialise.
+    """
+    exponent = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim
+    angles = position_ids.float()[..., None] * (1.0 / (theta**exponent))
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(x1, x2) -> (-x2, x1) on the halves of the last dimension."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rotate queries or keys x (B, heads, L, head_dim) by cos, sin (B, L, head_dim), computing in ``dtype``."""
+    cos, sin = cos.to(dtype)[:, None], sin.to(dtype)[:, None]
+    rotated = x.to(dtype) * cos + rotate_half(x.to(dtype)) * sin
+    return rotated.to(x.dtype)
+
+
+def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """(B, L, heads * head_dim) -> (B, heads, L, head_dim); the number of heads is read off the input, so that a
+    tensor-parallel shard (a share of the heads) works unchanged."""
+    batch, length, _ = x.shape
+    return x.view(batch, length, -1, head_dim).transpose(1, 2)
+
+
+def repeat_kv(hidden_states: torch.Tensor, groups: int) -> torch.Tensor:
+    """(B, kv_heads, L, d) -> (B, kv_heads * groups, L, d): each key/value head serves ``groups`` query heads."""
+    if groups == 1:
+        return hidden_states
+    batch, kv_heads, length, head_dim = hidden_states.shape
+    hidden_states = hidden_states[:, :, None].expand(batch, kv_heads, groups, length, head_dim)
+    return hidden_states.reshape(batch, kv_heads * groups, length, head_dim)
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention in plain torch: (B, L, heads, d) and the weights (B, heads, L, L_kv). ``attention_mask`` is the
+    additive float mask transformers' masking utilities build for eager (a boolean one is accepted too)."""
+    key = repeat_kv(key, module.num_key_value_groups)
+    value = repeat_kv(value, module.num_key_value_groups)
+    weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            attention_mask = torch.zeros_like(attention_mask, dtype=weights.dtype).masked_fill(
+                ~attention_mask, torch.finfo(weights.dtype).min
+            )
+        weights = weights + attention_mask
+    weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+def block_causal_mask_function(block_of_column: torch.Tensor, query_columns: Optional[torch.Tensor] = None) -> Callable:
+    """The mask function (transformers' ``(batch, head, q_idx, kv_idx) -> bool`` form) of block-causal attention:
+    query column q may attend to key column k iff ``block_of_column[k] <= block_of_column[q]`` (the block of each
+    canvas column, ``column // block_size``, looked up rather than divided, which every backend compiles).
+    ``query_columns`` maps the query index to its canvas column for a span of columns (None: the index is the
+    column)."""
+
+    def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
+        column = q_idx if query_columns is None else query_columns[q_idx]
+        return block_of_column[kv_idx] <= block_of_column[column]
+
+    return inner
+
+
+def diffusion_attention_mask(
+    config: Any,
+    inputs_embeds: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    query_columns: Optional[torch.Tensor] = None,
+    canvas_length: Optional[int] = None,
+    block_size: Optional[int] = None,
+) -> Any:
+    """The attention mask of a forward, in the form ``config._attn_implementation`` takes (None where nothing is
+    masked and the implementation allows it), built by `transformers.masking_utils.create_bidirectional_mask`.
+
+    Args:
+        inputs_embeds: (B, l, hidden) of the queries (the whole canvas, or the span at ``query_columns``).
+        attention_mask: (B, L) over the whole canvas, 1 = token, 0 = padding (never attended to); a 4-D mask
+            (B, 1, l, L) is used as given.
+        query_columns: (l,) canvas columns of the queries for a span forward against a cache (of
+            ``canvas_length`` columns); None: the queries are the canvas.
+        block_size: None for bidirectional attention, else block-causal attention over canvas columns.
+    """
+    if attention_mask is not None and attention_mask.dim() == 4:
+        return attention_mask
+    if query_columns is not None and attention_mask is None:  # the key length is the canvas', not the span's
+        attention_mask = torch.ones(
+            inputs_embeds.shape[0], canvas_length, dtype=torch.bool, device=inputs_embeds.device
+        )
+    overlay = None
+    if block_size is not None:
+        length = attention_mask.shape[-1] if attention_mask is not None else inputs_embeds.shape[1]
+        block_of_column = torch.arange(length, device=inputs_embeds.device) // block_size
+        overlay = block_causal_mask_function(block_of_column, query_columns)
+    return create_bidirectional_mask(
+        config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, and_mask_function=overlay
+    )
+
+
+def canvas_positions(
+    position_ids: Optional[torch.LongTensor],
+    canvas_shape: tuple[int, int],
+    device: torch.device,
+    cache: Any,
+    cache_position: Optional[torch.LongTensor],
+    attention_mask: Optional[torch.Tensor],
+) -> torch.LongTensor:
+    """The (B, l) RoPE positions of a forward's input: ``position_ids`` (B, L) of the canvas (default 0..L-1 in
+    every row, as LLaDA's and Dream's published code), at the columns ``cache_position`` for a span forward."""
+    if position_ids is None:
+        batch, length = canvas_shape
+        position_ids = torch.arange(length, device=device).expand(batch, length)
+    return span_position_ids(cache, cache_position, attention_mask, position_ids)
+
+
+def keep_positions(hidden_states: torch.Tensor, logits_to_keep: Union[int, torch.Tensor]) -> torch.Tensor:
+    """Positions where the LM head runs, as in transformers: 0 = all, an int k = the last k, a 1-D index tensor =
+    those positions, and (hf_mdm's extension) a (B, K) tensor = K positions per row. (B, L, H) -> (B, K, H)."""
+    if isinstance(logits_to_keep, int):
+        return hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+    if logits_to_keep.dim() == 2:
+        return hidden_states.gather(1, logits_to_keep[..., None].expand(-1, -1, hidden_states.shape[-1]))
+    return hidden_states[:, logits_to_keep]
+
+
+def shift_logits(logits: torch.Tensor, shift: int) -> torch.Tensor:
+    """The logits that predict each position (B, L, V): with ``shift = 1`` (Dream: position j is predicted from
+    j - 1) the logits computed at j - 1, position 0 keeping its own; unchanged with ``shift = 0``."""
+    if not shift:
+        return logits
+    return torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+
+
+def masked_token_loss(logits: torch.Tensor, labels: torch.LongTensor, logits_shift: int) -> torch.Tensor:
+    """Mean cross-entropy over the labelled positions (labels != -100) of logits (B, L, V), after `shift_logits`."""
+    logits = shift_logits(logits, logits_shift)
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
