@@ -33,6 +33,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
+from .generation_processors import ScoreRecorder, config_processors, config_warpers
 from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
 from .generation_denoiser import Denoiser, logits_shift_of
@@ -48,7 +49,7 @@ from .generation_reference import (
 )
 from .generation_sampler import Canvas, Sampler, Trace, prepare_canvas, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
-from .generation_stopping import Streamer, eos_tensor, finalize_eos
+from .generation_stopping import Streamer, eos_tensor, finalize_eos, with_max_time
 from .generation_strategy import (
     POSITIONAL_STRATEGIES,
     STRATEGIES,
@@ -118,47 +119,76 @@ def diffusion_generate(
     (torch.Size([1, 11]), 4)
     ```
     """
+    # 1. the config: each field from the highest level that sets it (call, generation config, model, defaults)
     config = resolve_config(model, generation_config, kwargs)
     reject_inert_reference_args(config, kwargs)
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise ValueError(f"seed must be an integer, got {seed!r} (or pass generator=torch.Generator().manual_seed(n))")
-    if generator is None and seed is not None:
-        generator = torch.Generator(device=input_ids.device).manual_seed(int(seed))
+    generator = _generator(generator, seed, input_ids)
+    # 2. the canvas: the prompt, then max_new_tokens [MASK] tokens; padding never attended to nor generated
     mask_id = int(config.mask_token_id)
     canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id, _max_positions(model))
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
-    remasking = Remasking.from_config(config, streamer)  # None without remdm
+    # 3. the pieces: the model call (guidance, cache, logits shift), proposals, transfer rule, strategy, records
     denoiser = Denoiser.for_model(model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache,
                                   config.kv_cache_refresh)  # fmt: skip
+    sampler = _default_sampler(config, denoiser, logits_processor, generator, canvas, input_ids.shape[1])
+    remasking = Remasking.from_config(config, streamer)  # None without remdm
+    stopping = with_max_time(stopping_criteria, config.max_time)
     eos_ids = eos_tensor(config, canvas.x.device)
-    pad_id = config.pad_token_id if config.pad_token_id is not None else (int(eos_ids[0]) if eos_ids is not None else mask_id)
     trace = Trace(Streamer(streamer, canvas.x, canvas.gen_mask0, mask_id), keep_history=bool(config.output_history))
     with Stopwatch(canvas.x.device) as watch:
-        if config.reference is not None:
-            run_reference(ReferenceRun(config, denoiser, canvas, input_ids.shape[1], generator, trace))
-            finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
-        elif config.transfer == SPECULATIVE:
-            finished = speculative_sample(_default_sampler(config, denoiser, logits_processor, generator), canvas, trace,
-                                          config.draft_length, config.block_length, eos_ids, stopping_criteria)  # fmt: skip
-        else:
-            sampler = _default_sampler(config, denoiser, logits_processor, generator)
-            finished = sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids,
-                                     stopping_criteria, remasking)  # fmt: skip
-        num_generated = _finalize(canvas, finished, eos_ids, pad_id, mask_id)
+        # 4. the reverse process, block by block (or a reference sampler, or speculative rounds)
+        finished = _run(config, sampler, remasking, canvas, trace, eos_ids, stopping, input_ids.shape[1])
+        # 5. padding: masks left in finished rows and tokens after the first EOS
+        num_generated = _finalize(canvas, finished, eos_ids, _pad_id(config, eos_ids, mask_id), mask_id)
     trace.stream.end(canvas.x)
+    # 6. the output: the canvas, or the canvas with its costs and records
     if not config.return_dict_in_generate:
         return canvas.x
+    return _output(canvas, sampler, trace, num_generated, watch.seconds, bool(config.output_history))
+
+
+def _generator(generator: Optional[torch.Generator], seed: Optional[int], input_ids) -> Optional[torch.Generator]:
+    """``generator``, else one seeded with ``seed``, else None; a ValueError for a seed that is not an integer."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise ValueError(f"seed must be an integer, got {seed!r} (or pass generator=torch.Generator().manual_seed(n))")
+    if generator is None and seed is not None:
+        device = input_ids.device if isinstance(input_ids, torch.Tensor) else "cpu"
+        generator = torch.Generator(device=device).manual_seed(int(seed))
+    return generator
+
+
+def _pad_id(config: MaskedDiffusionGenerationConfig, eos_ids: Optional[torch.Tensor], mask_id: int) -> int:
+    """What fills finished rows: ``pad_token_id``, else the first EOS id, else [MASK]."""
+    if config.pad_token_id is not None:
+        return config.pad_token_id
+    return int(eos_ids[0]) if eos_ids is not None else mask_id
+
+
+def _run(config, sampler: Sampler, remasking, canvas: Canvas, trace: Trace, eos_ids, stopping, prompt_len: int):
+    """The reverse process on ``canvas``, in place; returns the (B,) rows that finished early."""
+    if config.reference is not None:
+        run_reference(ReferenceRun(config, sampler.denoiser, canvas, prompt_len, sampler.generator, trace))
+        return torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
+    if config.transfer == SPECULATIVE:
+        return speculative_sample(sampler, canvas, trace, config.draft_length, config.block_length, eos_ids, stopping)
+    return sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping, remasking)
+
+
+def _output(canvas: Canvas, sampler: Sampler, trace: Trace, num_generated, seconds: float, history: bool):
+    denoiser, recorder = sampler.denoiser, sampler.recorder
     return MaskedDiffusionGenerateOutput(
         sequences=canvas.x,
         steps=trace.steps,
         nfe=denoiser.nfe,
         forward_rows=denoiser.forward_rows,
         forward_tokens=denoiser.forward_tokens,
-        elapsed_s=watch.seconds,
+        elapsed_s=seconds,
         num_generated_tokens=num_generated,
         tokens_per_forward=float(num_generated.sum()) / max(denoiser.nfe, 1),
         accepted_per_round=trace.accepted_per_round,
-        history=tuple(trace.history) if config.output_history else None,
+        history=tuple(trace.history) if history else None,
+        scores=recorder.output("scores") if recorder is not None else None,
+        logits=recorder.output("logits") if recorder is not None else None,
     )
 
 
@@ -231,17 +261,28 @@ def _vocab_size(model: Any) -> Optional[int]:
     return int(rows) if rows is not None else getattr(getattr(model, "config", None), "vocab_size", None)
 
 
-def _default_sampler(config, denoiser: Denoiser, logits_processor, generator) -> Sampler:
+def _default_sampler(config, denoiser: Denoiser, logits_processor, generator, canvas: Canvas, prompt_len: int) -> Sampler:
+    """The default sampler of ``config``: processors from the config's fields before the user's, then warpers."""
+    canvas_processors, context_processors = config_processors(config, denoiser.mask_id)
+    canvas_processors.extend(logits_processor or [])
+    warpers = build_warpers(config.temperature, config.top_k, config.top_p)
+    warpers.extend(config_warpers(config))
+    record = bool(config.return_dict_in_generate) and (bool(config.output_scores) or bool(config.output_logits))
     proposer = Proposer(
         mask_id=denoiser.mask_id,
         temperature=config.temperature,
-        processors=logits_processor if logits_processor is not None else LogitsProcessorList(),
-        warpers=build_warpers(config.temperature, config.top_k, config.top_p),
+        processors=canvas_processors,
+        warpers=warpers,
         generator=generator,
+        context_processors=context_processors,
+        record=record,
     )
+    recorder = None
+    if record:
+        recorder = ScoreRecorder(*canvas.x.shape, prompt_len, bool(config.output_scores), bool(config.output_logits))
     schedule = get_schedule(config.schedule, **(config.schedule_kwargs or {}))
     return Sampler(denoiser, proposer, canonical_strategy(config.strategy), config.transfer, schedule,
-                   config.threshold, generator, config.entropy_bound)  # fmt: skip
+                   config.threshold, generator, config.entropy_bound, recorder)  # fmt: skip
 
 
 def _finalize(canvas: Canvas, finished: torch.Tensor, eos_ids, pad_id: int, mask_id: int) -> torch.Tensor:

@@ -438,6 +438,9 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
             round, averaged over the rounds it took part in (its first round drafts nothing and counts as 0). A
             round also draws one token from the target, so a row's tokens per round are this + 1 (EOS padding aside).
         history: canvases (B, P + max_new_tokens) after each step, with ``output_history``.
+        scores, logits: with ``output_scores`` / ``output_logits``, one (B, V) tensor per generated column (the
+            ``max_new_tokens`` columns after the prompt): the processed scores / raw logits of the step that revealed
+            it, -inf where no model call revealed it (`hf_mdm.generation_processors`).
     """
 
     sequences: Optional[torch.LongTensor] = None
@@ -450,3 +453,5 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
     tokens_per_forward: Optional[float] = None
     accepted_per_round: Optional[torch.FloatTensor] = None
     history: Optional[tuple[torch.LongTensor, ...]] = None
+    scores: Optional[tuple[torch.FloatTensor, ...]] = None
+    logits: Optional[tuple[torch.FloatTensor, ...]] = None

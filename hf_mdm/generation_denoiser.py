@@ -66,10 +66,16 @@ class Rows:
     x: torch.Tensor
     attn: Optional[torch.Tensor]
     prompt_mask: torch.Tensor
+    index: Optional[torch.Tensor] = None  # (B,) the canvas row of each row; None: the canvas' own rows
 
     def select(self, index: torch.Tensor) -> "Rows":
         """The rows ``index`` (copies: write ``x`` back to keep changes)."""
-        return Rows(self.x[index], None if self.attn is None else self.attn[index], self.prompt_mask[index])
+        canvas_rows = index if self.index is None else self.index[index]
+        return Rows(self.x[index], None if self.attn is None else self.attn[index], self.prompt_mask[index], canvas_rows)
+
+    def canvas_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The canvas row of each of ``rows`` (indices into these rows)."""
+        return rows if self.index is None else self.index[rows]
 
 
 KV_CACHES = ("prefix", "dual")

@@ -23,7 +23,8 @@ from typing import Any, Optional
 
 from transformers import GenerationConfig
 
-from .generation_config import MaskedDiffusionGenerationConfig
+from .generation_config import DIFFUSION_FIELDS, MaskedDiffusionGenerationConfig
+from .generation_processors import apply_do_sample, check_generation_fields
 from .generation_denoiser import logits_shift_of
 from .generation_reference import REFERENCES
 
@@ -62,6 +63,8 @@ def resolve_config(
             "no mask token id: pass mask_token_id=... (to generate, or in --model_args) or set config.mask_token_id "
             "on the model (e.g. 126336 for LLaDA, 151666 for Dream)"
         )
+    apply_do_sample(config)
+    check_generation_fields(config, DIFFUSION_FIELDS)
     config.validate_diffusion()
     return config
 

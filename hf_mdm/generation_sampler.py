@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .generation_denoiser import Denoiser, Rows
+from .generation_processors import ScoreRecorder
 from .generation_stopping import Streamer, finished_rows
 from .generation_strategy import (
     NEEDS_DISTRIBUTIONS,
@@ -89,6 +90,12 @@ class Sampler:
     threshold: Optional[float] = None
     generator: Optional[torch.Generator] = None
     entropy_bound: Optional[float] = None
+    recorder: Optional[ScoreRecorder] = None  # output_scores / output_logits
+
+    def record(self, rows: Rows, flat_rows: torch.Tensor, cols: torch.Tensor, proposals: Proposals) -> None:
+        """Keep the scores and logits of the tokens written at (``flat_rows``, ``cols``) of ``rows``."""
+        if self.recorder is not None:
+            self.recorder.record(rows.canvas_rows(flat_rows), cols, scores=proposals.scores, logits=proposals.logits)
 
     @property
     def mask_id(self) -> int:
@@ -254,6 +261,9 @@ def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch
         counts = _adaptive_counts(sampler, proposals, scores[:, keep], block_mask[:, keep], steps_left)
     chosen = choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
+    if sampler.recorder is not None:
+        flat_rows, k = chosen.nonzero(as_tuple=True)
+        sampler.record(rows, flat_rows, keep[k], _flat_records(proposals, flat_rows, k))
 
 
 def _adaptive_counts(sampler: Sampler, proposals: Proposals, scores, candidates, steps_left: int) -> torch.Tensor:
@@ -270,10 +280,15 @@ def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
     logits = sampler.denoiser.logits(rows, keep)
     bsz, k, vocab = logits.shape
     flat_rows = torch.arange(bsz, device=rows.x.device).repeat_interleave(k)
-    ids = sampler.proposer.processor_ids(rows.x, flat_rows)
+    ids = sampler.proposer.processor_ids(rows.x, flat_rows, keep.repeat(bsz))
     flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions)
-    probs = flat.probs.view(bsz, k, vocab) if flat.probs is not None else None
-    return Proposals(flat.tokens.view(bsz, k), flat.confidence.view(bsz, k), probs)
+    return Proposals(*(None if v is None else v.view(bsz, k, *v.shape[1:]) for v in flat))
+
+
+def _flat_records(proposals: Proposals, flat_rows: torch.Tensor, k: torch.Tensor) -> Proposals:
+    """The recorded scores and logits (N, V) of (B, K) proposals at (``flat_rows``, ``k``)."""
+    pick = lambda v: None if v is None else v[flat_rows, k]  # noqa: E731
+    return proposals._replace(scores=pick(proposals.scores), logits=pick(proposals.logits))
 
 
 def reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: Optional[torch.Tensor] = None) -> None:
@@ -306,7 +321,8 @@ def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidenc
         flat_rows, k = chosen[:, keep].nonzero(as_tuple=True)
         cols = keep[k]
         logits = sampler.denoiser.logits(rows, keep)[flat_rows, k]
-    proposals = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows))
+    proposals = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows, cols))
     x[flat_rows, cols] = proposals.tokens
+    sampler.record(rows, flat_rows, cols, proposals)
     if confidence is not None:
         confidence[flat_rows, cols] = proposals.confidence.to(confidence.dtype)

@@ -3,9 +3,10 @@
 Between semi-autoregressive blocks a row whose revealed prefix holds an EOS (with nothing masked before it) or
 meets a user stopping criterion is finished and skips the remaining blocks (`finished_rows`). At the end, tokens
 after the first generated EOS become padding when ``stop_at_eos`` (`finalize_eos`). `Streamer` feeds a
-transformers streamer with the leftmost generated prefix as it becomes final.
+transformers streamer with the leftmost generated prefix as it becomes final. ``max_time`` is transformers'
+`MaxTimeCriteria` among the stopping criteria (`with_max_time`).
 
-Exported with the model as remote code (imports only torch).
+Exported with the model as remote code (imports only torch and transformers).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 
 
 def eos_tensor(config: Any, device: Any) -> Optional[torch.Tensor]:
@@ -22,6 +24,13 @@ def eos_tensor(config: Any, device: Any) -> Optional[torch.Tensor]:
         return None
     eos = [eos] if isinstance(eos, int) else list(eos)
     return torch.tensor(eos, device=device)
+
+
+def with_max_time(stopping_criteria: Any, max_time: Optional[float]) -> Any:
+    """``stopping_criteria`` with transformers' `MaxTimeCriteria` (``max_time`` seconds from now) when given."""
+    if max_time is None:
+        return stopping_criteria
+    return StoppingCriteriaList([*(stopping_criteria or []), MaxTimeCriteria(float(max_time))])
 
 
 def finished_rows(x, gen_mask0, upto: int, eos_ids, stopping_criteria, still_masked) -> torch.Tensor:

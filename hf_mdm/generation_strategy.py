@@ -15,7 +15,7 @@ Nothing here sees the model; exported with the model as remote code (imports onl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -25,6 +25,8 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
+
+from .generation_processors import left_context
 
 STRATEGIES = ("random", "confidence", "margin", "entropy", "left_to_right")
 POSITIONAL_STRATEGIES = ("random", "left_to_right")  # positions chosen without looking at the proposals
@@ -60,29 +62,49 @@ def build_warpers(temperature: Optional[float], top_k: Optional[int], top_p: Opt
 
 
 class Proposals(NamedTuple):
-    """Proposed tokens (N,), their probabilities (N,), and the distributions (N, V) when computed (else None)."""
+    """Proposed tokens (N,), their probabilities (N,), the distributions (N, V) when computed (else None), and,
+    when the proposer records them (``output_scores`` / ``output_logits``), the processed scores and raw logits."""
 
     tokens: torch.Tensor
     confidence: torch.Tensor
     probs: Optional[torch.Tensor]
+    scores: Optional[torch.Tensor] = None
+    logits: Optional[torch.Tensor] = None
+
+
+class ProcessorIds(NamedTuple):
+    """What logits processors read for each scored position: its canvas row (N, L) and its left context (N, L)
+    (`hf_mdm.generation_processors.left_context`); None where no processor reads it."""
+
+    canvas: Optional[torch.Tensor] = None
+    left: Optional[torch.Tensor] = None
 
 
 @dataclass
 class Proposer:
-    """Proposes a token at each scored position from its logits."""
+    """Proposes a token at each scored position from its logits: ``processors`` read the canvas row of the
+    position, ``context_processors`` its left context; ``record`` keeps the processed scores and raw logits."""
 
     mask_id: int
     temperature: float
     processors: LogitsProcessorList
     warpers: LogitsProcessorList
     generator: Optional[torch.Generator] = None
+    context_processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
+    record: bool = False
 
-    def __call__(self, logits: torch.Tensor, ids: Optional[torch.Tensor], need_probs: bool = False) -> Proposals:
+    def __call__(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool = False) -> Proposals:
+        """Proposals at N positions from their logits (N, V), with the recorded scores and logits when asked."""
+        raw = logits.clone() if self.record else None
+        proposals = self._propose(logits, ids, need_probs)
+        return proposals._replace(logits=raw) if self.record else proposals
+
+    def _propose(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool) -> Proposals:
         """Proposals at N positions from their logits (N, V); the distributions are returned when sampling or when
         ``need_probs`` (margin, entropy). At temperature 0 the probability of the argmax is exp(max - logsumexp):
-        two read-only passes over the logits instead of writing a softmax. ``ids`` (N, L) is the canvas row of each
-        position, for user logits processors (None when there are none)."""
+        two read-only passes over the logits instead of writing a softmax. ``ids``: what the processors read."""
         logits = self.process(logits, ids)
+        scores = logits.clone() if self.record else None
         if self.temperature or need_probs:
             probs = torch.softmax(logits, dim=-1)
             if self.temperature:
@@ -92,18 +114,19 @@ class Proposer:
             else:
                 logits[:, self.mask_id] = -float("inf")
                 tokens = logits.argmax(-1)
-            return Proposals(tokens, probs.gather(-1, tokens[:, None]).squeeze(1), probs)
+            return Proposals(tokens, probs.gather(-1, tokens[:, None]).squeeze(1), probs, scores)
         log_normaliser = torch.logsumexp(logits, dim=-1)
         logits[:, self.mask_id] = -float("inf")
         top, tokens = logits.max(-1)  # ties: the first index, as argmax
-        return Proposals(tokens, torch.exp(top - log_normaliser), None)
+        return Proposals(tokens, torch.exp(top - log_normaliser), None, scores)
 
-    def process(self, logits: torch.Tensor, ids: Optional[torch.Tensor]) -> torch.Tensor:
-        """The logits (N, V) after the user's logits processors and the temperature / top-k / top-p warpers."""
-        logits = self.processors(ids, logits) if len(self.processors) else logits
-        return self.warpers(ids, logits) if len(self.warpers) else logits
+    def process(self, logits: torch.Tensor, ids: ProcessorIds) -> torch.Tensor:
+        """The logits (N, V) after the logits processors and the temperature / top-k / top-p warpers."""
+        logits = self.processors(ids.canvas, logits) if len(self.processors) else logits
+        logits = self.context_processors(ids.left, logits) if len(self.context_processors) else logits
+        return self.warpers(ids.canvas, logits) if len(self.warpers) else logits
 
-    def distribution(self, logits: torch.Tensor, ids: Optional[torch.Tensor]) -> torch.Tensor:
+    def distribution(self, logits: torch.Tensor, ids: ProcessorIds) -> torch.Tensor:
         """The law (N, V) a proposal is drawn from: the softmax of the processed logits with [MASK] removed and
         renormalised; one-hot at the proposed token at temperature 0. May write into ``logits``."""
         if not self.temperature:
@@ -119,9 +142,11 @@ class Proposer:
             return probs.argmax(-1)
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
 
-    def processor_ids(self, x: torch.Tensor, rows: torch.Tensor) -> Optional[torch.Tensor]:
-        """The canvas row of each scored position, when user logits processors need it."""
-        return x[rows] if len(self.processors) else None
+    def processor_ids(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> ProcessorIds:
+        """What the processors read for the scored positions (``rows``, ``cols``) (N,) of the canvas ``x``."""
+        canvas = x[rows] if len(self.processors) else None
+        left = left_context(x, rows, cols, self.mask_id) if len(self.context_processors) else None
+        return ProcessorIds(canvas, left)
 
 
 def strategy_scores(

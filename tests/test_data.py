@@ -12,6 +12,7 @@ import torch
 from fsspec.implementations.dirfs import DirFileSystem
 from fsspec.implementations.local import LocalFileSystem
 from huggingface_hub import CommitInfo, CommitOperationDelete, DatasetCard, HfApi, RepoUrl
+from huggingface_hub.hf_api import RepoFile
 
 import hf_mdm.data
 from hf_mdm.data import (
@@ -253,16 +254,24 @@ class FakeHub:
         def hf_hub_download(self, repo_id, filename, **kwargs):
             return str(hub.repo(repo_id) / filename)
 
+        def list_repo_tree(self, repo_id, **kwargs):  # what older datasets list the repository with
+            for path in sorted(hub.repo(repo_id).rglob("*")):
+                if path.is_file():
+                    yield RepoFile(path=path.relative_to(hub.repo(repo_id)).as_posix(), size=path.stat().st_size,
+                                   oid=FAKE_SHA)  # fmt: skip
+
         for name, fake in [
             ("create_repo", create_repo),
             ("repo_info", repo_info),
             ("preupload_lfs_files", preupload_lfs_files),
             ("create_commit", create_commit),
             ("hf_hub_download", hf_hub_download),
+            ("list_repo_tree", list_repo_tree),
         ]:
             stack.enter_context(mock.patch.object(HfApi, name, fake))
         local = DirFileSystem(path=str(self.root), fs=LocalFileSystem())
-        stack.enter_context(mock.patch("datasets.dataset_dict.HfFileSystem", lambda **kwargs: local))
+        if hasattr(datasets.dataset_dict, "HfFileSystem"):  # newer datasets read the repo's files through it
+            stack.enter_context(mock.patch("datasets.dataset_dict.HfFileSystem", lambda **kwargs: local))
         return stack
 
 
