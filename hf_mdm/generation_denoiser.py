@@ -30,6 +30,8 @@ from typing import Any, Optional
 
 import torch
 
+from .families import facts_of
+
 from .kv_cache import output_cache
 
 
@@ -43,13 +45,13 @@ def accepts(model: Any, name: str) -> bool:
 
 def logits_shift_of(model: Any, config: Any = None) -> int:
     """1 if ``model`` predicts position i from hidden state i-1 (Dream), else 0: the generation config's
-    ``logits_shift`` if set, else the model config's, else 1 for model_type "Dream"."""
+    ``logits_shift`` if set, else the model config's, else what the model's family declares (`facts_of`), else 0."""
     if config is not None and getattr(config, "logits_shift", None) is not None:
         return int(config.logits_shift)
-    model_config = getattr(model, "config", None)
-    shift = getattr(model_config, "logits_shift", None)
+    shift = getattr(getattr(model, "config", None), "logits_shift", None)
     if shift is None:
-        shift = 1 if getattr(model_config, "model_type", None) == "Dream" else 0
+        facts = facts_of(model)
+        shift = facts.logits_shift if facts is not None else 0
     return int(shift)
 
 

@@ -39,8 +39,6 @@ REFERENCE_ONLY_ARGS = {name: tuple(a for a in args if a not in _SHARED_ARGS) for
 # The default sampler's own fields, which a reference config leaves at their defaults.
 SAMPLER_ONLY_FIELDS = ("schedule", "schedule_kwargs", "transfer", "strategy", "threshold", "entropy_bound", "kv_cache",
                        "kv_cache_refresh", "draft_length")  # fmt: skip
-# preset/reference "auto": the reference of a checkpoint's model_type
-REFERENCE_OF_MODEL_TYPE = {"llada": "llada", "Dream": "dream"}
 # LLaDA's generate() hard-codes LLaDA-8B's ids: EOS <|endoftext|> and EoT <|eot_id|>. The configs take EOS from the
 # model config (126081 for LLaDA-8B) and EoT from ``eot_token_id`` (the model config's ``eot_token_id``, else this).
 LLADA_EOS_TOKEN_ID = 126081

@@ -16,8 +16,10 @@ from typing import Any, Optional, Sequence, Union
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
 
+from . import models  # noqa: F401  registers the LLaDA and Dream families
+from .families import facts_of
+
 MODEL_CARDS_DIR = Path(__file__).resolve().parent.parent / "model_cards"
-MDM_MODEL_TYPES = ("hf_mdm", "llada", "Dream")
 ARCHITECTURE_FIELDS = (
     "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
     "intermediate_size", "max_position_embeddings", "mask_token_id", "bos_token_id", "schedule",
@@ -47,9 +49,10 @@ class CardResult:
 
 
 def is_mdm(model_or_config: Any) -> bool:
-    """Whether a model (or its config) is a masked diffusion LM: hf_mdm's own, LLaDA or Dream."""
+    """Whether a model (or its config) is a masked diffusion LM of a registered family (hf_mdm's own, LLaDA, Dream)
+    with a [MASK] id."""
     config = getattr(model_or_config, "config", model_or_config)
-    return getattr(config, "model_type", None) in MDM_MODEL_TYPES and getattr(config, "mask_token_id", None) is not None
+    return facts_of(model_or_config) is not None and getattr(config, "mask_token_id", None) is not None
 
 
 def describe_language(language: Any) -> str:

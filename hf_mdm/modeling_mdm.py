@@ -22,6 +22,7 @@ from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_mdm import MDMConfig
+from .families import DiffusionFacts, register_family
 from .generation import MaskedDiffusionGenerationMixin
 from .kv_cache import (
     MaskedLMOutputWithPast,
@@ -236,6 +237,8 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
     ```
     """
 
+    diffusion_facts = DiffusionFacts()
+
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
@@ -334,3 +337,6 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
 
 MDMConfig.register_for_auto_class()
 MDMForMaskedDiffusion.register_for_auto_class("AutoModelForMaskedLM")
+
+
+register_family(MDMConfig.model_type, MDMForMaskedDiffusion.diffusion_facts)

@@ -149,3 +149,17 @@ def test_reference_and_speculative_refuse_what_they_cannot_do(model):
     with pytest.raises(ValueError, match="repetition_penalty"):
         model.generate(PROMPT, max_new_tokens=4, steps=4, transfer="speculative", draft_length=2,
                        strategy="left_to_right", repetition_penalty=2.0)  # fmt: skip
+
+
+def test_model_families_declare_their_facts_and_the_sampler_reads_no_model_type(model):
+    from pathlib import Path
+
+    import hf_mdm
+    from hf_mdm.families import facts_of
+
+    facts = type(model).diffusion_facts
+    assert facts_of(model) is facts and facts_of(model.config) == facts  # a config alone finds its family
+    assert logits_shift_of(model) == facts.logits_shift
+    package = Path(hf_mdm.__file__).parent
+    for module in sorted(package.glob("generation*.py")):
+        assert "model_type" not in module.read_text(), module.name

@@ -55,7 +55,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
             `MaskedDiffusionGenerationConfig.llada`), ``"dream"`` (Dream's ``diffusion_generate()``,
             `MaskedDiffusionGenerationConfig.dream`), ``"none"`` (hf_mdm's sampler, every field of
             `MaskedDiffusionGenerationConfig`), or ``"auto"`` (default): the checkpoint generation config's
-            ``reference`` if set, else ``llada`` for model_type "llada", ``dream`` for model_type "Dream", else
+            ``reference`` if set, else the reference its family declares (``llada`` for LLaDA, ``dream`` for Dream), else
             ``none`` (see `hf_mdm.harness.sampler_config`). ``preset`` is the former name of this argument
             (accepted, with a warning).
         max_gen_toks: tokens generated (masks appended); default: the request's ``max_gen_toks``, else 256.
@@ -159,7 +159,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
 
     def _choose_reference(self, choice: str, overrides: dict[str, Any]) -> str:
         model_type = getattr(self.model.config, "model_type", None)
-        reference = resolve_reference(choice, getattr(self.model, "generation_config", None), model_type)
+        reference = resolve_reference(choice, getattr(self.model, "generation_config", None), self.model)
         if choice == "auto" and reference in REFERENCE_ARGS:
             check_reference_args(reference, overrides, f"chosen by reference=auto for model_type {model_type!r}")
         if reference == "none":

@@ -7,8 +7,8 @@ The ``hf_mdm`` model samples with one of two samplers, chosen by the model argum
 - ``llada`` / ``dream``: the reference sampler of that family, built with `MaskedDiffusionGenerationConfig.llada`
   / `.dream` from the settings the reference has (`hf_mdm.generation_reference.REFERENCE_ARGS`, the sampler's
   own table) and the reference's defaults (one block, one token per step); a setting it lacks is a ValueError;
-- ``auto`` (default): the checkpoint generation config's ``reference`` if set, else ``llada`` for model_type
-  "llada", ``dream`` for "Dream", else ``none``.
+- ``auto`` (default): the checkpoint generation config's ``reference`` if set, else the reference the model's family
+  declares (`hf_mdm.families`: ``llada`` for LLaDA, ``dream`` for Dream), else ``none``.
 
 Model arguments ``temperature``, ``top_k`` and ``top_p`` win over a request's (lm-eval tasks always send
 temperature 0). Every check and table here is the sampler's own (`hf_mdm.generation_reference`); this module only
@@ -22,11 +22,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig
 from ..generation_config import DIFFUSION_FIELDS
 from ..generation_reference import (
     REFERENCE_ARGS,
-    REFERENCE_OF_MODEL_TYPE,
     REFERENCE_ONLY_ARGS,
     REFERENCE_TOKEN_ARGS,
     check_llada_lengths,
@@ -59,12 +59,15 @@ def canonical_reference(value: Any) -> str:
     return name
 
 
-def resolve_reference(choice: str, generation_config: Any, model_type: Optional[str]) -> str:
+def resolve_reference(choice: str, generation_config: Any, model: Any) -> str:
     """The sampler ``reference=auto`` stands for (see the module docstring); other choices stay."""
     if choice != "auto":
         return choice
     saved = getattr(generation_config, "reference", None)
-    return saved if saved in REFERENCE_ARGS else REFERENCE_OF_MODEL_TYPE.get(model_type, "none")
+    if saved in REFERENCE_ARGS:
+        return saved
+    facts = facts_of(model)
+    return facts.reference if facts is not None and facts.reference is not None else "none"
 
 
 def foreign_message(reference: str, names: Sequence[str], what: str) -> str:

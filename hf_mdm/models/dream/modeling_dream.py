@@ -32,6 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
+from ...families import DiffusionFacts, register_family
 from ...generation import MaskedDiffusionGenerationMixin
 from ...kv_cache import (
     MaskedLMOutputWithPast,
@@ -235,6 +236,8 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
     ```
     """
 
+    diffusion_facts = DiffusionFacts(logits_shift=1, reference="dream")
+
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
 
@@ -317,3 +320,6 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
 
 
 __all__ = ["DreamBaseModel", "DreamModel", "DreamPreTrainedModel"]
+
+
+register_family(DreamConfig.model_type, DreamModel.diffusion_facts)

@@ -35,6 +35,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
+from ...families import DiffusionFacts, register_family
 from ...generation import MaskedDiffusionGenerationMixin
 from ...kv_cache import (
     MaskedLMOutputWithPast,
@@ -288,6 +289,8 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
     ```
     """
 
+    diffusion_facts = DiffusionFacts(reference="llada")
+
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
     supports_diffusion_cache = True  # cache / cache_position as in hf_mdm.kv_cache
 
@@ -372,3 +375,6 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
 
 
 __all__ = ["LLaDAModel", "LLaDAModelLM", "LLaDAPreTrainedModel"]
+
+
+register_family(LLaDAConfig.model_type, LLaDAModelLM.diffusion_facts)

@@ -1,0 +1,39 @@
+"""What a masked diffusion model family declares about itself: its logits shift and its reference sampler.
+
+A model class declares its family's facts as the class attribute ``diffusion_facts`` (`DiffusionFacts`) and
+registers them under its config's ``model_type`` (`register_family`), so that a checkpoint of that family loaded
+through other code (its published remote code, a PEFT wrapper) gets the same facts. The sampler, the lm-eval model
+and the Hub helpers ask `facts_of`; none of them reads a ``model_type``. Exported with the model as remote code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class DiffusionFacts:
+    """``logits_shift``: 1 if position i is predicted from hidden state i - 1 (Dream), else 0; ``reference``: the
+    published sampler hf_mdm reproduces token for token for this family (``"llada"``, ``"dream"``), or None."""
+
+    logits_shift: int = 0
+    reference: Optional[str] = None
+
+
+_FAMILIES: dict[str, DiffusionFacts] = {}
+
+
+def register_family(model_type: str, facts: DiffusionFacts) -> None:
+    """Declare the facts of the checkpoints whose config has ``model_type``."""
+    _FAMILIES[model_type] = facts
+
+
+def facts_of(model_or_config: Any) -> Optional[DiffusionFacts]:
+    """The facts a model's class declares, else those registered for its config's ``model_type``; None for a model
+    of no registered masked diffusion family."""
+    facts = getattr(type(model_or_config), "diffusion_facts", None)
+    if isinstance(facts, DiffusionFacts):
+        return facts
+    config = getattr(model_or_config, "config", model_or_config)
+    return _FAMILIES.get(getattr(config, "model_type", None))
