@@ -57,6 +57,7 @@ from .generation_strategy import (
     Proposer,
     build_warpers,
     canonical_strategy,
+    get_strategy,
 )
 from .generation_transfer import TRANSFERS, deterministic_counts, reveal_probability, reveal_steps, split_steps, time_grid
 from .schedules import get_schedule
@@ -281,7 +282,7 @@ def _default_sampler(config, denoiser: Denoiser, logits_processor, generator, ca
     if record:
         recorder = ScoreRecorder(*canvas.x.shape, prompt_len, bool(config.output_scores), bool(config.output_logits))
     schedule = get_schedule(config.schedule, **(config.schedule_kwargs or {}))
-    return Sampler(denoiser, proposer, canonical_strategy(config.strategy), config.transfer, schedule,
+    return Sampler(denoiser, proposer, get_strategy(config.strategy), config.transfer, schedule,
                    config.threshold, generator, config.entropy_bound, recorder)  # fmt: skip
 
 

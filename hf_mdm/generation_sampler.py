@@ -27,13 +27,10 @@ from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
 from .generation_stopping import Streamer, finished_rows
 from .generation_strategy import (
-    NEEDS_DISTRIBUTIONS,
-    POSITIONAL_STRATEGIES,
     Proposals,
     Proposer,
+    Strategy,
     choose,
-    positional_scores,
-    strategy_scores,
 )
 from .generation_transfer import count_rule, entropy_bound_counts, reveal_steps, split_steps, threshold_counts
 
@@ -84,7 +81,7 @@ class Sampler:
 
     denoiser: Denoiser
     proposer: Proposer
-    strategy: str
+    strategy: Strategy
     transfer: str
     schedule: Any
     threshold: Optional[float] = None
@@ -104,7 +101,7 @@ class Sampler:
     @property
     def needs_distributions(self) -> bool:
         """Whether a step needs the whole proposal distributions (margin, entropy, the entropy bound)."""
-        return self.strategy in NEEDS_DISTRIBUTIONS or self.transfer == "entropy_bound"
+        return self.strategy.needs_distributions or self.transfer == "entropy_bound"
 
 
 # denoise(sampler, rows, region, num_steps, on_step): the steps of one block, in place on rows.x (`denoise_block`)
@@ -215,7 +212,7 @@ def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor,
 
 def denoise_block(sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]) -> None:
     """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``."""
-    if sampler.transfer == "stochastic" and sampler.strategy == "random":
+    if sampler.transfer == "stochastic" and sampler.strategy.name == "random":
         return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
     mask_id = sampler.mask_id
     m0 = ((rows.x == mask_id) & region).sum(1)
@@ -251,12 +248,12 @@ def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch
     (K,) the columns where any row is masked, ``counts`` (B,) the tokens each row reveals (None for the threshold
     transfer, which decides from the confidences)."""
     remaining = block_mask.sum(1)
-    if counts is not None and sampler.strategy in POSITIONAL_STRATEGIES:
+    if counts is not None and sampler.strategy.positional:
         # positions first, then logits only at their columns and proposals only where they are revealed
-        scores = positional_scores(sampler.strategy, rows.x.shape, sampler.generator, rows.x.device)
+        scores = sampler.strategy.positional_scores(rows.x.shape, sampler.generator, rows.x.device)
         return reveal_rows(sampler, rows, choose(scores, block_mask, torch.minimum(counts, remaining)))
     proposals = _propose_at(sampler, rows, keep)
-    scores = strategy_scores(sampler.strategy, proposals, keep, rows.x.shape[1], sampler.generator)
+    scores = sampler.strategy.scores(proposals, keep, rows.x.shape[1], sampler.generator)
     if counts is None:
         counts = _adaptive_counts(sampler, proposals, scores[:, keep], block_mask[:, keep], steps_left)
     chosen = choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen

@@ -4,10 +4,10 @@
   logits processors and the temperature / top-k / top-p warpers), its probability (the *confidence*) and, when a
   strategy needs them, the whole distributions. [MASK] is never proposed, but it is part of the normalisation (as
   in LLaDA and Dream).
-- `strategy_scores` ranks positions (higher = revealed first): ``random``, ``confidence``, ``margin`` (top-1
-  minus top-2 probability), ``entropy`` (negative entropy) or ``left_to_right`` (lowest position first).
-  ``random`` and ``left_to_right`` ignore the proposals (`POSITIONAL_STRATEGIES`): the sampler chooses their
-  positions first and runs the LM head only there (`positional_scores`).
+- a `Strategy` ranks positions (higher = revealed first); each is a class registered by name (`register_strategy`):
+  ``random``, ``confidence``, ``margin`` (top-1 minus top-2 probability), ``entropy`` (negative entropy) or
+  ``left_to_right`` (lowest position first). ``random`` and ``left_to_right`` are *positional*: they ignore the
+  proposals, so the sampler chooses their positions first and runs the LM head only there.
 - `choose` takes the ``counts`` best-scored candidates of each row (how many: `hf_mdm.generation_transfer`).
 
 Nothing here sees the model; exported with the model as remote code (imports only torch and transformers).
@@ -28,25 +28,122 @@ from transformers.generation.logits_process import (
 
 from .generation_processors import left_context
 
-STRATEGIES = ("random", "confidence", "margin", "entropy", "left_to_right")
-POSITIONAL_STRATEGIES = ("random", "left_to_right")  # positions chosen without looking at the proposals
-STRATEGY_ALIASES = {
-    "low_confidence": "confidence",
-    "maskgit_plus": "confidence",
-    "topk_margin": "margin",
-    "origin": "random",
-}
-NEEDS_DISTRIBUTIONS = ("margin", "entropy")  # strategies scored from the whole proposal distributions
+class Strategy:
+    """Which masked positions a step reveals first. A subclass registered with `register_strategy` is a strategy
+    ``generate(strategy=name)`` takes: ``scores`` ranks every position (higher = revealed first) from the step's
+    proposals; a ``positional`` strategy ranks without them (`positional_scores`), so the sampler runs the LM head
+    only at the positions it chose; ``needs_distributions`` asks the proposer for the whole distributions."""
+
+    name: str = ""
+    aliases: tuple[str, ...] = ()
+    positional: bool = False
+    needs_distributions: bool = False
+
+    def score(self, proposals: "Proposals") -> torch.Tensor:
+        """(B, K) scores of the K proposed positions."""
+        raise NotImplementedError
+
+    def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
+        """(B, L) scores: `score` at the columns ``keep`` (K,), -inf elsewhere."""
+        confidence = proposals.confidence
+        full = torch.full((confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device)
+        full[:, keep] = self.score(proposals).to(confidence.dtype)
+        return full
+
+    def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
+        """(B, L) scores of a positional strategy, before any proposal."""
+        raise NotImplementedError
+
+
+STRATEGY_REGISTRY: dict[str, Strategy] = {}
+STRATEGY_ALIASES: dict[str, str] = {}
+
+
+def register_strategy(cls: type) -> type:
+    """Register a `Strategy` subclass under its ``name`` and ``aliases``."""
+    STRATEGY_REGISTRY[cls.name] = cls()
+    STRATEGY_ALIASES.update({alias: cls.name for alias in cls.aliases})
+    return cls
+
+
+@register_strategy
+class RandomStrategy(Strategy):
+    """Uniformly random positions (the paper's sampler; Dream's ``origin``)."""
+
+    name, aliases, positional = "random", ("origin",), True
+
+    def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
+        bsz, device = proposals.confidence.shape[0], proposals.confidence.device
+        return torch.rand((bsz, length), generator=generator, device=device).to(proposals.confidence.dtype)
+
+    def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
+        return torch.rand(shape, generator=generator, device=device)
+
+
+@register_strategy
+class LeftToRightStrategy(Strategy):
+    """The leftmost masked positions first."""
+
+    name, positional = "left_to_right", True
+
+    def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
+        confidence = proposals.confidence
+        full = torch.full((confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device)
+        full[:, keep] = -keep.to(full.dtype)[None, :].expand(full.shape[0], -1)
+        return full
+
+    def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
+        return -torch.arange(shape[1], device=device, dtype=torch.float32).expand(shape[0], -1)
+
+
+@register_strategy
+class ConfidenceStrategy(Strategy):
+    """The most probable proposals first (LLaDA's ``low_confidence`` remasking, Dream's ``maskgit_plus``)."""
+
+    name, aliases = "confidence", ("low_confidence", "maskgit_plus")
+
+    def score(self, proposals: "Proposals") -> torch.Tensor:
+        return proposals.confidence
+
+
+@register_strategy
+class MarginStrategy(Strategy):
+    """The largest top-1 minus top-2 probability first (Dream's ``topk_margin``)."""
+
+    name, aliases, needs_distributions = "margin", ("topk_margin",), True
+
+    def score(self, proposals: "Proposals") -> torch.Tensor:
+        top2 = proposals.probs.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+
+
+@register_strategy
+class EntropyStrategy(Strategy):
+    """The lowest-entropy distributions first (negative entropy as the score)."""
+
+    name, needs_distributions = "entropy", True
+
+    def score(self, proposals: "Proposals") -> torch.Tensor:
+        return (proposals.probs * torch.log(proposals.probs + 1e-10)).sum(-1)
+
+
+STRATEGIES = tuple(STRATEGY_REGISTRY)  # the built-in strategies, in registration order
+POSITIONAL_STRATEGIES = tuple(name for name, s in STRATEGY_REGISTRY.items() if s.positional)
 
 
 def canonical_strategy(name: str) -> str:
     """The strategy ``name`` stands for (aliases resolved); a ValueError for an unknown one."""
     name = STRATEGY_ALIASES.get(name, name)
-    if name not in STRATEGIES:
+    if name not in STRATEGY_REGISTRY:
         raise ValueError(
-            f"unknown strategy {name!r}: use one of {list(STRATEGIES)} or an alias {sorted(STRATEGY_ALIASES)}"
+            f"unknown strategy {name!r}: use one of {list(STRATEGY_REGISTRY)} or an alias {sorted(STRATEGY_ALIASES)}"
         )
     return name
+
+
+def get_strategy(name: str) -> Strategy:
+    """The registered `Strategy` called ``name`` (or an alias of it)."""
+    return STRATEGY_REGISTRY[canonical_strategy(name)]
 
 
 def build_warpers(temperature: Optional[float], top_k: Optional[int], top_p: Optional[float]) -> LogitsProcessorList:
@@ -147,37 +244,6 @@ class Proposer:
         canvas = x[rows] if len(self.processors) else None
         left = left_context(x, rows, cols, self.mask_id) if len(self.context_processors) else None
         return ProcessorIds(canvas, left)
-
-
-def strategy_scores(
-    strategy: str, proposals: Proposals, keep: torch.Tensor, length: int, generator: Optional[torch.Generator]
-) -> torch.Tensor:
-    """Ranking scores (B, L) of every position (higher = reveal first) from the proposals at columns ``keep`` (K,)
-    (confidence (B, K), probs (B, K, V) for margin and entropy); other columns are -inf."""
-    confidence, probs = proposals.confidence, proposals.probs
-    bsz = confidence.shape[0]
-    if strategy == "random":
-        return torch.rand((bsz, length), generator=generator, device=confidence.device).to(confidence.dtype)
-    full = torch.full((bsz, length), -float("inf"), dtype=confidence.dtype, device=confidence.device)
-    if strategy == "left_to_right":
-        full[:, keep] = -keep.to(confidence.dtype)[None, :].expand(bsz, -1)
-        return full
-    if strategy == "confidence":
-        score = confidence
-    elif strategy == "margin":
-        top2 = probs.topk(2, dim=-1).values
-        score = top2[..., 0] - top2[..., 1]
-    else:  # entropy: negative entropy, higher = more certain
-        score = (probs * torch.log(probs + 1e-10)).sum(-1)
-    full[:, keep] = score
-    return full
-
-
-def positional_scores(strategy: str, shape: torch.Size, generator: Optional[torch.Generator], device: Any) -> torch.Tensor:
-    """Scores (B, L) of a strategy that ignores the proposals: uniform draws (random) or -position (left_to_right)."""
-    if strategy == "random":
-        return torch.rand(shape, generator=generator, device=device)
-    return -torch.arange(shape[1], device=device, dtype=torch.float32).expand(shape[0], -1)
 
 
 def choose(scores: torch.Tensor, candidates: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:

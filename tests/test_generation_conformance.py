@@ -3,7 +3,7 @@ honoured (checked against a step-by-step brute force or a property the field gua
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, WatermarkingConfig
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from hf_mdm.generation import logits_shift_of
@@ -122,7 +122,7 @@ ASKING = {
     "forced_eos_token_id": 1, "exponential_decay_length_penalty": (2, 1.5), "begin_suppress_tokens": [1],
     "force_words_ids": [[1]], "constraints": ["x"], "prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2,
     "num_assistant_tokens": 5, "token_healing": True, "dola_layers": "low", "top_h": 0.5, "use_mtp": True,
-    "watermarking_config": {"greenlist_ratio": 0.25},
+    "watermarking_config": WatermarkingConfig(greenlist_ratio=0.25),
 }  # fmt: skip
 
 
