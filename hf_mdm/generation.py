@@ -59,7 +59,7 @@ from .generation_strategy import (
     canonical_strategy,
     get_strategy,
 )
-from .generation_transfer import TRANSFERS, deterministic_counts, reveal_probability, reveal_steps, split_steps, time_grid
+from .generation_transfer import TRANSFERS, build_transfer, deterministic_counts, reveal_probability, reveal_steps, split_steps, time_grid
 from .schedules import get_schedule
 from .timer import Stopwatch
 
@@ -282,8 +282,8 @@ def _default_sampler(config, denoiser: Denoiser, logits_processor, generator, ca
     if record:
         recorder = ScoreRecorder(*canvas.x.shape, prompt_len, bool(config.output_scores), bool(config.output_logits))
     schedule = get_schedule(config.schedule, **(config.schedule_kwargs or {}))
-    return Sampler(denoiser, proposer, get_strategy(config.strategy), config.transfer, schedule,
-                   config.threshold, generator, config.entropy_bound, recorder)  # fmt: skip
+    return Sampler(denoiser, proposer, get_strategy(config.strategy), build_transfer(config), schedule, generator,
+                   recorder)  # fmt: skip
 
 
 def _finalize(canvas: Canvas, finished: torch.Tensor, eos_ids, pad_id: int, mask_id: int) -> torch.Tensor:

@@ -23,7 +23,7 @@ from .generation_reference import check_reference_values, reject_foreign_args, v
 from .generation_speculative import validate_speculative
 from .generation_remask import validate_remdm
 from .generation_strategy import canonical_strategy
-from .generation_transfer import TRANSFERS
+from .generation_transfer import TRANSFER_REGISTRY
 from .generation_values import is_integer, is_number
 from .schedules import get_schedule
 
@@ -185,8 +185,8 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             raise ValueError(f"steps must be an integer >= 1, got {self.steps!r}")
         if self.block_length is not None and (not is_integer(self.block_length) or self.block_length < 1):
             raise ValueError(f"block_length must be an integer >= 1 (or None for one block), got {self.block_length!r}")
-        if self.transfer not in TRANSFERS:
-            raise ValueError(f"unknown transfer {self.transfer!r}: use one of {list(TRANSFERS)}")
+        if self.transfer not in TRANSFER_REGISTRY:
+            raise ValueError(f"unknown transfer {self.transfer!r}: use one of {list(TRANSFER_REGISTRY)}")
         canonical_strategy(self.strategy)
         get_schedule(self.schedule, **(self.schedule_kwargs or {}))
         if self.transfer == "threshold" and self.threshold is None:  # (its range: _check_sampling_values)

@@ -32,7 +32,7 @@ from .generation_strategy import (
     Strategy,
     choose,
 )
-from .generation_transfer import count_rule, entropy_bound_counts, reveal_steps, split_steps, threshold_counts
+from .generation_transfer import Transfer, reveal_steps, split_steps
 
 
 @dataclass
@@ -82,11 +82,9 @@ class Sampler:
     denoiser: Denoiser
     proposer: Proposer
     strategy: Strategy
-    transfer: str
+    transfer: Transfer
     schedule: Any
-    threshold: Optional[float] = None
     generator: Optional[torch.Generator] = None
-    entropy_bound: Optional[float] = None
     recorder: Optional[ScoreRecorder] = None  # output_scores / output_logits
 
     def record(self, rows: Rows, flat_rows: torch.Tensor, cols: torch.Tensor, proposals: Proposals) -> None:
@@ -101,7 +99,7 @@ class Sampler:
     @property
     def needs_distributions(self) -> bool:
         """Whether a step needs the whole proposal distributions (margin, entropy, the entropy bound)."""
-        return self.strategy.needs_distributions or self.transfer == "entropy_bound"
+        return self.strategy.needs_distributions or self.transfer.needs_distributions
 
 
 # denoise(sampler, rows, region, num_steps, on_step): the steps of one block, in place on rows.x (`denoise_block`)
@@ -212,11 +210,11 @@ def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor,
 
 def denoise_block(sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]) -> None:
     """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``."""
-    if sampler.transfer == "stochastic" and sampler.strategy.name == "random":
+    if sampler.transfer.name == "stochastic" and sampler.strategy.name == "random":
         return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
     mask_id = sampler.mask_id
     m0 = ((rows.x == mask_id) & region).sum(1)
-    counts_at = count_rule(sampler.transfer, sampler.schedule, num_steps, m0, sampler.generator)
+    counts_at = sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)
     for i in range(num_steps):
         block_mask = (rows.x == mask_id) & region
         keep = block_mask.any(0).nonzero().flatten()
@@ -255,21 +253,13 @@ def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch
     proposals = _propose_at(sampler, rows, keep)
     scores = sampler.strategy.scores(proposals, keep, rows.x.shape[1], sampler.generator)
     if counts is None:
-        counts = _adaptive_counts(sampler, proposals, scores[:, keep], block_mask[:, keep], steps_left)
+        counts = sampler.transfer.adaptive_counts(proposals.confidence, proposals.probs, scores[:, keep],
+                                                  block_mask[:, keep], steps_left)
     chosen = choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
     if sampler.recorder is not None:
         flat_rows, k = chosen.nonzero(as_tuple=True)
         sampler.record(rows, flat_rows, keep[k], _flat_records(proposals, flat_rows, k))
-
-
-def _adaptive_counts(sampler: Sampler, proposals: Proposals, scores, candidates, steps_left: int) -> torch.Tensor:
-    """Counts (B,) of the threshold and entropy-bound transfers, from the proposals at the step's columns."""
-    if sampler.transfer == "threshold":
-        confident = ((proposals.confidence >= float(sampler.threshold)) & candidates).sum(1)
-        return threshold_counts(confident, candidates.sum(1), steps_left)
-    entropy = -(proposals.probs * torch.log(proposals.probs + 1e-10)).sum(-1)
-    return entropy_bound_counts(scores, entropy, candidates, float(sampler.entropy_bound), steps_left)
 
 
 def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:

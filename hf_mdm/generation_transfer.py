@@ -19,6 +19,7 @@ says how many of a row's masked positions step i reveals:
 With ``steps=None`` a block has as many steps as masked positions, so the two adaptive rules run until the block
 is done (Fast-dLLM's parallel decoding) and the fixed rules reveal one token a step.
 
+Each rule is a `Transfer` class registered by name (`register_transfer`), so a new rule touches this module only.
 Which positions: `hf_mdm.generation_strategy`. Nothing here sees the model; exported with the model as remote code.
 """
 
@@ -28,9 +29,6 @@ import math
 from typing import Any, Callable, Optional
 
 import torch
-
-TRANSFERS = ("stochastic", "deterministic", "threshold", "entropy_bound", "speculative")
-ADAPTIVE_TRANSFERS = ("threshold", "entropy_bound")  # counts decided inside the step, from its proposals
 
 # counts(step index, (B, L) masked positions of the block) -> (B,) tokens to reveal, or None (decided in the step)
 CountRule = Callable[[int, torch.Tensor], Optional[torch.Tensor]]
@@ -118,26 +116,6 @@ def split_steps(steps: Optional[int], block_counts: list[int]) -> list[int]:
     return out
 
 
-def count_rule(transfer: str, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
-    """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start."""
-    if transfer == "deterministic":
-        table = deterministic_counts(m0, num_steps, schedule)
-        return lambda i, block_mask: table[:, i]
-    if transfer in ADAPTIVE_TRANSFERS:
-        return lambda i, block_mask: None
-    grid = time_grid(num_steps).tolist()
-
-    def stochastic(i: int, block_mask: torch.Tensor) -> torch.Tensor:
-        remaining = block_mask.sum(1)
-        p = reveal_probability(schedule, grid[i], grid[i + 1])
-        if p >= 1.0:
-            return remaining
-        probs = torch.full(remaining.shape, p, dtype=torch.float64, device=remaining.device)
-        return torch.binomial(remaining.double(), probs, generator=generator).long()
-
-    return stochastic
-
-
 def threshold_counts(confident: torch.Tensor, remaining: torch.Tensor, steps_left: int) -> torch.Tensor:
     """Counts (B,) of the threshold transfer: the ``confident`` (B,) positions, at least one while any is masked,
     and at least ``ceil(remaining / steps_left)`` so that the block never takes more than its steps."""
@@ -156,3 +134,121 @@ def entropy_bound_counts(
     sorted_entropy = entropy.gather(1, order).masked_fill(~candidates.gather(1, order), float("inf"))
     within = (sorted_entropy.cumsum(1) <= bound).sum(1)
     return threshold_counts(within, candidates.sum(1), steps_left)
+
+
+class Transfer:
+    """How many masked positions a step reveals. A subclass registered with `register_transfer` is a transfer
+    ``generate(transfer=name)`` takes, built from the call's config (`from_config`). A fixed rule decides a block's
+    counts at its start (`count_rule`); an ``adaptive`` one decides inside each step from the step's proposals
+    (`adaptive_counts`); ``needs_distributions`` asks the proposer for the whole distributions."""
+
+    name: str = ""
+    adaptive: bool = False
+    needs_distributions: bool = False
+
+    @classmethod
+    def from_config(cls, config: Any) -> "Transfer":
+        return cls()
+
+    def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
+        """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start."""
+        return lambda i, block_mask: None
+
+    def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:
+        """Counts (B,) from the step's (B, K) proposals: confidences, distributions (B, K, V), strategy scores
+        and ``candidates`` (the block's masked positions among the K columns)."""
+        raise NotImplementedError
+
+
+TRANSFER_REGISTRY: dict[str, type] = {}
+
+
+def register_transfer(cls: type) -> type:
+    """Register a `Transfer` subclass under its ``name``."""
+    TRANSFER_REGISTRY[cls.name] = cls
+    return cls
+
+
+@register_transfer
+class StochasticTransfer(Transfer):
+    """Binomial(m, (alpha(s) - alpha(t)) / (1 - alpha(t))) of the m still-masked positions."""
+
+    name = "stochastic"
+
+    def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
+        grid = time_grid(num_steps).tolist()
+
+        def counts(i: int, block_mask: torch.Tensor) -> torch.Tensor:
+            remaining = block_mask.sum(1)
+            p = reveal_probability(schedule, grid[i], grid[i + 1])
+            if p >= 1.0:
+                return remaining
+            probs = torch.full(remaining.shape, p, dtype=torch.float64, device=remaining.device)
+            return torch.binomial(remaining.double(), probs, generator=generator).long()
+
+        return counts
+
+
+@register_transfer
+class DeterministicTransfer(Transfer):
+    """floor(m0 (alpha(s) - alpha(t))), the remainder to the earliest steps (`deterministic_counts`)."""
+
+    name = "deterministic"
+
+    def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
+        table = deterministic_counts(m0, num_steps, schedule)
+        return lambda i, block_mask: table[:, i]
+
+
+@register_transfer
+class ThresholdTransfer(Transfer):
+    """Every position whose confidence reaches ``threshold`` (`threshold_counts`)."""
+
+    name, adaptive = "threshold", True
+
+    def __init__(self, threshold: float = 1.0):
+        self.threshold = float(threshold)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "Transfer":
+        return cls(config.threshold)
+
+    def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:
+        confident = ((confidence >= self.threshold) & candidates).sum(1)
+        return threshold_counts(confident, candidates.sum(1), steps_left)
+
+
+@register_transfer
+class EntropyBoundTransfer(Transfer):
+    """The strategy's order while the summed entropy stays within ``bound`` (`entropy_bound_counts`)."""
+
+    name, adaptive, needs_distributions = "entropy_bound", True, True
+
+    def __init__(self, bound: float = 1.0):
+        self.bound = float(bound)
+
+    @classmethod
+    def from_config(cls, config: Any) -> "Transfer":
+        return cls(config.entropy_bound)
+
+    def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:
+        entropy = -(probs * torch.log(probs + 1e-10)).sum(-1)
+        return entropy_bound_counts(scores, entropy, candidates, self.bound, steps_left)
+
+
+@register_transfer
+class SpeculativeTransfer(Transfer):
+    """Exact speculative decoding of the left-to-right factorisation: its own loop (`hf_mdm.generation_speculative`)."""
+
+    name = "speculative"
+
+
+TRANSFERS = tuple(TRANSFER_REGISTRY)  # the built-in transfers, in registration order
+ADAPTIVE_TRANSFERS = tuple(name for name, cls in TRANSFER_REGISTRY.items() if cls.adaptive)
+
+
+def build_transfer(config: Any) -> Transfer:
+    """The registered transfer ``config.transfer``, with its parameters from ``config``."""
+    if config.transfer not in TRANSFER_REGISTRY:
+        raise ValueError(f"unknown transfer {config.transfer!r}: use one of {list(TRANSFER_REGISTRY)}")
+    return TRANSFER_REGISTRY[config.transfer].from_config(config)

@@ -163,3 +163,34 @@ def test_model_families_declare_their_facts_and_the_sampler_reads_no_model_type(
     package = Path(hf_mdm.__file__).parent
     for module in sorted(package.glob("generation*.py")):
         assert "model_type" not in module.read_text(), module.name
+
+
+def test_a_new_strategy_and_transfer_are_one_registered_class_each(model):
+    from hf_mdm.generation_strategy import STRATEGY_REGISTRY, Strategy, register_strategy
+    from hf_mdm.generation_transfer import TRANSFER_REGISTRY, Transfer, register_transfer
+
+    @register_strategy
+    class RightToLeft(Strategy):
+        name, positional = "right_to_left_test", True
+
+        def positional_scores(self, shape, generator, device):
+            return torch.arange(shape[1], device=device, dtype=torch.float32).expand(shape[0], -1)
+
+    @register_transfer
+    class Everything(Transfer):
+        name = "everything_test"
+
+        def count_rule(self, schedule, num_steps, m0, generator):
+            return lambda i, block_mask: block_mask.sum(1)
+
+    try:
+        out = model.generate(PROMPT, max_new_tokens=6, steps=6, strategy="right_to_left_test", stop_at_eos=False,
+                             output_history=True, return_dict_in_generate=True)  # fmt: skip
+        first = out.history[0][:, PROMPT.shape[1] :]
+        assert (first[:, -1] != MASK).all() and (first[:, :-1] == MASK).all()  # the rightmost column first
+        once = model.generate(PROMPT, max_new_tokens=6, steps=6, block_length=3, transfer="everything_test",
+                              return_dict_in_generate=True)  # fmt: skip
+        assert once.nfe == 2 and (once.sequences != MASK).all()  # one forward per block
+    finally:
+        STRATEGY_REGISTRY.pop("right_to_left_test")
+        TRANSFER_REGISTRY.pop("everything_test")
