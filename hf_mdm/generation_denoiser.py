@@ -33,6 +33,7 @@ import torch
 from .families import facts_of
 
 from .kv_cache import output_cache
+from .modeling_blocks import shift_logits
 
 
 def accepts(model: Any, name: str) -> bool:
@@ -209,10 +210,7 @@ class Denoiser:
         if self.guided:
             inputs = torch.cat([x, x.masked_fill(prompt_mask, self.mask_id)])
             kwargs = {name: torch.cat([value, value]) for name, value in model_kwargs.items()}
-        logits = self._combine(self._forward(inputs, kwargs))
-        if self.shift:
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
-        return logits.to(x.device)
+        return shift_logits(self._combine(self._forward(inputs, kwargs)), self.shift).to(x.device)
 
     def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         output = self.model(inputs, **kwargs)
