@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export TORCH_SPEC
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce venv bench clean sandbox test-newest test-lowest lock
+.PHONY: test reproduce venv bench clean sandbox test-newest test-lowest lock lint
 
 venv: $(STAMP)
 
@@ -32,8 +32,13 @@ sandbox:
 	    echo "note: bubblewrap (bwrap) is not installed and this is not a root Debian machine: install it (apt-get/dnf install bubblewrap) for the sandbox's OS isolation; its tests are skipped"; \
 	  fi; }
 
-test: $(STAMP) sandbox
+test: $(STAMP) sandbox lint
 	$(OFFLINE) $(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+# The formatter and the linter (configured in pyproject.toml), run by `make test`.
+lint: $(STAMP)
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 reproduce: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce

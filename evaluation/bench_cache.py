@@ -49,21 +49,38 @@ class CacheProbe(torch.nn.Module):
         super().__init__()
         self.model, self.config, self.cache_bytes = model, model.config, []
 
-    def forward(self, input_ids, attention_mask=None, logits_to_keep=0, cache=None, use_cache=None,
-                cache_position=None):  # fmt: skip
-        out = self.model(input_ids, attention_mask=attention_mask, logits_to_keep=logits_to_keep,
-                         cache=cache, use_cache=use_cache, cache_position=cache_position)
+    def forward(
+        self, input_ids, attention_mask=None, logits_to_keep=0, cache=None, use_cache=None, cache_position=None
+    ):
+        out = self.model(
+            input_ids,
+            attention_mask=attention_mask,
+            logits_to_keep=logits_to_keep,
+            cache=cache,
+            use_cache=use_cache,
+            cache_position=cache_position,
+        )
         cache = output_cache(out)
         if cache is not None:
-            self.cache_bytes.append(sum(l.keys.nbytes + l.values.nbytes for l in cache.layers))
+            self.cache_bytes.append(sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers))
         return out
 
 
 def tiny_llada(device: str, dtype: torch.dtype) -> LLaDAModelLM:
     torch.manual_seed(0)
-    config = LLaDAConfig(d_model=256, n_heads=8, n_kv_heads=8, n_layers=4, mlp_hidden_size=1024, vocab_size=1024,
-                         embedding_size=1024, mask_token_id=1023, eos_token_id=1022, pad_token_id=1022,
-                         max_sequence_length=512)  # fmt: skip
+    config = LLaDAConfig(
+        d_model=256,
+        n_heads=8,
+        n_kv_heads=8,
+        n_layers=4,
+        mlp_hidden_size=1024,
+        vocab_size=1024,
+        embedding_size=1024,
+        mask_token_id=1023,
+        eos_token_id=1022,
+        pad_token_id=1022,
+        max_sequence_length=512,
+    )
     return LLaDAModelLM(config).to(device=device, dtype=dtype).eval()
 
 
@@ -83,8 +100,12 @@ def speed(model, batch: int, repeats: int) -> dict:
             times[cache].append(watch.seconds)
     ratios = {cache: statistics.median(a / b for a, b in zip(times[None], times[cache])) for cache in CACHES[1:]}
     seconds = {str(cache): statistics.median(times[cache]) for cache in CACHES}
-    return {"batch": batch, "seconds": seconds, "none_over": ratios,
-            "tokens_per_s": {k: batch * 256 / v for k, v in seconds.items()}}
+    return {
+        "batch": batch,
+        "seconds": seconds,
+        "none_over": ratios,
+        "tokens_per_s": {k: batch * 256 / v for k, v in seconds.items()},
+    }
 
 
 @torch.no_grad()
@@ -94,13 +115,22 @@ def memory(model) -> dict:
     out = {}
     for cache in CACHES[1:]:
         probe.cache_bytes.clear()
-        diffusion_generate(probe, prompt, max_new_tokens=256, steps=256, block_length=32, kv_cache=cache,
-                           cfg_scale=0.5, stop_at_eos=False)  # fmt: skip
+        diffusion_generate(
+            probe,
+            prompt,
+            max_new_tokens=256,
+            steps=256,
+            block_length=32,
+            kv_cache=cache,
+            cfg_scale=0.5,
+            stop_at_eos=False,
+        )
         sizes = probe.cache_bytes
         out[cache] = {"peak_bytes": max(sizes), "forwards": len(sizes), "constant": len(set(sizes)) == 1}
     config = model.config
-    out["one_canvas_bytes"] = (2 * 8 * 320 * config.effective_n_kv_heads * config.head_dim * config.n_layers * 2
-                               * model.dtype.itemsize)  # branches x rows x columns x heads x dim x layers x (k, v)
+    out["one_canvas_bytes"] = (
+        2 * 8 * 320 * config.effective_n_kv_heads * config.head_dim * config.n_layers * 2 * model.dtype.itemsize
+    )  # branches x rows x columns x heads x dim x layers x (k, v)
     return out
 
 
@@ -123,8 +153,15 @@ def trained(results: Path) -> list[dict]:
         seconds = time.perf_counter() - start
         ter = TokenErrorRate().compute(predictions=samples.tolist(), language=language)
         low, high = ter_interval(language, samples, ter["ter_reference"])
-        rows.append({"sampler": name, "forwards_per_token": forwards / length, "ter_increase": ter["relative_increase"],
-                     "ci": [low, high], "seconds": seconds})  # fmt: skip
+        rows.append(
+            {
+                "sampler": name,
+                "forwards_per_token": forwards / length,
+                "ter_increase": ter["relative_increase"],
+                "ci": [low, high],
+                "seconds": seconds,
+            }
+        )
     return rows
 
 
@@ -141,8 +178,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = tiny_llada(args.device, getattr(torch, args.dtype))
-    report = {"device": args.device, "dtype": args.dtype, "threads": args.threads,
-              "speed": [speed(model, batch, args.repeats) for batch in args.batches], "memory": memory(model)}  # fmt: skip
+    report = {
+        "device": args.device,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "speed": [speed(model, batch, args.repeats) for batch in args.batches],
+        "memory": memory(model),
+    }
     if not args.skip_trained:
         report["trained"] = trained(Path(args.results))
     print_report(report)
@@ -151,26 +193,36 @@ def main() -> None:
 
 
 def print_report(report: dict) -> None:
-    print(f"[1] tiny LLaDA (4 x 256, vocab 1024) on {report['device']} {report['dtype']}, prompt 64, 256 new tokens, "
-          "block 32, 256 steps")
+    print(
+        f"[1] tiny LLaDA (4 x 256, vocab 1024) on {report['device']} {report['dtype']}, prompt 64, 256 new tokens, "
+        "block 32, 256 steps"
+    )
     for row in report["speed"]:
         s, r, t = row["seconds"], row["none_over"], row["tokens_per_s"]
-        print(f"    batch {row['batch']}: no cache {s['None']:.2f} s ({t['None']:.0f} tok/s), prefix {s['prefix']:.2f} s "
-              f"({t['prefix']:.0f} tok/s), dual {s['dual']:.2f} s ({t['dual']:.0f} tok/s)")
-        print(f"             no cache / dual = {r['dual']:.2f} (target >= 3), no cache / prefix = {r['prefix']:.2f} "
-              "(target >= 1.8)")
+        print(
+            f"    batch {row['batch']}: no cache {s['None']:.2f} s ({t['None']:.0f} tok/s), prefix {s['prefix']:.2f} s "
+            f"({t['prefix']:.0f} tok/s), dual {s['dual']:.2f} s ({t['dual']:.0f} tok/s)"
+        )
+        print(
+            f"             no cache / dual = {r['dual']:.2f} (target >= 3), no cache / prefix = {r['prefix']:.2f} "
+            "(target >= 1.8)"
+        )
     memory_ = report["memory"]
     print(f"[2] cache memory (batch 8, guidance): one canvas = {memory_['one_canvas_bytes'] / 2**20:.2f} MiB")
     for cache in CACHES[1:]:
         m = memory_[cache]
-        print(f"    {cache}: peak {m['peak_bytes'] / 2**20:.2f} MiB over {m['forwards']} forwards, "
-              f"{'constant' if m['constant'] else 'GROWS'}")
+        print(
+            f"    {cache}: peak {m['peak_bytes'] / 2**20:.2f} MiB over {m['forwards']} forwards, "
+            f"{'constant' if m['constant'] else 'GROWS'}"
+        )
     for row in report.get("trained", []):
         if row is report["trained"][0]:
             print("[3] trained 2-gram MDM, L = 64, 512 samples, temperature 1, blocks of 8")
-        print(f"    {row['sampler']:<32} forwards/token {row['forwards_per_token']:.3f}  TER increase "
-              f"{100 * row['ter_increase']:.2f}% [{100 * row['ci'][0]:.2f}, {100 * row['ci'][1]:.2f}]  "
-              f"{row['seconds']:.1f} s")
+        print(
+            f"    {row['sampler']:<32} forwards/token {row['forwards_per_token']:.3f}  TER increase "
+            f"{100 * row['ter_increase']:.2f}% [{100 * row['ci'][0]:.2f}, {100 * row['ci'][1]:.2f}]  "
+            f"{row['seconds']:.1f} s"
+        )
 
 
 if __name__ == "__main__":

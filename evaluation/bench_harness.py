@@ -47,29 +47,40 @@ def main() -> None:
             groups.setdefault((cell.model_name, cell.setting), []).append(cell)
     if not allow_code:
         print(f"(code tasks {CODE_TASKS} left out: set HF_ALLOW_CODE_EVAL=1 to include them)")
-    print(f"{'model':<12} {'setting':<14} {'tasks':>5} {'requests':>8} {'run s':>8} {'generate s':>10} "
-          f"{'batches s':>9} {'run/gen':>8} {'batch/gen':>9} {'fixed s':>8}")  # fmt: skip
+    print(
+        f"{'model':<12} {'setting':<14} {'tasks':>5} {'requests':>8} {'run s':>8} {'generate s':>10} "
+        f"{'batches s':>9} {'run/gen':>8} {'batch/gen':>9} {'fixed s':>8}"
+    )
     totals = {"run": 0.0, "generate": 0.0, "batches": 0.0}
     for (model_name, setting), cells in groups.items():
         first = cells[0]
-        lm = create_lm(first.model, dict(first.model_args), batch_size=config.evaluate.get("batch_size"),
-                       device=config.evaluate.get("device"))  # fmt: skip
+        lm = create_lm(
+            first.model,
+            dict(first.model_args),
+            batch_size=config.evaluate.get("batch_size"),
+            device=config.evaluate.get("device"),
+        )
         tasks = [cell.task for cell in cells]
         start = time.perf_counter()
-        results = simple_evaluate(lm, model_args=first.model_args, tasks=tasks, gen_kwargs=first.gen_kwargs or None,
-                                  **evaluate)  # fmt: skip
+        results = simple_evaluate(
+            lm, model_args=first.model_args, tasks=tasks, gen_kwargs=first.gen_kwargs or None, **evaluate
+        )
         run = time.perf_counter() - start
         timing = results["timing"]["all"]
         totals["run"] += run
         totals["generate"] += timing["generate_s"]
         totals["batches"] += timing["wall_s"]
-        print(f"{model_name:<12} {setting:<14} {len(tasks):>5} {timing['requests']:>8} {run:>8.2f} "
-              f"{timing['generate_s']:>10.2f} {timing['wall_s']:>9.2f} {run / timing['generate_s']:>8.3f} "
-              f"{timing['wall_s'] / timing['generate_s']:>9.3f} {run - timing['wall_s']:>8.2f}")  # fmt: skip
+        print(
+            f"{model_name:<12} {setting:<14} {len(tasks):>5} {timing['requests']:>8} {run:>8.2f} "
+            f"{timing['generate_s']:>10.2f} {timing['wall_s']:>9.2f} {run / timing['generate_s']:>8.3f} "
+            f"{timing['wall_s'] / timing['generate_s']:>9.3f} {run - timing['wall_s']:>8.2f}"
+        )
         del lm
-    print(f"\ntotal: run / generate = {totals['run'] / totals['generate']:.3f} (target <= 1.10); "
-          f"batches / generate = {totals['batches'] / totals['generate']:.3f}; "
-          f"fixed cost {totals['run'] - totals['batches']:.1f} s over {len(groups)} runs")
+    print(
+        f"\ntotal: run / generate = {totals['run'] / totals['generate']:.3f} (target <= 1.10); "
+        f"batches / generate = {totals['batches'] / totals['generate']:.3f}; "
+        f"fixed cost {totals['run'] - totals['batches']:.1f} s over {len(groups)} runs"
+    )
 
 
 if __name__ == "__main__":

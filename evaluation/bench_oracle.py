@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hf_mdm.generation import diffusion_generate  # noqa: E402
@@ -33,8 +32,16 @@ from hf_mdm.languages import ChainLanguage, OracleDenoiser  # noqa: E402
 def sample_with_oracle(oracle: OracleDenoiser, num: int, length: int, steps: int, seed: int):
     """The paper's sampler through ``diffusion_generate``. Returns ``(num, length)`` samples and the oracle calls."""
     out = diffusion_generate(
-        oracle, torch.zeros(num, 0, dtype=torch.long), max_new_tokens=length, steps=steps, transfer="stochastic",
-        strategy="random", schedule="linear", temperature=1.0, seed=seed, return_dict_in_generate=True,
+        oracle,
+        torch.zeros(num, 0, dtype=torch.long),
+        max_new_tokens=length,
+        steps=steps,
+        transfer="stochastic",
+        strategy="random",
+        schedule="linear",
+        temperature=1.0,
+        seed=seed,
+        return_dict_in_generate=True,
     )
     return out.sequences, out.nfe
 

@@ -59,8 +59,13 @@ def median_time(fn, repeats: int, desc: str = "") -> float:
 def tiny_model(vocab_size: int, hidden: int, layers: int, seed: int = 0) -> MDMForMaskedDiffusion:
     torch.manual_seed(seed)
     config = MDMConfig(
-        vocab_size=vocab_size, mask_token_id=vocab_size - 1, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=4, intermediate_size=4 * hidden, max_position_embeddings=512,
+        vocab_size=vocab_size,
+        mask_token_id=vocab_size - 1,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=512,
     )
     return MDMForMaskedDiffusion(config).eval()
 
@@ -89,7 +94,9 @@ def overhead(repeats: int) -> dict:
         block_times.append(median_time(lambda: forwards(block), 1))
     ratios = [g / f for g, f in zip(gen_times, fwd_times)]
     block_ratios = [g / b for g, b in zip(gen_times, block_times)]
-    t_gen, t_fwd, t_fwd_block = (statistics.median(v) / d for v, d in ((gen_times, 1), (fwd_times, nfe), (block_times, nfe)))
+    t_gen, t_fwd, t_fwd_block = (
+        statistics.median(v) / d for v, d in ((gen_times, 1), (fwd_times, nfe), (block_times, nfe))
+    )
     return {
         "setting": f"batch {bsz}, prompt {plen}, {new} new tokens, {steps} steps, block 32, hidden 128, 2 layers, vocab 1024",
         "nfe": nfe,
@@ -145,9 +152,11 @@ def versus_baseline(baseline_generate, repeats: int) -> dict:
         kwargs = dict(max_new_tokens=128, steps=128, block_length=32)
         ours, theirs = diffusion_generate(model, x, **kwargs), baseline_generate(model, x, **kwargs)
         assert torch.equal(ours, theirs), f"{name}: the tokens differ from the baseline's"
-        ratios = [median_time(lambda: diffusion_generate(model, x, **kwargs), 1)
-                  / median_time(lambda: baseline_generate(model, x, **kwargs), 1)
-                  for _ in tqdm(range(repeats), desc=f"[3] {name} vs baseline", leave=False)]  # fmt: skip
+        ratios = [
+            median_time(lambda: diffusion_generate(model, x, **kwargs), 1)
+            / median_time(lambda: baseline_generate(model, x, **kwargs), 1)
+            for _ in tqdm(range(repeats), desc=f"[3] {name} vs baseline", leave=False)
+        ]
         results[name] = {"ratio": statistics.median(ratios), "ratios": ratios, "same_tokens": True}
     return results
 
@@ -160,8 +169,10 @@ def main() -> None:
     parser.add_argument("--baseline", default=None, help="another checkout to compare this sampler's speed with")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"bench_sampler: {args.repeats} repeats of each timing (a few minutes on 2 CPU cores; progress below)",
-          flush=True)  # fmt: skip
+    print(
+        f"bench_sampler: {args.repeats} repeats of each timing (a few minutes on 2 CPU cores; progress below)",
+        flush=True,
+    )
     results = {
         "machine": f"{platform.processor() or platform.machine()}, {args.threads} threads, torch {torch.__version__}",
         "overhead": overhead(args.repeats),
@@ -171,19 +182,25 @@ def main() -> None:
         results["versus_baseline"] = versus_baseline(load_baseline(args.baseline), args.repeats)
     o, h = results["overhead"], results["lm_head"]
     print(f"[1] {o['setting']}")
-    print(f"    generate {o['generate_s']:.3f} s, NFE {o['nfe']}, full forward {o['forward_full_s'] * 1e3:.2f} ms, "
-          f"block-head forward {o['forward_block_head_s'] * 1e3:.2f} ms")
+    print(
+        f"    generate {o['generate_s']:.3f} s, NFE {o['nfe']}, full forward {o['forward_full_s'] * 1e3:.2f} ms, "
+        f"block-head forward {o['forward_block_head_s'] * 1e3:.2f} ms"
+    )
     low, high = min(o["ratios"]), max(o["ratios"])
-    print(f"    generate / (NFE x full forward)       = {o['ratio_vs_full_forward']:.3f}   (target <= 1.05; "
-          f"median of {len(o['ratios'])} interleaved repeats, range {low:.3f}-{high:.3f})")
+    print(
+        f"    generate / (NFE x full forward)       = {o['ratio_vs_full_forward']:.3f}   (target <= 1.05; "
+        f"median of {len(o['ratios'])} interleaved repeats, range {low:.3f}-{high:.3f})"
+    )
     print(f"    generate / (NFE x block-head forward) = {o['ratio_vs_block_head_forward']:.3f}   (sampler's own share)")
     print(f"[2] {h['setting']}")
     print(f"    generate {h['generate_s']:.3f} s vs full-logits sampler {h['full_logits_generate_s']:.3f} s")
     print(f"    ratio = {h['ratio']:.3f}   (target <= 0.5; identical tokens)")
     for name, row in results.get("versus_baseline", {}).items():
         low, high = min(row["ratios"]), max(row["ratios"])
-        print(f"[3] {name} setting: generate / baseline's generate = {row['ratio']:.3f} (median of "
-              f"{len(row['ratios'])} interleaved repeats, range {low:.3f}-{high:.3f}; identical tokens)")
+        print(
+            f"[3] {name} setting: generate / baseline's generate = {row['ratio']:.3f} (median of "
+            f"{len(row['ratios'])} interleaved repeats, range {low:.3f}-{high:.3f}; identical tokens)"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

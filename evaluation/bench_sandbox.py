@@ -57,12 +57,16 @@ def main() -> None:
     print(f"{'layer':<11} {'passed':>8} {'median s/program':>17} {'mean s/program':>15} {'programs/s':>11}")
     for layer in LAYERS:
         passed = len(names) - len([f for f in failed[layer] if "(parallel)" not in f])
-        print(f"{layer:<11} {passed:>8} {statistics.median(seconds[layer]):>17.4f} "
-              f"{statistics.fmean(seconds[layer]):>15.4f} {throughput[layer]:>11.1f}")  # fmt: skip
+        print(
+            f"{layer:<11} {passed:>8} {statistics.median(seconds[layer]):>17.4f} "
+            f"{statistics.fmean(seconds[layer]):>15.4f} {throughput[layer]:>11.1f}"
+        )
     medians = {layer: statistics.median(seconds[layer]) for layer in LAYERS}
     paired = statistics.median(b / p for b, p in zip(seconds["bubblewrap"], seconds["process"]))
-    print(f"\nbubblewrap / process: median time per program {medians['bubblewrap'] / medians['process']:.3f} "
-          f"(median of per-program ratios {paired:.3f}); throughput {throughput['bubblewrap'] / throughput['process']:.3f}")
+    print(
+        f"\nbubblewrap / process: median time per program {medians['bubblewrap'] / medians['process']:.3f} "
+        f"(median of per-program ratios {paired:.3f}); throughput {throughput['bubblewrap'] / throughput['process']:.3f}"
+    )
     for layer in LAYERS:
         for line in failed[layer][:20]:
             print(f"FAILED under {layer}: {line}")

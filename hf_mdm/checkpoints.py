@@ -38,6 +38,4 @@ def check_local_path(name: Any, what: str = "pretrained") -> None:
         missing = path.relative_to(parent).parts[0]
         near = difflib.get_close_matches(missing, [p.name for p in parent.iterdir()], n=3, cutoff=0.6)
         hint = f"; {parent} has {', '.join(near)}" if near else f"; {parent} exists but has no {missing!r}"
-    raise ValueError(
-        f"{what}={text}: no such file or directory (a local path, not a Hub id{hint}): check the path"
-    )
+    raise ValueError(f"{what}={text}: no such file or directory (a local path, not a Hub id{hint}): check the path")

@@ -60,9 +60,17 @@ def positive_float(text: str) -> float:
 def _dataset_build(args: argparse.Namespace) -> int:
     from .data import SyntheticLanguageBuilder
 
-    overrides = {k: v for k, v in (("length", args.length), ("num_train", args.num_train),
-                                   ("num_validation", args.num_validation), ("num_test", args.num_test),
-                                   ("seed", args.seed)) if v is not None}
+    overrides = {
+        k: v
+        for k, v in (
+            ("length", args.length),
+            ("num_train", args.num_train),
+            ("num_validation", args.num_validation),
+            ("num_test", args.num_test),
+            ("seed", args.seed),
+        )
+        if v is not None
+    }
     builder = SyntheticLanguageBuilder(config_name=args.config, cache_dir=args.cache_dir, **overrides)
     builder.download_and_prepare()
     dataset = builder.as_dataset()
@@ -108,19 +116,37 @@ def _train(args: argparse.Namespace) -> int:
     entropy = language.expected_nll(length).value / length
     validation = dataset["validation"].select(range(min(args.eval_samples, len(dataset["validation"]))))
     training_args = TrainingArguments(
-        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size, max_steps=args.max_steps, learning_rate=args.learning_rate,
-        warmup_steps=args.warmup_steps, lr_scheduler_type="cosine", save_steps=args.save_steps,
-        eval_strategy="steps", eval_steps=args.save_steps, logging_steps=max(args.max_steps // 20, 1), report_to=[],
+        output_dir=args.output_dir,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        max_steps=args.max_steps,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        lr_scheduler_type="cosine",
+        save_steps=args.save_steps,
+        eval_strategy="steps",
+        eval_steps=args.save_steps,
+        logging_steps=max(args.max_steps // 20, 1),
+        report_to=[],
         seed=args.seed,
     )
-    trainer = build_trainer(args.kind, dataset["train"], validation, vocab_size=language.vocab_size,
-                            length=length, args=training_args, size=args.size, schedule=args.schedule,
-                            entropy_per_token=entropy, seed=args.seed)
+    trainer = build_trainer(
+        args.kind,
+        dataset["train"],
+        validation,
+        vocab_size=language.vocab_size,
+        length=length,
+        args=training_args,
+        size=args.size,
+        schedule=args.schedule,
+        entropy_per_token=entropy,
+        seed=args.seed,
+    )
     final = Path(args.output_dir) / "final"
     print(f"training; then the model is saved to {final} and evaluated on {len(validation)} validation sequences")
-    metrics = train_save_evaluate(trainer, final, lambda folder: language.save_pretrained(folder / "language"),
-                                  resume=not args.no_resume)
+    metrics = train_save_evaluate(
+        trainer, final, lambda folder: language.save_pretrained(folder / "language"), resume=not args.no_resume
+    )
     if metrics is None:
         print(f"evaluation interrupted; the trained model is saved in {final}", file=sys.stderr)
         return 130
@@ -149,7 +175,9 @@ def _load_sampler_model(args: argparse.Namespace):
     if args.kind == "mdm" and not mdm:
         raise ValueError(f"--model {args.model} is a {config.model_type!r} (autoregressive) checkpoint: pass --kind ar")
     if args.kind == "ar" and mdm:
-        raise ValueError(f"--model {args.model} is a masked diffusion checkpoint ({config.model_type!r}): pass --kind mdm")
+        raise ValueError(
+            f"--model {args.model} is a masked diffusion checkpoint ({config.model_type!r}): pass --kind mdm"
+        )
     loader = AutoModelForMaskedLM if mdm else AutoModelForCausalLM
     model = loader.from_pretrained(args.model).eval()
     if mdm and args.schedule and hasattr(config, "schedule"):
@@ -163,8 +191,18 @@ def _load_sampler_model(args: argparse.Namespace):
     return model, "mdm" if mdm else "ar", language
 
 
-SAMPLER_FLAGS = ("steps", "transfer", "strategy", "schedule", "temperature", "draft_length", "remdm", "remdm_eta",
-                 "remdm_t_on", "remdm_t_off")
+SAMPLER_FLAGS = (
+    "steps",
+    "transfer",
+    "strategy",
+    "schedule",
+    "temperature",
+    "draft_length",
+    "remdm",
+    "remdm_eta",
+    "remdm_t_on",
+    "remdm_t_off",
+)
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -185,13 +223,20 @@ def _sample(args: argparse.Namespace) -> int:
         defaults = dict(PAPER_SAMPLER)
         if given["transfer"] == "speculative":  # it samples the left-to-right order: no strategy to default
             defaults.pop("strategy")
-        config = resolve_config(model, None, {**given, "max_new_tokens": args.length, "stop_at_eos": False},
-                                defaults=defaults)  # fmt: skip
+        config = resolve_config(
+            model, None, {**given, "max_new_tokens": args.length, "stop_at_eos": False}, defaults=defaults
+        )
         sampler = {name: getattr(config, name) for name in SAMPLER_FLAGS}
-        samples = diffusion_generate(model, torch.zeros(args.num, 0, dtype=torch.long), generation_config=config,
-                                     seed=args.seed)  # fmt: skip
-    write_atomic(Path(args.output), json.dumps({"model": args.model, "kind": kind, "steps": args.steps,
-                                                "sampler": sampler, "samples": samples.tolist()}, default=str))
+        samples = diffusion_generate(
+            model, torch.zeros(args.num, 0, dtype=torch.long), generation_config=config, seed=args.seed
+        )
+    write_atomic(
+        Path(args.output),
+        json.dumps(
+            {"model": args.model, "kind": kind, "steps": args.steps, "sampler": sampler, "samples": samples.tolist()},
+            default=str,
+        ),
+    )
     used = "".join(f", {name} {value}" for name, value in sampler.items() if value is not None)
     print(f"wrote {samples.shape[0]} samples of length {samples.shape[1]} to {args.output}{used}")
     if kind == "mdm":
@@ -207,8 +252,11 @@ def _print_generate_difference(model: Any, defaulted: dict[str, Any]) -> None:
     plain = resolve_config(model, None, {"max_new_tokens": 1})
     differ = [f"{name}={getattr(plain, name)!r}" for name, value in defaulted.items() if getattr(plain, name) != value]
     if differ:
-        print("note: this command defaults to the paper's sampler; model.generate() without these flags would use "
-              + ", ".join(differ) + " (pass --transfer/--strategy/--temperature to choose)")
+        print(
+            "note: this command defaults to the paper's sampler; model.generate() without these flags would use "
+            + ", ".join(differ)
+            + " (pass --transfer/--strategy/--temperature to choose)"
+        )
 
 
 def _score(args: argparse.Namespace) -> int:
@@ -231,8 +279,10 @@ def _json_scores(scores: dict[str, Any], skipped: bool) -> dict[str, Any]:
     finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in scores.items()}
     outside, total = scores["num_out_of_support"], scores["num_sequences"]
     if finite["ter"] is None and not skipped:
-        finite["note"] = (f"{outside} of {total} samples are outside the language's support, so TER is infinite "
-                          "(null here): pass --skip-out-of-support for the TER of the samples inside it")  # fmt: skip
+        finite["note"] = (
+            f"{outside} of {total} samples are outside the language's support, so TER is infinite "
+            "(null here): pass --skip-out-of-support for the TER of the samples inside it"
+        )
     elif finite["ter"] is None:
         finite["note"] = f"all {total} samples are outside the language's support: TER is undefined (null)"
     return finite
@@ -314,10 +364,18 @@ def _push(args: argparse.Namespace) -> int:
     config = AutoConfig.from_pretrained(args.model)
     loader = AutoModelForMaskedLM if is_mdm(config) else AutoModelForCausalLM
     model = loader.from_pretrained(args.model)
-    language_dir = args.language or (Path(args.model) / "language" if (Path(args.model) / "language").is_dir() else None)
+    language_dir = args.language or (
+        Path(args.model) / "language" if (Path(args.model) / "language").is_dir() else None
+    )
     results = json.loads(Path(args.results).read_text()) if args.results else []
-    info = push_model(model, args.repo_id, language=load_language(language_dir) if language_dir else None,
-                      results=results, private=args.private, project_url=args.project_url)
+    info = push_model(
+        model,
+        args.repo_id,
+        language=load_language(language_dir) if language_dir else None,
+        results=results,
+        private=args.private,
+        project_url=args.project_url,
+    )
     print(info)
     return 0
 
@@ -377,8 +435,12 @@ def _add_train_command(commands: Any) -> None:
     train.add_argument("--learning-rate", type=positive_float, default=3e-3)
     train.add_argument("--warmup-steps", type=at_least(0), default=50)
     train.add_argument("--save-steps", type=at_least(1), default=500)
-    train.add_argument("--eval-samples", type=at_least(1), default=512,
-                       help="validation sequences evaluated every --save-steps and at the end (default 512)")
+    train.add_argument(
+        "--eval-samples",
+        type=at_least(1),
+        default=512,
+        help="validation sequences evaluated every --save-steps and at the end (default 512)",
+    )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")
     train.set_defaults(func=_train)
@@ -392,14 +454,23 @@ def _add_sample_and_score_commands(commands: Any) -> None:
     sample.add_argument("--num", type=at_least(1), default=256)
     sample.add_argument("--length", type=at_least(1), required=True)
     unset = "default: the model's generation config, else the paper's sampler"
-    sample.add_argument("--steps", type=at_least(1), default=None,
-                        help="default: the model's generation config, else one per token")
+    sample.add_argument(
+        "--steps", type=at_least(1), default=None, help="default: the model's generation config, else one per token"
+    )
     sample.add_argument("--transfer", default=None, help=f"{unset} (stochastic)")
     sample.add_argument("--strategy", default=None, help=f"{unset} (random)")
-    sample.add_argument("--draft-length", type=at_least(1), default=None,
-                        help="drafts per round of --transfer speculative (exact speculative decoding)")
-    sample.add_argument("--remdm", choices=["cap", "rescale", "conf", "loop"], default=None,
-                        help="ReMDM remasking on the paper's sampler (with --remdm-eta; loop: --remdm-t-on/--remdm-t-off)")
+    sample.add_argument(
+        "--draft-length",
+        type=at_least(1),
+        default=None,
+        help="drafts per round of --transfer speculative (exact speculative decoding)",
+    )
+    sample.add_argument(
+        "--remdm",
+        choices=["cap", "rescale", "conf", "loop"],
+        default=None,
+        help="ReMDM remasking on the paper's sampler (with --remdm-eta; loop: --remdm-t-on/--remdm-t-off)",
+    )
     sample.add_argument("--remdm-eta", type=at_least(0.0, float), default=None)
     sample.add_argument("--remdm-t-on", type=positive_float, default=None)
     sample.add_argument("--remdm-t-off", type=positive_float, default=None)
@@ -417,8 +488,10 @@ def _add_sample_and_score_commands(commands: Any) -> None:
 
 
 def _add_experiment_commands(commands: Any) -> None:
-    for name, func, help_text in (("bench", _bench, "MDM vs AR wall-clock as L grows"),
-                                  ("reproduce", _reproduce, "the paper's synthetic experiments and results/REPORT.md")):
+    for name, func, help_text in (
+        ("bench", _bench, "MDM vs AR wall-clock as L grows"),
+        ("reproduce", _reproduce, "the paper's synthetic experiments and results/REPORT.md"),
+    ):
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument("--full", action="store_true", help="the paper's scale (GPU) instead of the quick preset")
         sub.add_argument("--output-dir", default="results")
@@ -441,8 +514,10 @@ def _add_hub_and_compare_commands(commands: Any) -> None:
 
     from .harness import compare as harness_compare  # stdlib and yaml only at import
 
-    tiny = commands.add_parser("tiny-models", help="write the tiny local MDM and Llama (untrained, byte tokenizer) "
-                               "that the hf-mdm-eval examples run offline")  # fmt: skip
+    tiny = commands.add_parser(
+        "tiny-models",
+        help="write the tiny local MDM and Llama (untrained, byte tokenizer) that the hf-mdm-eval examples run offline",
+    )
     tiny.add_argument("directory", help="writes DIRECTORY/mdm and DIRECTORY/llama")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_tiny_models)

@@ -90,7 +90,9 @@ class MDMConfig(PretrainedConfig):
         if not 0 <= mask_token_id < vocab_size:
             raise ValueError(f"mask_token_id={mask_token_id} must be in [0, vocab_size={vocab_size})")
         if hidden_size % num_attention_heads:
-            raise ValueError(f"hidden_size={hidden_size} must be divisible by num_attention_heads={num_attention_heads}")
+            raise ValueError(
+                f"hidden_size={hidden_size} must be divisible by num_attention_heads={num_attention_heads}"
+            )
         num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
         if num_attention_heads % num_key_value_heads:
             raise ValueError(
@@ -98,7 +100,9 @@ class MDMConfig(PretrainedConfig):
             )
         if logits_shift not in (0, 1):
             raise ValueError(f"logits_shift must be 0 or 1, got {logits_shift}")
-        if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        if block_size is not None and (
+            isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
+        ):
             raise ValueError(f"block_size must be None (bidirectional) or an integer >= 1, got {block_size!r}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size

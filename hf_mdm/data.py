@@ -50,7 +50,6 @@ from .languages import (
     load_language,
 )
 
-
 #: Bump when the way sequences are drawn or stored changes (seeding, chunking, columns): it is part of the cache key.
 DATA_FORMAT_VERSION = 1
 #: Each split draws from its own random stream, so the validation data does not depend on ``num_train``.
@@ -64,9 +63,19 @@ DEFAULT_PUSH_CONFIGS = ("ngram2", "ngram3", "ngram4", "hmm", "chain")
 
 FEATURES = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32"))})
 _DATA_FIELDS = (
-    "language_kind", "vocab_size", "n", "num_states", "concentration", "prune_threshold", "language_seed",
-    "length", "num_train", "num_validation", "num_test", "seed",
-)  # fmt: skip
+    "language_kind",
+    "vocab_size",
+    "n",
+    "num_states",
+    "concentration",
+    "prune_threshold",
+    "language_seed",
+    "length",
+    "num_train",
+    "num_validation",
+    "num_test",
+    "seed",
+)
 _LANGUAGE_PARAMETERS = {
     "ngram": ("vocab_size", "n", "concentration", "prune_threshold"),
     "hmm": ("vocab_size", "num_states", "concentration", "prune_threshold"),

@@ -33,10 +33,8 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
-from .generation_processors import ScoreRecorder, config_processors, config_warpers
-from .generation_remask import REMDM_VARIANTS, Remasking
-from .generation_resolve import resolve_config
 from .generation_denoiser import Denoiser, logits_shift_of
+from .generation_processors import ScoreRecorder, config_processors, config_warpers
 from .generation_reference import (
     DREAM_ALGS,
     LLADA_EOS_TOKEN_ID,
@@ -47,6 +45,8 @@ from .generation_reference import (
     reject_inert_reference_args,
     run_reference,
 )
+from .generation_remask import REMDM_VARIANTS, Remasking
+from .generation_resolve import resolve_config
 from .generation_sampler import Canvas, Sampler, Trace, prepare_canvas, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
 from .generation_stopping import Streamer, eos_tensor, finalize_eos, with_max_time
@@ -59,18 +59,43 @@ from .generation_strategy import (
     canonical_strategy,
     get_strategy,
 )
-from .generation_transfer import TRANSFERS, build_transfer, deterministic_counts, reveal_probability, reveal_steps, split_steps, time_grid
+from .generation_transfer import (
+    TRANSFERS,
+    build_transfer,
+    deterministic_counts,
+    reveal_probability,
+    reveal_steps,
+    split_steps,
+    time_grid,
+)
 from .schedules import get_schedule
 from .timer import Stopwatch
 
 __all__ = [
-    "MaskedDiffusionGenerationConfig", "MaskedDiffusionGenerateOutput", "MaskedDiffusionGenerationMixin",
-    "diffusion_generate", "resolve_config", "check_token_ids", "logits_shift_of", "canonical_strategy", "time_grid",
+    "MaskedDiffusionGenerationConfig",
+    "MaskedDiffusionGenerateOutput",
+    "MaskedDiffusionGenerationMixin",
+    "diffusion_generate",
+    "resolve_config",
+    "check_token_ids",
+    "logits_shift_of",
+    "canonical_strategy",
+    "time_grid",
     "deterministic_counts",
-    "reveal_probability", "reveal_steps", "split_steps", "TRANSFERS", "STRATEGIES", "POSITIONAL_STRATEGIES",
-    "STRATEGY_ALIASES", "REMDM_VARIANTS", "REFERENCES", "LLADA_REMASKINGS", "DREAM_ALGS", "LLADA_EOS_TOKEN_ID",
+    "reveal_probability",
+    "reveal_steps",
+    "split_steps",
+    "TRANSFERS",
+    "STRATEGIES",
+    "POSITIONAL_STRATEGIES",
+    "STRATEGY_ALIASES",
+    "REMDM_VARIANTS",
+    "REFERENCES",
+    "LLADA_REMASKINGS",
+    "DREAM_ALGS",
+    "LLADA_EOS_TOKEN_ID",
     "LLADA_EOT_TOKEN_ID",
-]  # fmt: skip
+]
 
 
 @torch.no_grad()
@@ -129,8 +154,9 @@ def diffusion_generate(
     canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id, _max_positions(model))
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
     # 3. the pieces: the model call (guidance, cache, logits shift), proposals, transfer rule, strategy, records
-    denoiser = Denoiser.for_model(model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache,
-                                  config.kv_cache_refresh)  # fmt: skip
+    denoiser = Denoiser.for_model(
+        model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache, config.kv_cache_refresh
+    )
     sampler = _default_sampler(config, denoiser, logits_processor, generator, canvas, input_ids.shape[1])
     remasking = Remasking.from_config(config, streamer)  # None without remdm
     stopping = with_max_time(stopping_criteria, config.max_time)
@@ -262,7 +288,9 @@ def _vocab_size(model: Any) -> Optional[int]:
     return int(rows) if rows is not None else getattr(getattr(model, "config", None), "vocab_size", None)
 
 
-def _default_sampler(config, denoiser: Denoiser, logits_processor, generator, canvas: Canvas, prompt_len: int) -> Sampler:
+def _default_sampler(
+    config, denoiser: Denoiser, logits_processor, generator, canvas: Canvas, prompt_len: int
+) -> Sampler:
     """The default sampler of ``config``: processors from the config's fields before the user's, then warpers."""
     canvas_processors, context_processors = config_processors(config, denoiser.mask_id)
     canvas_processors.extend(logits_processor or [])
@@ -282,8 +310,9 @@ def _default_sampler(config, denoiser: Denoiser, logits_processor, generator, ca
     if record:
         recorder = ScoreRecorder(*canvas.x.shape, prompt_len, bool(config.output_scores), bool(config.output_logits))
     schedule = get_schedule(config.schedule, **(config.schedule_kwargs or {}))
-    return Sampler(denoiser, proposer, get_strategy(config.strategy), build_transfer(config), schedule, generator,
-                   recorder)  # fmt: skip
+    return Sampler(
+        denoiser, proposer, get_strategy(config.strategy), build_transfer(config), schedule, generator, recorder
+    )
 
 
 def _finalize(canvas: Canvas, finished: torch.Tensor, eos_ids, pad_id: int, mask_id: int) -> torch.Tensor:
@@ -302,8 +331,15 @@ class MaskedDiffusionGenerationMixin:
 
     generation_config_class = MaskedDiffusionGenerationConfig
 
-    def adjust_generation_fn(self, generation_config, from_auto_class, from_pipeline, pretrained_model_name_or_path,
-                             *args: Any, **kwargs: Any) -> None:
+    def adjust_generation_fn(
+        self,
+        generation_config,
+        from_auto_class,
+        from_pipeline,
+        pretrained_model_name_or_path,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         """Called by ``PreTrainedModel.from_pretrained``: load the checkpoint's generation config, if any."""
         if generation_config is not None:
             self.generation_config = MaskedDiffusionGenerationConfig.from_any(generation_config)

@@ -20,8 +20,8 @@ from transformers.utils import ModelOutput
 
 from .generation_denoiser import KV_CACHES
 from .generation_reference import check_reference_values, reject_foreign_args, validate_reference
-from .generation_speculative import validate_speculative
 from .generation_remask import validate_remdm
+from .generation_speculative import validate_speculative
 from .generation_strategy import canonical_strategy
 from .generation_transfer import TRANSFER_REGISTRY
 from .generation_values import is_integer, is_number

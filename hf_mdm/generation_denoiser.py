@@ -31,7 +31,6 @@ from typing import Any, Optional
 import torch
 
 from .families import facts_of
-
 from .kv_cache import output_cache
 from .modeling_blocks import shift_logits
 
@@ -74,7 +73,9 @@ class Rows:
     def select(self, index: torch.Tensor) -> "Rows":
         """The rows ``index`` (copies: write ``x`` back to keep changes)."""
         canvas_rows = index if self.index is None else self.index[index]
-        return Rows(self.x[index], None if self.attn is None else self.attn[index], self.prompt_mask[index], canvas_rows)
+        return Rows(
+            self.x[index], None if self.attn is None else self.attn[index], self.prompt_mask[index], canvas_rows
+        )
 
     def canvas_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The canvas row of each of ``rows`` (indices into these rows)."""
@@ -117,8 +118,15 @@ class Denoiser:
     block: Optional[BlockCache] = None
 
     @classmethod
-    def for_model(cls, model: Any, mask_id: int, cfg_scale: float = 0.0, shift: Optional[int] = None,
-                  kv_cache: Optional[str] = None, kv_cache_refresh: Optional[int] = None) -> "Denoiser":  # fmt: skip
+    def for_model(
+        cls,
+        model: Any,
+        mask_id: int,
+        cfg_scale: float = 0.0,
+        shift: Optional[int] = None,
+        kv_cache: Optional[str] = None,
+        kv_cache_refresh: Optional[int] = None,
+    ) -> "Denoiser":
         """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model. A ValueError when
         ``kv_cache`` is asked of a model that cannot keep keys/values."""
         if kv_cache is not None and not supports_kv_cache(model):
@@ -191,7 +199,9 @@ class Denoiser:
         block = self.block
         if block is None:
             return None
-        refresh = block.cache is None or (self.kv_cache_refresh is not None and block.forwards % self.kv_cache_refresh == 0)
+        refresh = block.cache is None or (
+            self.kv_cache_refresh is not None and block.forwards % self.kv_cache_refresh == 0
+        )
         block.forwards += 1
         if refresh:
             block.cache = None
@@ -202,7 +212,9 @@ class Denoiser:
         kwargs.update(cache=block.cache, cache_position=torch.arange(start, end, device=inputs.device))
         return start
 
-    def full_logits(self, x: torch.Tensor, prompt_mask: torch.Tensor, model_kwargs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def full_logits(
+        self, x: torch.Tensor, prompt_mask: torch.Tensor, model_kwargs: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """Logits (B, L, V) of the whole canvas as the reference samplers compute them: the LM head on every
         position (no ``logits_to_keep``, so the logits are the reference's bit for bit), guidance, then the shift
         (the logits at j are those predicting position j); on the canvas' device."""

@@ -45,24 +45,78 @@ from transformers.generation.logits_process import (
 
 # the value of a field that leaves generation unchanged (besides None), in every transformers 5 release
 NEUTRAL: dict[str, Any] = {
-    "do_sample": False, "num_beams": 1, "num_beam_groups": 1, "num_return_sequences": 1, "repetition_penalty": 1.0,
-    "encoder_repetition_penalty": 1.0, "length_penalty": 1.0, "diversity_penalty": 0.0, "no_repeat_ngram_size": 0,
-    "encoder_no_repeat_ngram_size": 0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "min_length": 0,
-    "min_new_tokens": 0, "renormalize_logits": False, "remove_invalid_values": False, "output_attentions": False,
-    "output_hidden_states": False, "output_scores": False, "output_logits": False, "early_stopping": False,
-    "low_memory": False, "use_cache": True, "guidance_scale": 1.0, "token_healing": False, "is_assistant": False,
-    "disable_compile": False, "num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
-    "assistant_confidence_threshold": 0.4, "assistant_lookbehind": 10, "target_lookbehind": 10, "top_k": 50,
-    "max_length": 20, "use_mtp": False,
-}  # fmt: skip
+    "do_sample": False,
+    "num_beams": 1,
+    "num_beam_groups": 1,
+    "num_return_sequences": 1,
+    "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0,
+    "length_penalty": 1.0,
+    "diversity_penalty": 0.0,
+    "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
+    "typical_p": 1.0,
+    "epsilon_cutoff": 0.0,
+    "eta_cutoff": 0.0,
+    "min_length": 0,
+    "min_new_tokens": 0,
+    "renormalize_logits": False,
+    "remove_invalid_values": False,
+    "output_attentions": False,
+    "output_hidden_states": False,
+    "output_scores": False,
+    "output_logits": False,
+    "early_stopping": False,
+    "low_memory": False,
+    "use_cache": True,
+    "guidance_scale": 1.0,
+    "token_healing": False,
+    "is_assistant": False,
+    "disable_compile": False,
+    "num_assistant_tokens": 20,
+    "num_assistant_tokens_schedule": "constant",
+    "assistant_confidence_threshold": 0.4,
+    "assistant_lookbehind": 10,
+    "target_lookbehind": 10,
+    "top_k": 50,
+    "max_length": 20,
+    "use_mtp": False,
+}
 # transformers' fields the reverse process reads (the diffusion fields are MaskedDiffusionGenerationConfig's own)
-HONOURED = frozenset({
-    "max_new_tokens", "max_length", "temperature", "top_k", "top_p", "do_sample", "eos_token_id", "pad_token_id",
-    "bos_token_id", "decoder_start_token_id", "return_dict_in_generate", "output_scores", "output_logits",
-    "repetition_penalty", "no_repeat_ngram_size", "suppress_tokens", "bad_words_ids", "sequence_bias",
-    "renormalize_logits", "remove_invalid_values", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "max_time",
-    "use_cache", "transformers_version", "cache_implementation", "compile_config", "disable_compile",
-})  # fmt: skip
+HONOURED = frozenset(
+    {
+        "max_new_tokens",
+        "max_length",
+        "temperature",
+        "top_k",
+        "top_p",
+        "do_sample",
+        "eos_token_id",
+        "pad_token_id",
+        "bos_token_id",
+        "decoder_start_token_id",
+        "return_dict_in_generate",
+        "output_scores",
+        "output_logits",
+        "repetition_penalty",
+        "no_repeat_ngram_size",
+        "suppress_tokens",
+        "bad_words_ids",
+        "sequence_bias",
+        "renormalize_logits",
+        "remove_invalid_values",
+        "min_p",
+        "typical_p",
+        "epsilon_cutoff",
+        "eta_cutoff",
+        "max_time",
+        "use_cache",
+        "transformers_version",
+        "cache_implementation",
+        "compile_config",
+        "disable_compile",
+    }
+)
 _INSTEAD = {
     "num_beams": "beam search has no counterpart in the reverse process: use num_beams=1",
     "num_return_sequences": "repeat the prompt rows instead (input_ids.repeat_interleave(n, dim=0)) and sample",
@@ -83,9 +137,13 @@ def is_active(config: Any, name: str) -> bool:
 def check_generation_fields(config: Any, diffusion_fields: tuple[str, ...]) -> None:
     """A ValueError naming every active transformers field that the reverse process would ignore."""
     ignored = [
-        name for name in sorted(vars(config))
-        if not name.startswith("_") and name not in HONOURED and name not in diffusion_fields and is_active(config, name)
-    ]  # fmt: skip
+        name
+        for name in sorted(vars(config))
+        if not name.startswith("_")
+        and name not in HONOURED
+        and name not in diffusion_fields
+        and is_active(config, name)
+    ]
     if ignored:
         hints = "; ".join(f"{name}: {_INSTEAD.get(name, 'unset it')}" for name in ignored)
         values = ", ".join(f"{name}={getattr(config, name)!r}" for name in ignored)
@@ -105,8 +163,15 @@ def apply_do_sample(config: Any) -> None:
         config.temperature = 1.0
 
 
-_CONFIG_PROCESSOR_FIELDS = ("repetition_penalty", "no_repeat_ngram_size", "suppress_tokens", "bad_words_ids",
-                            "sequence_bias", "renormalize_logits", "remove_invalid_values")  # fmt: skip
+_CONFIG_PROCESSOR_FIELDS = (
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "suppress_tokens",
+    "bad_words_ids",
+    "sequence_bias",
+    "renormalize_logits",
+    "remove_invalid_values",
+)
 
 
 def config_processors(config: Any, mask_id: int) -> tuple[LogitsProcessorList, LogitsProcessorList]:
@@ -141,8 +206,12 @@ def _by_context_width(sequences: list, length: Any) -> dict[int, list]:
 def config_warpers(config: Any) -> list[LogitsProcessor]:
     """min-p, typical, epsilon and eta sampling from the config (at temperature > 0, after top-k / top-p), then
     ``renormalize_logits`` (at every temperature: a log-softmax changes neither the argmax nor a probability)."""
-    builds = {"min_p": MinPLogitsWarper, "typical_p": TypicalLogitsWarper, "epsilon_cutoff": EpsilonLogitsWarper,
-              "eta_cutoff": EtaLogitsWarper}  # fmt: skip
+    builds = {
+        "min_p": MinPLogitsWarper,
+        "typical_p": TypicalLogitsWarper,
+        "epsilon_cutoff": EpsilonLogitsWarper,
+        "eta_cutoff": EtaLogitsWarper,
+    }
     warpers = [build(float(getattr(config, name))) for name, build in builds.items() if is_active(config, name)]
     warpers = warpers if config.temperature else []
     return warpers + ([LogitNormalization()] if is_active(config, "renormalize_logits") else [])

@@ -28,17 +28,34 @@ DREAM_ALGS = ("origin", "maskgit_plus", "topk_margin", "entropy")
 # The sampler settings each reference takes, under its own names (besides its length: LLaDA's gen_length, Dream's
 # max_new_tokens; and the token ids mask_token_id, eos_token_id, pad_token_id).
 REFERENCE_ARGS = {
-    "llada": ("steps", "block_length", "temperature", "cfg_scale", "remasking", "logits_eos_inf",
-              "confidence_eos_eot_inf", "eot_token_id"),
+    "llada": (
+        "steps",
+        "block_length",
+        "temperature",
+        "cfg_scale",
+        "remasking",
+        "logits_eos_inf",
+        "confidence_eos_eot_inf",
+        "eot_token_id",
+    ),
     "dream": ("steps", "eps", "alg", "alg_temp", "temperature", "top_p", "top_k", "cfg_scale"),
-}  # fmt: skip
+}
 REFERENCE_TOKEN_ARGS = ("mask_token_id", "eos_token_id", "pad_token_id")
 # Settings the default sampler has too; every other setting of a reference is its own.
 _SHARED_ARGS = ("steps", "block_length", "temperature", "cfg_scale", "top_p", "top_k")
 REFERENCE_ONLY_ARGS = {name: tuple(a for a in args if a not in _SHARED_ARGS) for name, args in REFERENCE_ARGS.items()}
 # The default sampler's own fields, which a reference config leaves at their defaults.
-SAMPLER_ONLY_FIELDS = ("schedule", "schedule_kwargs", "transfer", "strategy", "threshold", "entropy_bound", "kv_cache",
-                       "kv_cache_refresh", "draft_length")  # fmt: skip
+SAMPLER_ONLY_FIELDS = (
+    "schedule",
+    "schedule_kwargs",
+    "transfer",
+    "strategy",
+    "threshold",
+    "entropy_bound",
+    "kv_cache",
+    "kv_cache_refresh",
+    "draft_length",
+)
 # LLaDA's generate() hard-codes LLaDA-8B's ids: EOS <|endoftext|> and EoT <|eot_id|>. The configs take EOS from the
 # model config (126081 for LLaDA-8B) and EoT from ``eot_token_id`` (the model config's ``eot_token_id``, else this).
 LLADA_EOS_TOKEN_ID = 126081
@@ -62,6 +79,7 @@ def check_reference_values(config: Any, reference: Optional[str] = None) -> None
     Without ``reference`` (the default sampler, which does not read these fields) a field may be unset (None) or
     hold a valid value, which stays inert: Dream's published generation_config.json carries ``alg``, ``eps`` and
     ``alg_temp`` without selecting the reference. With ``reference`` its own fields must be set."""
+
     def hint(owner: Optional[str]) -> str:
         return "" if reference or owner is None else f" (read only by the {owner} reference sampler)"
 
@@ -70,9 +88,8 @@ def check_reference_values(config: Any, reference: Optional[str] = None) -> None
         ("alg", "dream", lambda v: v in DREAM_ALGS, f"one of {list(DREAM_ALGS)}"),
         ("eps", "dream", lambda v: is_number(v) and 0 <= v < 1, "a number in [0, 1)"),
         ("alg_temp", "dream", lambda v: v is None or (is_number(v) and v >= 0), "a number >= 0 or None"),
-        ("eot_token_id", "llada", lambda v: v is None or (is_integer(v) and v >= 0),
-         "a token id >= 0 or None"),
-    )  # fmt: skip
+        ("eot_token_id", "llada", lambda v: v is None or (is_integer(v) and v >= 0), "a token id >= 0 or None"),
+    )
     for name, owner, valid, expected in checks:
         value = getattr(config, name, None)
         if (value is not None or owner == reference) and not valid(value):
@@ -118,9 +135,13 @@ def validate_reference(config: Any, defaults: dict[str, Any]) -> None:
 
 
 def check_llada_lengths(
-    gen_length: int, steps: int, block_length: int, length_name: str = "gen_length", length_note: str = "",
+    gen_length: int,
+    steps: int,
+    block_length: int,
+    length_name: str = "gen_length",
+    length_note: str = "",
     where: str = "",
-) -> None:  # fmt: skip
+) -> None:
     """LLaDA's generate() asserts ``gen_length % block_length == 0`` and ``steps % num_blocks == 0``: the same rules
     as a ValueError naming what to change (``length_name`` / ``length_note`` / ``where`` word it for the caller)."""
     if gen_length % block_length:
@@ -365,5 +386,3 @@ def dream_sample(run: ReferenceRun) -> None:
                 proposal[mask_index] = x0
                 x.scatter_(1, idx, proposal.gather(1, idx))
         run.trace.step(x)
-
-

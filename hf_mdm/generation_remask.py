@@ -58,8 +58,10 @@ def validate_remdm(config: Any) -> None:
     if config.remdm is None:
         given = [f"{name}={getattr(config, name)!r}" for name in REMDM_FIELDS if getattr(config, name) is not None]
         if given:
-            raise ValueError(f"{', '.join(given)}: read only by remdm (ReMDM remasking): pass remdm="
-                             f"{' / '.join(map(repr, REMDM_VARIANTS))}, or drop them")  # fmt: skip
+            raise ValueError(
+                f"{', '.join(given)}: read only by remdm (ReMDM remasking): pass remdm="
+                f"{' / '.join(map(repr, REMDM_VARIANTS))}, or drop them"
+            )
         return
     if config.remdm not in REMDM_VARIANTS:
         raise ValueError(f"unknown remdm {config.remdm!r}: use one of {list(REMDM_VARIANTS)} or None")
@@ -80,23 +82,29 @@ def _check_combinations(config: Any) -> None:
                 f"{name}={value!r} or leave {name} unset"
             )
     if config.reference not in (None, "none"):
-        raise ValueError(f"reference={config.reference!r} is not supported with remdm={config.remdm!r} (a reference "
-                         "sampler runs its own loop, which never remasks): drop reference or remdm")  # fmt: skip
+        raise ValueError(
+            f"reference={config.reference!r} is not supported with remdm={config.remdm!r} (a reference "
+            "sampler runs its own loop, which never remasks): drop reference or remdm"
+        )
 
 
 def _check_window(config: Any) -> None:
     t_on, t_off = config.remdm_t_on, config.remdm_t_off
     if config.remdm != "loop":
         if t_on is not None or t_off is not None:
-            raise ValueError(f"remdm_t_on / remdm_t_off are read only by remdm='loop', not remdm={config.remdm!r}: "
-                             "drop them")  # fmt: skip
+            raise ValueError(
+                f"remdm_t_on / remdm_t_off are read only by remdm='loop', not remdm={config.remdm!r}: drop them"
+            )
         return
     if t_on is None or t_off is None:
-        raise ValueError("remdm='loop' needs its window remdm_t_on and remdm_t_off with 0 < remdm_t_off < remdm_t_on "
-                         "< 1, e.g. remdm_t_on=0.55, remdm_t_off=0.05")  # fmt: skip
+        raise ValueError(
+            "remdm='loop' needs its window remdm_t_on and remdm_t_off with 0 < remdm_t_off < remdm_t_on "
+            "< 1, e.g. remdm_t_on=0.55, remdm_t_off=0.05"
+        )
     if not (is_number(t_on) and is_number(t_off) and 0 < t_off < t_on < 1):
-        raise ValueError(f"remdm_t_on={t_on!r}, remdm_t_off={t_off!r}: the loop window needs 0 < remdm_t_off < "
-                         "remdm_t_on < 1")  # fmt: skip
+        raise ValueError(
+            f"remdm_t_on={t_on!r}, remdm_t_off={t_off!r}: the loop window needs 0 < remdm_t_off < remdm_t_on < 1"
+        )
 
 
 def _check_eta(config: Any) -> None:
@@ -107,11 +115,17 @@ def _check_eta(config: Any) -> None:
         raise ValueError(f"remdm={config.remdm!r} needs remdm_eta in [0, 1] (the remasking rate), e.g. remdm_eta=0.05")
     bound, why = 1.0, ""
     if config.remdm == "loop" and is_number(eta):
-        alpha_on = float(normalised_alpha(get_schedule(config.schedule, **(config.schedule_kwargs or {})),
-                                          torch.tensor([float(config.remdm_t_on)]))[0])  # fmt: skip
+        alpha_on = float(
+            normalised_alpha(
+                get_schedule(config.schedule, **(config.schedule_kwargs or {})),
+                torch.tensor([float(config.remdm_t_on)]),
+            )[0]
+        )
         bound = min(1.0, (1.0 - alpha_on) / alpha_on) if alpha_on > 0 else 1.0
-        why = (f" (remdm='loop' with alpha(remdm_t_on)={alpha_on:.4g}: eta <= (1 - alpha) / alpha keeps the reveal "
-               "probability <= 1; lower remdm_eta or raise remdm_t_on)")  # fmt: skip
+        why = (
+            f" (remdm='loop' with alpha(remdm_t_on)={alpha_on:.4g}: eta <= (1 - alpha) / alpha keeps the reveal "
+            "probability <= 1; lower remdm_eta or raise remdm_t_on)"
+        )
     if not (is_number(eta) and 0 <= eta <= bound):
         raise ValueError(f"remdm_eta must be a number in [0, {bound:.4g}]{why}, got {eta!r}")
 
@@ -165,8 +179,10 @@ class Remasking:
         if config.remdm is None:
             return None
         if streamer is not None:
-            raise ValueError(f"streamer is not supported with remdm={config.remdm!r}: a streamed token could be "
-                             "remasked later and replaced; drop streamer or remdm")  # fmt: skip
+            raise ValueError(
+                f"streamer is not supported with remdm={config.remdm!r}: a streamed token could be "
+                "remasked later and replaced; drop streamer or remdm"
+            )
         eta = 1.0 if config.remdm_eta is None else float(config.remdm_eta)
         return cls(config.remdm, eta, config.remdm_t_on, config.remdm_t_off)
 
@@ -193,8 +209,9 @@ class Remasking:
         hazard[-1] = 1.0
         return sigma, hazard
 
-    def __call__(self, sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int,
-                 on_step: Callable[[], None]) -> None:  # fmt: skip
+    def __call__(
+        self, sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
+    ) -> None:
         """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps with remasking, in place."""
         sigma, hazard = self.rates(sampler.schedule, num_steps)
         x, hazard = rows.x, hazard.to(rows.x.device)

@@ -24,8 +24,8 @@ from typing import Any, Optional
 from transformers import GenerationConfig
 
 from .generation_config import DIFFUSION_FIELDS, MaskedDiffusionGenerationConfig
-from .generation_processors import apply_do_sample, check_generation_fields
 from .generation_denoiser import logits_shift_of
+from .generation_processors import apply_do_sample, check_generation_fields
 from .generation_reference import REFERENCES
 
 TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")

@@ -116,8 +116,10 @@ def prepare_canvas(
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got {shape}")
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}: pass the "
-                         "tokenizer's ids or input_ids.long()")  # fmt: skip
+        raise ValueError(
+            f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}: pass the "
+            "tokenizer's ids or input_ids.long()"
+        )
     bsz, prompt_len = input_ids.shape
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -167,9 +169,15 @@ def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tup
 
 
 def sample_blocks(
-    sampler: Sampler, canvas: Canvas, trace: Trace, steps: Optional[int], block_length: Optional[int],
-    eos_ids: Optional[torch.Tensor], stopping_criteria: Any, denoise: Optional[BlockDenoiser] = None,
-) -> torch.Tensor:  # fmt: skip
+    sampler: Sampler,
+    canvas: Canvas,
+    trace: Trace,
+    steps: Optional[int],
+    block_length: Optional[int],
+    eos_ids: Optional[torch.Tensor],
+    stopping_criteria: Any,
+    denoise: Optional[BlockDenoiser] = None,
+) -> torch.Tensor:
     """Denoise the canvas block by block, in place, each block with ``denoise`` (default `denoise_block`); returns
     the (B,) rows that finished early."""
     gen_mask0 = canvas.gen_mask0
@@ -188,8 +196,15 @@ def sample_blocks(
     return finished
 
 
-def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor, span: tuple[int, int],
-                         num_steps: int, trace: Trace, denoise: BlockDenoiser) -> None:  # fmt: skip
+def _denoise_active_rows(
+    sampler: Sampler,
+    canvas: Canvas,
+    active: torch.Tensor,
+    span: tuple[int, int],
+    num_steps: int,
+    trace: Trace,
+    denoise: BlockDenoiser,
+) -> None:
     """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
     all_rows = active.numel() == canvas.x.shape[0]
     rows = canvas.rows() if all_rows else canvas.rows().select(active)
@@ -208,7 +223,9 @@ def _denoise_active_rows(sampler: Sampler, canvas: Canvas, active: torch.Tensor,
         canvas.x[active] = rows.x
 
 
-def denoise_block(sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]) -> None:
+def denoise_block(
+    sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
+) -> None:
     """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``."""
     if sampler.transfer.name == "stochastic" and sampler.strategy.name == "random":
         return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
@@ -253,8 +270,9 @@ def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch
     proposals = _propose_at(sampler, rows, keep)
     scores = sampler.strategy.scores(proposals, keep, rows.x.shape[1], sampler.generator)
     if counts is None:
-        counts = sampler.transfer.adaptive_counts(proposals.confidence, proposals.probs, scores[:, keep],
-                                                  block_mask[:, keep], steps_left)
+        counts = sampler.transfer.adaptive_counts(
+            proposals.confidence, proposals.probs, scores[:, keep], block_mask[:, keep], steps_left
+        )
     chosen = choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
     if sampler.recorder is not None:

@@ -53,7 +53,9 @@ def validate_speculative(config: Any) -> None:
             )
         return
     if config.draft_length is None:
-        raise ValueError("transfer='speculative' needs draft_length >= 1 (tokens drafted per round), e.g. draft_length=4")
+        raise ValueError(
+            "transfer='speculative' needs draft_length >= 1 (tokens drafted per round), e.g. draft_length=4"
+        )
     unsupported = (
         ("kv_cache", config.kv_cache in KV_CACHES, "drop kv_cache"),
         ("cfg_scale", bool(config.cfg_scale), "set cfg_scale=0"),
@@ -98,9 +100,14 @@ class Rounds:
 
 
 def speculative_sample(
-    sampler: Sampler, canvas: Canvas, trace: Trace, draft_length: int, block_length: Optional[int],
-    eos_ids: Optional[torch.Tensor], stopping_criteria: Any,
-) -> torch.Tensor:  # fmt: skip
+    sampler: Sampler,
+    canvas: Canvas,
+    trace: Trace,
+    draft_length: int,
+    block_length: Optional[int],
+    eos_ids: Optional[torch.Tensor],
+    stopping_criteria: Any,
+) -> torch.Tensor:
     """Decode the canvas left to right by speculative rounds, block by block, in place; returns the (B,) rows that
     finished early and records each row's mean accepted drafts per round in ``trace.accepted_per_round``."""
     state = Rounds.start(canvas.gen_mask0)
@@ -114,7 +121,9 @@ def speculative_sample(
             _round(sampler, canvas, state, active, draft_length, limit[active] - state.done[active])
             trace.step(canvas.x)
             finished |= finished_rows(canvas.x, canvas.gen_mask0, end, eos_ids, None, canvas.x == sampler.mask_id)
-        finished |= finished_rows(canvas.x, canvas.gen_mask0, end, eos_ids, stopping_criteria, canvas.x == sampler.mask_id)
+        finished |= finished_rows(
+            canvas.x, canvas.gen_mask0, end, eos_ids, stopping_criteria, canvas.x == sampler.mask_id
+        )
         if bool(finished.all()):
             break
     trace.accepted_per_round = state.accepted.double() / state.rounds.clamp(min=1)
@@ -149,7 +158,9 @@ def _draft(sampler: Sampler, state: Rounds, active: torch.Tensor, num_drafts: to
     return drafts
 
 
-def _stack(canvas: Canvas, state: Rounds, active, drafts, num_drafts) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _stack(
+    canvas: Canvas, state: Rounds, active, drafts, num_drafts
+) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The m_a + 1 canvases of each row a, stacked as rows of one batch: canvas c is row owner[c] with its first
     slot[c] drafts revealed; ``first`` (A,) is each row's canvas revealing no draft."""
     owner = torch.repeat_interleave(torch.arange(num_drafts.numel(), device=num_drafts.device), num_drafts + 1)
@@ -169,8 +180,9 @@ def _laws(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> torch.Tensor
     logits = sampler.denoiser.logits_at(rows, positions)
     n, k, vocab = logits.shape
     flat = logits.reshape(n * k, vocab).to(torch.float32, copy=True)
-    ids = sampler.proposer.processor_ids(rows.x, torch.arange(n, device=rows.x.device).repeat_interleave(k),
-                                         positions.reshape(-1))
+    ids = sampler.proposer.processor_ids(
+        rows.x, torch.arange(n, device=rows.x.device).repeat_interleave(k), positions.reshape(-1)
+    )
     return sampler.proposer.distribution(flat, ids).view(n, k, vocab)
 
 

@@ -28,6 +28,7 @@ from transformers.generation.logits_process import (
 
 from .generation_processors import left_context
 
+
 class Strategy:
     """Which masked positions a step reveals first. A subclass registered with `register_strategy` is a strategy
     ``generate(strategy=name)`` takes: ``scores`` ranks every position (higher = revealed first) from the step's
@@ -46,7 +47,9 @@ class Strategy:
     def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
         """(B, L) scores: `score` at the columns ``keep`` (K,), -inf elsewhere."""
         confidence = proposals.confidence
-        full = torch.full((confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device)
+        full = torch.full(
+            (confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device
+        )
         full[:, keep] = self.score(proposals).to(confidence.dtype)
         return full
 
@@ -88,7 +91,9 @@ class LeftToRightStrategy(Strategy):
 
     def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
         confidence = proposals.confidence
-        full = torch.full((confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device)
+        full = torch.full(
+            (confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device
+        )
         full[:, keep] = -keep.to(full.dtype)[None, :].expand(full.shape[0], -1)
         return full
 

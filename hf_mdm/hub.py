@@ -21,8 +21,17 @@ from .families import facts_of
 
 MODEL_CARDS_DIR = Path(__file__).resolve().parent.parent / "model_cards"
 ARCHITECTURE_FIELDS = (
-    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-    "intermediate_size", "max_position_embeddings", "mask_token_id", "bos_token_id", "schedule",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "mask_token_id",
+    "bos_token_id",
+    "schedule",
 )
 
 
@@ -160,6 +169,8 @@ def push_model(
             if path.is_file()
         ]
         return api.create_commit(
-            repo_id=repo_id, operations=operations, repo_type="model",
+            repo_id=repo_id,
+            operations=operations,
+            repo_type="model",
             commit_message=commit_message or f"Upload {'MDM' if is_mdm(model) else 'AR baseline'} with hf_mdm",
         )

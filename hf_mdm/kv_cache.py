@@ -67,9 +67,7 @@ def model_output_with_cache(output_class: type, cache: Optional[Cache], **fields
     return output_class(**fields, **{CACHE_FIELD: cache})
 
 
-def masked_lm_output(
-    outputs: Any, logits: torch.Tensor, loss: Optional[torch.Tensor] = None
-) -> MaskedLMOutputWithPast:
+def masked_lm_output(outputs: Any, logits: torch.Tensor, loss: Optional[torch.Tensor] = None) -> MaskedLMOutputWithPast:
     """The head's output: ``logits`` and ``loss`` with the cache, hidden states and attentions of the base model's
     ``outputs``."""
     return model_output_with_cache(
@@ -121,15 +119,19 @@ def new_cache(
 
 
 def span_position_ids(
-    cache: Optional[Cache], cache_position: Optional[torch.Tensor], attention_mask: Optional[torch.Tensor],
+    cache: Optional[Cache],
+    cache_position: Optional[torch.Tensor],
+    attention_mask: Optional[torch.Tensor],
     position_ids: torch.Tensor,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """The (B, l) RoPE positions of the input: ``position_ids`` (B, L) of the whole canvas at the columns
     ``cache_position`` for a span forward (checked against the cache), else ``position_ids`` unchanged."""
     if cache_position is None:
         return position_ids
     if cache_position.dim() != 1:
-        raise ValueError(f"cache_position must be 1-D (the canvas columns of the input), got {tuple(cache_position.shape)}")
+        raise ValueError(
+            f"cache_position must be 1-D (the canvas columns of the input), got {tuple(cache_position.shape)}"
+        )
     length = cache.get_seq_length()
     if attention_mask is not None and attention_mask.shape[-1] != length:
         raise ValueError(

@@ -123,9 +123,13 @@ class ELBOEstimator:
 
 
 def greedy_matches(
-    model: Any, pairs: Sequence[Pair], config: MaskedDiffusionGenerationConfig, batch_size: int, pad_token_id: int,
+    model: Any,
+    pairs: Sequence[Pair],
+    config: MaskedDiffusionGenerationConfig,
+    batch_size: int,
+    pad_token_id: int,
     device: Any,
-) -> list[bool]:  # fmt: skip
+) -> list[bool]:
     """LLaDA's ``suffix_greedy_prediction`` for each (context, continuation): True where the continuation, fully
     masked and revealed one token per step, most confident first, at temperature 0, comes out exactly. ``config``
     supplies the token ids, logits shift and guidance; left padding with ``pad_token_id``."""
@@ -137,12 +141,22 @@ def greedy_matches(
         ids = torch.tensor([[pad_token_id] * (width - len(r)) + r for r in rows], device=device)
         attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
         greedy = MaskedDiffusionGenerationConfig(
-            mask_token_id=config.mask_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-            logits_shift=config.logits_shift, cfg_scale=config.cfg_scale, max_new_tokens=0,
-            steps=max(len(c) for _, c in batch), strategy="confidence", transfer="deterministic", temperature=0.0,
-            stop_at_eos=False, schedule="linear", block_length=width, return_dict_in_generate=False,
+            mask_token_id=config.mask_token_id,
+            eos_token_id=config.eos_token_id,
+            pad_token_id=config.pad_token_id,
+            logits_shift=config.logits_shift,
+            cfg_scale=config.cfg_scale,
+            max_new_tokens=0,
+            steps=max(len(c) for _, c in batch),
+            strategy="confidence",
+            transfer="deterministic",
+            temperature=0.0,
+            stop_at_eos=False,
+            schedule="linear",
+            block_length=width,
+            return_dict_in_generate=False,
             kv_cache_refresh=1,  # exact even under a saved kv_cache (a full forward every step)
-        )  # fmt: skip  (every field it reads is set: the model's generation config fills only unset ones)
+        )  # (every field it reads is set: the model's generation config fills only unset ones)
         output = diffusion_generate(model, ids, attention_mask=attention, generation_config=greedy)
         for row, (_, continuation) in zip(output.tolist(), batch):
             matches.append(row[width - len(continuation) :] == continuation)

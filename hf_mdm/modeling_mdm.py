@@ -79,9 +79,7 @@ class MDMAttention(nn.Module):
         q, k = apply_rotary(q, cos, sin, hidden_states.dtype), apply_rotary(k, cos, sin, hidden_states.dtype)
         k, v = cached_keys_values(cache, self.layer_idx, k, v, columns)
         interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        out, weights = interface(
-            self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, is_causal=False
-        )
+        out, weights = interface(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, is_causal=False)
         out = out.reshape(*out.shape[:2], -1)
         return self.o_proj(out), weights
 

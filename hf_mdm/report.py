@@ -28,9 +28,15 @@ PAPER_STEPS = 512  # the MDM's steps in the paper's wall-clock
 PAPER_WALLCLOCK_CLAIM = (
     "The paper (hardware not published): the MDM at 512 steps grows 3.7x and AR 51x from L = 256 to 8192, and AR is "
     "slower from about L = 2048 on: its MDM's 512 forwards cost nearly the same at every L (a GPU at small batch has "
-    "idle parallel units, so a longer sequence costs little more per forward), while AR's forwards grow with L.")
+    "idle parallel units, so a longer sequence costs little more per forward), while AR's forwards grow with L."
+)
 PAPER_WALLCLOCK = {  # seconds: MDM with 512 steps, AR; hardware not published
-    256: (2.0, 0.9), 512: (3.1, 1.7), 1024: (4.2, 3.3), 2048: (4.7, 7.0), 4096: (4.7, 15.4), 8192: (7.4, 45.8),
+    256: (2.0, 0.9),
+    512: (3.1, 1.7),
+    1024: (4.2, 3.3),
+    2048: (4.7, 7.0),
+    4096: (4.7, 15.4),
+    8192: (7.4, 45.8),
 }
 
 QUICK_SCALE = """The quick preset (`make reproduce`, 2 CPU cores) scales the paper down: shorter sequences, fewer
@@ -41,10 +47,12 @@ PAPER_TER_NOTE = (
     "The paper's table, as published (trained MDMs at the paper's scale on 16-token n-gram languages, L = 256..1024, "
     "2,000 samples per cell, models trained on 1,000,000 sequences for 20 epochs). The same quantity as ours "
     "(TER(p)/TER(q) - 1 of the same sampler), not the same set-up: the quick preset's languages, lengths, steps, "
-    "models and training are the smaller ones stated above the tables, so compare the shapes, not the cells.")
+    "models and training are the smaller ones stated above the tables, so compare the shapes, not the cells."
+)
 PAPER_WALLCLOCK_NOTE = (
     "The paper's timings, as published (MDM at 512 steps vs AR; hardware, model size and batch not published): the "
-    "same quantity as our 512-step rows, seconds to generate, on other hardware, model size and batch.")
+    "same quantity as our 512-step rows, seconds to generate, on other hardware, model size and batch."
+)
 SER_TEXT = (
     "Expected shape: for the MDM, SER stays high until N grows with L, and the curves for different L collapse when "
     "plotted against N/L (for the chain language onto 1 - exp(-(3/4)(L-1)/N)); AR stays low. The paper published this"
@@ -58,7 +66,8 @@ SER_TEXT = (
     "token anywhere makes the whole sequence an error, so these per-token slips compound over the L tokens into a "
     "floor that no number of steps removes. Above that floor its SER falls with N/L as the oracle's does; the same-"
     "size AR model slips too, less often (a smaller NLL gap), and its SER is its own floor: it reveals one token per "
-    "forward, exactly as its learnt conditionals say.")
+    "forward, exactly as its learnt conditionals say."
+)
 
 
 SAMPLERS_TEXT = """The paper leaves open whether samplers other than its own (remasking, verification) escape the sequence-error
@@ -84,8 +93,10 @@ def _section(folder: Path, name: str, title: str, text: str) -> list[str]:
 
 
 def _paper_ter_table() -> str:
-    lines = ["| language | L | " + " | ".join(f"N={s}" for s in PAPER_TER_STEPS) + " |",
-             "| --- | --- |" + " --- |" * len(PAPER_TER_STEPS)]
+    lines = [
+        "| language | L | " + " | ".join(f"N={s}" for s in PAPER_TER_STEPS) + " |",
+        "| --- | --- |" + " --- |" * len(PAPER_TER_STEPS),
+    ]
     for (name, length), values in PAPER_TER.items():
         lines.append(f"| {name} | {length} | " + " | ".join(f"{v:.2f}%" for v in values) + " |")
     return "\n".join(lines)
@@ -107,16 +118,29 @@ def _ser_summary(folder: Path) -> str:
     lines = []
     for val in (r for r in rows if r["model"] == "validation"):
         name, length = val["language"], val["length"]
-        mdm = max((r for r in rows if r["language"] == name and r["length"] == length and r["model"] == "trained MDM"),
-                  key=lambda r: r["steps"])  # fmt: skip
-        oracle = next((r["ser"] for r in rows if r["language"] == name and r["length"] == length
-                       and r["model"] == "oracle MDM" and r["steps"] == mdm["steps"]), float("nan"))  # fmt: skip
+        mdm = max(
+            (r for r in rows if r["language"] == name and r["length"] == length and r["model"] == "trained MDM"),
+            key=lambda r: r["steps"],
+        )
+        oracle = next(
+            (
+                r["ser"]
+                for r in rows
+                if r["language"] == name
+                and r["length"] == length
+                and r["model"] == "oracle MDM"
+                and r["steps"] == mdm["steps"]
+            ),
+            float("nan"),
+        )
         ar = next(r["ser"] for r in rows if r["language"] == name and r["model"] == "trained AR")
         gap, ar_gap = (val[f"{kind}_nll"] - val["entropy_per_token"] for kind in ("mdm", "ar"))
-        lines.append(f"{name} at L = {length}: the trained MDM's validation NLL (ELBO) is {gap:.3f} nats per token "
-                     f"({100 * val['mdm_gap']:+.1f}%) above the entropy, AR's {ar_gap:.3f}; "
-                     f"at N/L = {mdm['steps_over_length']:g} its SER is {mdm['ser']:.3f} against the oracle's "
-                     f"{oracle:.3f} (AR: {ar:.3f}).")
+        lines.append(
+            f"{name} at L = {length}: the trained MDM's validation NLL (ELBO) is {gap:.3f} nats per token "
+            f"({100 * val['mdm_gap']:+.1f}%) above the entropy, AR's {ar_gap:.3f}; "
+            f"at N/L = {mdm['steps_over_length']:g} its SER is {mdm['ser']:.3f} against the oracle's "
+            f"{oracle:.3f} (AR: {ar:.3f})."
+        )
     return " ".join(lines)
 
 
@@ -135,12 +159,14 @@ def _wallclock_summary(folder: Path) -> str:
     first, last = mdm[0]["length"], mdm[-1]["length"]
     cost = mdm[-1]["ms_per_forward"] / mdm[0]["ms_per_forward"]
     paper = " (the paper's)" if steps == PAPER_STEPS else ""
-    summary = (f"At N = {steps} steps{paper}, from L = {first} to {last} the MDM's time grows "
-               f"{mdm[-1]['seconds'] / mdm[0]['seconds']:.1f}x and AR's {ar[-1]['seconds'] / ar[0]['seconds']:.1f}x "
-               f"({result['machine']}). Time is forwards x cost per forward: AR makes L forwards of one new token, the "
-               f"MDM min({steps}, L) forwards of all L tokens. Here one MDM forward costs {cost:.0f}x more at "
-               f"L = {last} than at L = {first} ({mdm[0]['ms_per_forward']:.2f} -> {mdm[-1]['ms_per_forward']:.2f} "
-               f"ms), one AR forward {ar[0]['ms_per_forward']:.2f} -> {ar[-1]['ms_per_forward']:.2f} ms. ")
+    summary = (
+        f"At N = {steps} steps{paper}, from L = {first} to {last} the MDM's time grows "
+        f"{mdm[-1]['seconds'] / mdm[0]['seconds']:.1f}x and AR's {ar[-1]['seconds'] / ar[0]['seconds']:.1f}x "
+        f"({result['machine']}). Time is forwards x cost per forward: AR makes L forwards of one new token, the "
+        f"MDM min({steps}, L) forwards of all L tokens. Here one MDM forward costs {cost:.0f}x more at "
+        f"L = {last} than at L = {first} ({mdm[0]['ms_per_forward']:.2f} -> {mdm[-1]['ms_per_forward']:.2f} "
+        f"ms), one AR forward {ar[0]['ms_per_forward']:.2f} -> {ar[-1]['ms_per_forward']:.2f} ms. "
+    )
     return summary + PAPER_WALLCLOCK_CLAIM + " " + _machine_against_paper(rows, mdm_model, cost)
 
 
@@ -151,11 +177,13 @@ def _machine_against_paper(rows: list[dict], mdm_model: str, cost: float) -> str
     others = [m for m in dict.fromkeys(r["model"] for r in rows) if m not in (AR_MODEL, mdm_model)]
     rest = " ".join(f"{crossover_sentence(rows, m)}." for m in others)
     if crossover is None:
-        return (f"This machine differs: {crossover_sentence(rows, mdm_model)} (up to L = {rows[-1]['length']}), "
-                f"because here a forward's cost grows with the tokens it processes ({cost:.0f}x over the lengths "
-                "measured; the paper's MDM time, 512 forwards at every L from 512 on, grew 3.7x over 32x the "
-                "length), so the MDM's full-sequence forwards never become cheap against AR's one-token forwards. "
-                "The other MDM settings: " + rest)
+        return (
+            f"This machine differs: {crossover_sentence(rows, mdm_model)} (up to L = {rows[-1]['length']}), "
+            f"because here a forward's cost grows with the tokens it processes ({cost:.0f}x over the lengths "
+            "measured; the paper's MDM time, 512 forwards at every L from 512 on, grew 3.7x over 32x the "
+            "length), so the MDM's full-sequence forwards never become cheap against AR's one-token forwards. "
+            "The other MDM settings: " + rest
+        )
     return f"On this machine too, {crossover_sentence(rows, mdm_model)} (the paper: from about L = 2048). " + rest
 
 
@@ -172,16 +200,22 @@ def write_report(folder: Path, full: bool = False) -> Path:
         "" if full else QUICK_SCALE,
         "",
     ]
-    lines += _section(folder, "ter_vs_steps", "TER relative increase vs steps (Theorem 4.2)",
-                      "The paper's sampler (stochastic transfer, random order, linear schedule). Oracle rows use the "
-                      "exact posterior (no learning error). Expected shape: the increase falls with N and barely "
-                      "depends on L. Cells are TER(p)/TER(q) - 1.")
+    lines += _section(
+        folder,
+        "ter_vs_steps",
+        "TER relative increase vs steps (Theorem 4.2)",
+        "The paper's sampler (stochastic transfer, random order, linear schedule). Oracle rows use the "
+        "exact posterior (no learning error). Expected shape: the increase falls with N and barely "
+        "depends on L. Cells are TER(p)/TER(q) - 1.",
+    )
     lines += [PAPER_TER_NOTE, "", _paper_ter_table(), ""]
-    lines += _section(folder, "ser_vs_steps", "Sequence error rate vs steps (Theorem 4.4)",
-                      SER_TEXT + " " + _ser_summary(folder))
+    lines += _section(
+        folder, "ser_vs_steps", "Sequence error rate vs steps (Theorem 4.4)", SER_TEXT + " " + _ser_summary(folder)
+    )
     lines += _section(folder, "samplers", "Beyond Theorem 4.4: samplers at equal sequential forwards", SAMPLERS_TEXT)
-    lines += _section(folder, "wallclock", "Wall-clock: MDM at fixed steps vs AR with a KV cache",
-                      _wallclock_summary(folder))
+    lines += _section(
+        folder, "wallclock", "Wall-clock: MDM at fixed steps vs AR with a KV cache", _wallclock_summary(folder)
+    )
     lines += [PAPER_WALLCLOCK_NOTE, "", _paper_wallclock_table(), ""]
     path = folder / "REPORT.md"
     write_atomic(path, "\n".join(lines))

@@ -35,7 +35,9 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 }
 
 
-def _pad(sequences: Sequence[Sequence[int]], pad_token_id: Optional[int]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _pad(
+    sequences: Sequence[Sequence[int]], pad_token_id: Optional[int]
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     lengths = {len(s) for s in sequences}
     if len(lengths) == 1:
         return torch.tensor([list(s) for s in sequences], dtype=torch.long), None
@@ -97,7 +99,9 @@ class MaskedDiffusionCollator:
     def __call__(self, features: Sequence[Any]) -> dict[str, torch.Tensor]:
         x0, attention_mask = _pad(_ids(features), self.pad_token_id)
         if bool((x0 == self.mask_token_id).any()):
-            raise ValueError(f"the data contains the mask token id {self.mask_token_id}: pick an id outside the vocabulary")
+            raise ValueError(
+                f"the data contains the mask token id {self.mask_token_id}: pick an id outside the vocabulary"
+            )
         t = self.sample_times(x0.shape[0])
         p_mask = 1.0 - self.schedule.alpha(t.double()).float()
         masked = torch.rand(x0.shape, generator=self._generator) < p_mask[:, None]
@@ -145,8 +149,11 @@ def mdm_config_for(vocab_size: int, length: int, size: Any = "tiny", schedule: A
     """An MDM for a language of ``vocab_size`` tokens: [MASK] = ``vocab_size`` (one extra id)."""
     schedule = get_schedule(schedule)
     return MDMConfig(
-        vocab_size=vocab_size + 1, mask_token_id=vocab_size, max_position_embeddings=length,
-        schedule=schedule.to_dict() if schedule.kwargs() else schedule.name, **model_dims(size),
+        vocab_size=vocab_size + 1,
+        mask_token_id=vocab_size,
+        max_position_embeddings=length,
+        schedule=schedule.to_dict() if schedule.kwargs() else schedule.name,
+        **model_dims(size),
     )
 
 
@@ -154,8 +161,13 @@ def ar_config_for(vocab_size: int, length: int, size: Any = "tiny") -> LlamaConf
     """The matched AR baseline: same dimensions, BOS = ``vocab_size`` (one extra id), positions for BOS + L."""
     dims = model_dims(size)
     return LlamaConfig(
-        vocab_size=vocab_size + 1, bos_token_id=vocab_size, eos_token_id=None, pad_token_id=None,
-        max_position_embeddings=length + 1, tie_word_embeddings=False, **dims,
+        vocab_size=vocab_size + 1,
+        bos_token_id=vocab_size,
+        eos_token_id=None,
+        pad_token_id=None,
+        max_position_embeddings=length + 1,
+        tie_word_embeddings=False,
+        **dims,
     )
 
 
@@ -207,8 +219,12 @@ def build_trainer(
     callbacks = [EntropyGapCallback(entropy_per_token)] if entropy_per_token is not None else []
     args.remove_unused_columns = False
     return Trainer(
-        model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-        data_collator=collator, callbacks=callbacks,
+        model=model,
+        args=args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        data_collator=collator,
+        callbacks=callbacks,
     )
 
 
@@ -227,7 +243,9 @@ class NoEvaluationAtTheLastStep(TrainerCallback):
 
 
 def train_save_evaluate(
-    trainer: Trainer, final: Union[str, os.PathLike], write_extra: Optional[Callable[[Path], None]] = None,
+    trainer: Trainer,
+    final: Union[str, os.PathLike],
+    write_extra: Optional[Callable[[Path], None]] = None,
     resume: bool = True,
 ) -> Optional[dict[str, float]]:
     """Train, write the model to ``final`` atomically (with ``write_extra(folder)``), then evaluate it. Returns the

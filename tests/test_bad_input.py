@@ -20,8 +20,15 @@ PROMPT = torch.tensor([[1, 2, 3]])
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
-    config = MDMConfig(vocab_size=VOCAB, mask_token_id=MASK, hidden_size=32, num_hidden_layers=1,
-                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    config = MDMConfig(
+        vocab_size=VOCAB,
+        mask_token_id=MASK,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     return MDMForMaskedDiffusion(config).eval()
 
 
@@ -93,14 +100,22 @@ GENERATE_KWARGS = [
     (dict(transfer="speculative", draft_length=2.5), "draft_length must be an integer >= 1"),
     (dict(transfer="speculative", draft_length=True), "draft_length must be an integer >= 1"),
     (dict(draft_length=4), "draft_length=4 is read only by transfer='speculative'"),
-    (dict(transfer="speculative", draft_length=4, kv_cache="dual"),
-     "kv_cache='dual' is not supported with transfer='speculative'.*drop kv_cache"),
-    (dict(transfer="speculative", draft_length=4, cfg_scale=0.5),
-     "cfg_scale=0.5 is not supported with transfer='speculative'.*set cfg_scale=0"),
-    (dict(transfer="speculative", draft_length=4, reference="llada", steps=4, block_length=4),
-     "reference='llada' is not supported with transfer='speculative'"),
-    (dict(transfer="speculative", draft_length=4, strategy="confidence"),
-     "strategy='confidence' does not apply to transfer='speculative'.*strategy='left_to_right' or leave strategy unset"),
+    (
+        dict(transfer="speculative", draft_length=4, kv_cache="dual"),
+        "kv_cache='dual' is not supported with transfer='speculative'.*drop kv_cache",
+    ),
+    (
+        dict(transfer="speculative", draft_length=4, cfg_scale=0.5),
+        "cfg_scale=0.5 is not supported with transfer='speculative'.*set cfg_scale=0",
+    ),
+    (
+        dict(transfer="speculative", draft_length=4, reference="llada", steps=4, block_length=4),
+        "reference='llada' is not supported with transfer='speculative'",
+    ),
+    (
+        dict(transfer="speculative", draft_length=4, strategy="confidence"),
+        "strategy='confidence' does not apply to transfer='speculative'.*strategy='left_to_right' or leave strategy unset",
+    ),
     # ReMDM remasking (remdm, remdm_eta, remdm_t_on, remdm_t_off)
     (dict(remdm="nope"), r"unknown remdm 'nope': use one of \['cap', 'rescale', 'conf', 'loop'\]"),
     (dict(remdm="cap"), r"remdm='cap' needs remdm_eta in \[0, 1\]"),
@@ -109,20 +124,30 @@ GENERATE_KWARGS = [
     (dict(remdm="conf", remdm_eta=2), r"remdm_eta must be a number in \[0, 1\]"),
     (dict(remdm="cap", remdm_eta="x"), r"remdm_eta must be a number in \[0, 1\]"),
     (dict(remdm="loop", remdm_eta=0.1), "remdm='loop' needs its window remdm_t_on and remdm_t_off"),
-    (dict(remdm="loop", remdm_eta=0.1, remdm_t_on=0.3, remdm_t_off=0.5),
-     "the loop window needs 0 < remdm_t_off < remdm_t_on < 1"),
+    (
+        dict(remdm="loop", remdm_eta=0.1, remdm_t_on=0.3, remdm_t_off=0.5),
+        "the loop window needs 0 < remdm_t_off < remdm_t_on < 1",
+    ),
     (dict(remdm="loop", remdm_eta=0.1, remdm_t_on=1.2, remdm_t_off=0.5), "the loop window needs 0 < remdm_t_off"),
-    (dict(remdm="loop", remdm_eta=0.9, remdm_t_on=0.2, remdm_t_off=0.1),
-     r"remdm_eta must be a number in \[0, 0.25\] \(remdm='loop' with alpha\(remdm_t_on\)=0.8.*raise remdm_t_on"),
+    (
+        dict(remdm="loop", remdm_eta=0.9, remdm_t_on=0.2, remdm_t_off=0.1),
+        r"remdm_eta must be a number in \[0, 0.25\] \(remdm='loop' with alpha\(remdm_t_on\)=0.8.*raise remdm_t_on",
+    ),
     (dict(remdm="cap", remdm_eta=0.1, remdm_t_on=0.5), "remdm_t_on / remdm_t_off are read only by remdm='loop'"),
     (dict(remdm_eta=0.1), "remdm_eta=0.1: read only by remdm"),
-    (dict(remdm="cap", remdm_eta=0.1, transfer="deterministic"),
-     "transfer='deterministic' does not combine with remdm='cap'.*pass transfer='stochastic' or leave transfer unset"),
+    (
+        dict(remdm="cap", remdm_eta=0.1, transfer="deterministic"),
+        "transfer='deterministic' does not combine with remdm='cap'.*pass transfer='stochastic' or leave transfer unset",
+    ),
     (dict(remdm="conf", transfer="threshold", threshold=0.5), "transfer='threshold' does not combine with remdm"),
-    (dict(remdm="rescale", remdm_eta=0.1, strategy="confidence"),
-     "strategy='confidence' does not combine with remdm='rescale'.*pass strategy='random' or leave strategy unset"),
-    (dict(remdm="cap", remdm_eta=0.1, reference="llada", steps=4, block_length=4),
-     "reference='llada' is not supported with remdm='cap'"),
+    (
+        dict(remdm="rescale", remdm_eta=0.1, strategy="confidence"),
+        "strategy='confidence' does not combine with remdm='rescale'.*pass strategy='random' or leave strategy unset",
+    ),
+    (
+        dict(remdm="cap", remdm_eta=0.1, reference="llada", steps=4, block_length=4),
+        "reference='llada' is not supported with remdm='cap'",
+    ),
     (dict(remdm="cap", remdm_eta=0.1, streamer=BaseStreamer()), "streamer is not supported with remdm='cap'"),
     (dict(stepz=3), r"unknown generation argument\(s\) \['stepz'\]"),
     (dict(seed="abc"), "seed must be an integer"),
@@ -132,8 +157,12 @@ GENERATE_KWARGS = [
 
 def _case_id(kwargs: dict) -> str:
     """A stable test id: objects are named by their class (their repr holds an address)."""
-    return str({k: v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else type(v).__name__
-                for k, v in kwargs.items()})
+    return str(
+        {
+            k: v if isinstance(v, (int, float, str, bool, type(None), list, dict)) else type(v).__name__
+            for k, v in kwargs.items()
+        }
+    )
 
 
 @pytest.mark.parametrize("kwargs, message", GENERATE_KWARGS, ids=[_case_id(k) for k, _ in GENERATE_KWARGS])
@@ -227,22 +256,27 @@ HF_MDM_ARGS = [
     (["sample", "--model", "oracle", "--length", "0", "--output", "x.json"], "--length: must be >= 1, got 0"),
     (["sample", "--model", "oracle", "--length", "8", "--num", "-1", "--output", "x.json"], "--num: must be >= 1"),
     (["sample", "--model", "oracle", "--length", "8", "--steps", "0", "--output", "x.json"], "--steps: must be >= 1"),
-    (["sample", "--model", "oracle", "--length", "8", "--temperature", "-1", "--output", "x.json"],
-     "--temperature: must be >= 0.0"),
+    (
+        ["sample", "--model", "oracle", "--length", "8", "--temperature", "-1", "--output", "x.json"],
+        "--temperature: must be >= 0.0",
+    ),
     (["sample", "--model", "oracle", "--length", "8", "--output", "x.json"], "--model oracle needs --language"),
-    (["sample", "--model", "oracle", "--language", "{tmp}/missing", "--length", "8", "--output", "x.json"],
-     "missing"),
+    (["sample", "--model", "oracle", "--language", "{tmp}/missing", "--length", "8", "--output", "x.json"], "missing"),
     (["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--max-steps", "0"], "--max-steps: must be >= 1"),
-    (["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--learning-rate", "0"],
-     "--learning-rate: must be > 0"),
-    (["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--batch-size", "abc"],
-     "--batch-size: must be an integer, got 'abc'"),
+    (
+        ["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--learning-rate", "0"],
+        "--learning-rate: must be > 0",
+    ),
+    (
+        ["train", "--data", "d", "--kind", "mdm", "--output-dir", "o", "--batch-size", "abc"],
+        "--batch-size: must be an integer, got 'abc'",
+    ),
     (["dataset", "build", "ngram2", "--output-dir", "o", "--length", "0"], "--length: must be >= 1"),
     (["score", "--samples", "{tmp}/missing.json", "--language", "l"], "missing.json"),
     (["reproduce", "--jobs", "0"], "--jobs: must be >= 1"),
     (["compare", "--config", "{tmp}/missing.yaml"], "missing.yaml"),
     (["compare", "--config", "c.yaml", "--limit", "0"], "--limit: must be > 0"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("argv, message", HF_MDM_ARGS, ids=[" ".join(a[:1] + [m]) for a, m in HF_MDM_ARGS])
@@ -260,7 +294,18 @@ def test_hf_mdm_eval_command_line(tiny, capsys):
     """Bad model arguments of ``hf-mdm-eval run`` end in one line naming the argument, not a traceback."""
     from hf_mdm.harness.__main__ import main
 
-    argv = ["run", "--model", "hf_mdm", "--model_args", f"pretrained={tiny['mdm']},steps=0", "--tasks",
-            "mdm_gsm8k", "--device", "cpu", "--limit", "1"]  # fmt: skip
+    argv = [
+        "run",
+        "--model",
+        "hf_mdm",
+        "--model_args",
+        f"pretrained={tiny['mdm']},steps=0",
+        "--tasks",
+        "mdm_gsm8k",
+        "--device",
+        "cpu",
+        "--limit",
+        "1",
+    ]
     assert main(argv) == 2
     assert "hf-mdm-eval: error: steps must be an integer >= 1, got 0" in capsys.readouterr().err

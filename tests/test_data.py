@@ -24,7 +24,6 @@ from hf_mdm.data import (
 )
 from hf_mdm.languages import ChainLanguage, HMMLanguage, NGramLanguage, load_language
 
-
 TINY = {"length": 12, "num_train": 40, "num_validation": 10, "num_test": 6}
 SPLITS = ("train", "validation", "test")
 EXPECTED_LANGUAGES = {
@@ -65,10 +64,14 @@ def test_configs_sizes_support_and_language(tmp_path, config_name):
     "config, spec",
     [
         ({"language_kind": "ngram", "vocab_size": 4, "n": 2}, {"kind": "ngram", "vocab_size": 4, "n": 2}),
-        ({"language_kind": "ngram", "vocab_size": 4, "n": 3, "language_seed": 2, "prune_threshold": 0.0},
-         {"kind": "ngram", "vocab_size": 4, "n": 3, "seed": 2, "prune_threshold": 0.0, "train": True}),
-        ({"language_kind": "hmm", "vocab_size": 6, "num_states": 4, "language_seed": 1, "concentration": 1.0},
-         {"kind": "hmm", "vocab_size": 6, "num_states": 4, "seed": 1, "concentration": 1.0, "name": "hmm"}),
+        (
+            {"language_kind": "ngram", "vocab_size": 4, "n": 3, "language_seed": 2, "prune_threshold": 0.0},
+            {"kind": "ngram", "vocab_size": 4, "n": 3, "seed": 2, "prune_threshold": 0.0, "train": True},
+        ),
+        (
+            {"language_kind": "hmm", "vocab_size": 6, "num_states": 4, "language_seed": 1, "concentration": 1.0},
+            {"kind": "hmm", "vocab_size": 6, "num_states": 4, "seed": 1, "concentration": 1.0, "name": "hmm"},
+        ),
         ({"language_kind": "chain", "vocab_size": 16}, {"kind": "chain", "name": "chain"}),
     ],
 )
@@ -139,10 +142,18 @@ def test_cache_key_covers_every_parameter_and_the_code_version(tmp_path):
     base = config_id()
     assert config_id() == base and base.startswith("ngram2-")
     changes = [
-        {"length": 13}, {"num_train": 41}, {"num_validation": 11}, {"num_test": 7}, {"seed": 1},
-        {"language_seed": 1}, {"vocab_size": 8}, {"n": 3}, {"concentration": 0.3}, {"prune_threshold": 0.02},
+        {"length": 13},
+        {"num_train": 41},
+        {"num_validation": 11},
+        {"num_test": 7},
+        {"seed": 1},
+        {"language_seed": 1},
+        {"vocab_size": 8},
+        {"n": 3},
+        {"concentration": 0.3},
+        {"prune_threshold": 0.02},
         {"chunk_size": 5},
-    ]  # fmt: skip
+    ]
     ids_ = [config_id(**change) for change in changes]
     assert base not in ids_ and len(set(ids_)) == len(changes)
     with mock.patch.object(hf_mdm.data, "__version__", "9.9.9"):
@@ -257,8 +268,9 @@ class FakeHub:
         def list_repo_tree(self, repo_id, **kwargs):  # what older datasets list the repository with
             for path in sorted(hub.repo(repo_id).rglob("*")):
                 if path.is_file():
-                    yield RepoFile(path=path.relative_to(hub.repo(repo_id)).as_posix(), size=path.stat().st_size,
-                                   oid=FAKE_SHA)  # fmt: skip
+                    yield RepoFile(
+                        path=path.relative_to(hub.repo(repo_id)).as_posix(), size=path.stat().st_size, oid=FAKE_SHA
+                    )
 
         for name, fake in [
             ("create_repo", create_repo),

@@ -11,29 +11,64 @@ from hf_mdm import MDMConfig, MDMForMaskedDiffusion, cli, experiments
 from hf_mdm.experiments import make_language, run_experiment
 from hf_mdm.report import write_report
 
-TRAINING = {"size": "tiny", "num_train": 256, "num_validation": 64, "batch_size": 32, "max_steps": 4,
-            "learning_rate": 1e-3, "seed": 0}
+TRAINING = {
+    "size": "tiny",
+    "num_train": 256,
+    "num_validation": 64,
+    "batch_size": 32,
+    "max_steps": 4,
+    "learning_rate": 1e-3,
+    "seed": 0,
+}
 
 
-FAST = {"block_length": 4, "baseline": "one token a step", "samplers": [
-    {"name": "one token a step", "transfer": "deterministic", "strategy": "confidence"},
-    {"name": "threshold 0.5 + dual cache", "transfer": "threshold", "threshold": 0.5, "kv_cache": "dual"},
-    {"name": "entropy bound 1", "transfer": "entropy_bound", "entropy_bound": 1.0},
-]}
+FAST = {
+    "block_length": 4,
+    "baseline": "one token a step",
+    "samplers": [
+        {"name": "one token a step", "transfer": "deterministic", "strategy": "confidence"},
+        {"name": "threshold 0.5 + dual cache", "transfer": "threshold", "threshold": 0.5, "kv_cache": "dual"},
+        {"name": "entropy bound 1", "transfer": "entropy_bound", "entropy_bound": 1.0},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    ter = {"num_samples": 32, "steps": [2, 8], "lengths": [8, 16], "train_length": 8, "progress": False,
-           "languages": [{"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "train": True}],
-           "training": TRAINING, "fast_samplers": FAST}
-    ser = {"num_samples": 32, "lengths": [8, 16], "steps_over_length": [0.5, 2], "train_length": 8, "progress": False,
-           "languages": [{"kind": "chain", "name": "chain", "train": True}], "training": TRAINING}
-    wall = {"vocab_size": 8, "size": "tiny", "batch_size": 2, "mdm_steps": [4], "lengths": [8, 16], "repeats": 1,
-            "dual_cache_blocks": 2, "equal_ter_from": "ter_vs_steps"}
-    outputs = {name: run_experiment(name, preset, out) for name, preset in
-               (("ter_vs_steps", ter), ("ser_vs_steps", ser), ("wallclock", wall))}
+    ter = {
+        "num_samples": 32,
+        "steps": [2, 8],
+        "lengths": [8, 16],
+        "train_length": 8,
+        "progress": False,
+        "languages": [{"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "train": True}],
+        "training": TRAINING,
+        "fast_samplers": FAST,
+    }
+    ser = {
+        "num_samples": 32,
+        "lengths": [8, 16],
+        "steps_over_length": [0.5, 2],
+        "train_length": 8,
+        "progress": False,
+        "languages": [{"kind": "chain", "name": "chain", "train": True}],
+        "training": TRAINING,
+    }
+    wall = {
+        "vocab_size": 8,
+        "size": "tiny",
+        "batch_size": 2,
+        "mdm_steps": [4],
+        "lengths": [8, 16],
+        "repeats": 1,
+        "dual_cache_blocks": 2,
+        "equal_ter_from": "ter_vs_steps",
+    }
+    outputs = {
+        name: run_experiment(name, preset, out)
+        for name, preset in (("ter_vs_steps", ter), ("ser_vs_steps", ser), ("wallclock", wall))
+    }
     return out, outputs, {"ter_vs_steps": ter, "ser_vs_steps": ser, "wallclock": wall}
 
 
@@ -53,8 +88,13 @@ def test_outputs_written(results):
     wall = outputs["wallclock"]
     equal = wall["equal_ter"]["steps"]
     assert equal in (2, 8) and wall["equal_ter"]["num_samples"] == 32
-    models = ["AR, KV cache", "MDM, 4 steps", f"MDM, {equal} steps (TER as AR)", "MDM + dual cache (2 blocks), 4 steps",
-              f"MDM + dual cache (2 blocks), {equal} steps (TER as AR)"]
+    models = [
+        "AR, KV cache",
+        "MDM, 4 steps",
+        f"MDM, {equal} steps (TER as AR)",
+        "MDM + dual cache (2 blocks), 4 steps",
+        f"MDM + dual cache (2 blocks), {equal} steps (TER as AR)",
+    ]
     assert [(r["length"], r["model"]) for r in wall["rows"]] == [(n, m) for n in (8, 16) for m in models]
     for r in wall["rows"]:  # AR: one forward per token; the MDM: one per step, at most one per token
         expected = r["length"] if r["model"].startswith("AR") else min(r["steps"], r["length"])
@@ -68,8 +108,12 @@ def test_fast_samplers_rows(results):
     out, outputs, _ = results
     rows = outputs["ter_vs_steps"]["fast_rows"]
     assert {(r["model"], r["sampler"]) for r in rows} == {
-        ("oracle MDM", "one token a step"), ("oracle MDM", "entropy bound 1"), ("trained MDM", "one token a step"),
-        ("trained MDM", "threshold 0.5 + dual cache"), ("trained MDM", "entropy bound 1")}
+        ("oracle MDM", "one token a step"),
+        ("oracle MDM", "entropy bound 1"),
+        ("trained MDM", "one token a step"),
+        ("trained MDM", "threshold 0.5 + dual cache"),
+        ("trained MDM", "entropy bound 1"),
+    }
     for r in rows:
         assert r["ci_low"] <= r["relative_increase"] <= r["ci_high"] and r["num_samples"] == 32
         assert r["forwards_per_token"] == 1.0 if r["sampler"] == "one token a step" else r["forwards_per_token"] <= 1
@@ -84,8 +128,11 @@ def test_rerun_reuses_finished_pieces(results):
     def fail(*args, **kwargs):
         raise AssertionError("a finished cell was recomputed")
 
-    with mock.patch.object(experiments, "sample_mdm", fail), mock.patch.object(experiments, "sample_ar", fail), \
-            mock.patch.object(experiments, "trained_pair", fail):  # not even loaded: every cell is cached
+    with (
+        mock.patch.object(experiments, "sample_mdm", fail),
+        mock.patch.object(experiments, "sample_ar", fail),
+        mock.patch.object(experiments, "trained_pair", fail),
+    ):  # not even loaded: every cell is cached
         again = run_experiment("ter_vs_steps", presets["ter_vs_steps"], out)
     assert again["rows"] == outputs["ter_vs_steps"]["rows"]
 
@@ -99,9 +146,13 @@ def test_rerun_samples_and_times_nothing(results):
     def fail(*args, **kwargs):
         raise AssertionError("a finished cell was recomputed")
 
-    with mock.patch.object(common, "sample_mdm", fail), mock.patch.object(common, "sample_ar", fail), \
-            mock.patch.object(common, "trained_pair", fail), mock.patch.object(speed, "median_seconds", fail), \
-            mock.patch.object(fast, "sample_with", fail):
+    with (
+        mock.patch.object(common, "sample_mdm", fail),
+        mock.patch.object(common, "sample_ar", fail),
+        mock.patch.object(common, "trained_pair", fail),
+        mock.patch.object(speed, "median_seconds", fail),
+        mock.patch.object(fast, "sample_with", fail),
+    ):
         again = {name: run_experiment(name, presets[name], out) for name in presets}
     for name in presets:
         assert again[name]["rows"] == outputs[name]["rows"], name
@@ -142,10 +193,23 @@ def test_cli_sample_rejects_wrong_kind_and_schedule(results, tmp_path, capsys):
     out, _, _ = results
     ar_dir = next((out / "models").glob("2-gram-L8-*-ar")) / "final"
     mdm_dir = next((out / "models").glob("2-gram-L8-*-mdm")) / "final"
-    code = cli.main(["sample", "--model", str(ar_dir), "--kind", "mdm", "--length", "8", "--output", str(tmp_path / "s.json")])
+    code = cli.main(
+        ["sample", "--model", str(ar_dir), "--kind", "mdm", "--length", "8", "--output", str(tmp_path / "s.json")]
+    )
     assert code == 2 and "--kind ar" in capsys.readouterr().err
-    code = cli.main(["sample", "--model", str(mdm_dir), "--length", "8", "--schedule", "cosine",
-                     "--output", str(tmp_path / "s.json")])
+    code = cli.main(
+        [
+            "sample",
+            "--model",
+            str(mdm_dir),
+            "--length",
+            "8",
+            "--schedule",
+            "cosine",
+            "--output",
+            str(tmp_path / "s.json"),
+        ]
+    )
     assert code == 2 and "--schedule 'cosine' differs" in capsys.readouterr().err
 
 
@@ -153,8 +217,26 @@ def test_cli_oracle_sample_then_score(tmp_path, capsys):
     language = make_language({"kind": "chain"})
     language.save_pretrained(tmp_path / "lang")
     samples = tmp_path / "samples.json"
-    assert cli.main(["sample", "--model", "oracle", "--language", str(tmp_path / "lang"), "--num", "64", "--length", "12",
-                     "--steps", "48", "--output", str(samples)]) == 0
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--model",
+                "oracle",
+                "--language",
+                str(tmp_path / "lang"),
+                "--num",
+                "64",
+                "--length",
+                "12",
+                "--steps",
+                "48",
+                "--output",
+                str(samples),
+            ]
+        )
+        == 0
+    )
     assert len(json.loads(samples.read_text())["samples"]) == 64
     capsys.readouterr()
     assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
@@ -173,61 +255,97 @@ def test_cli_score_writes_json_with_null_ter_outside_the_support(tmp_path, capsy
     scores = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
     assert scores["ter"] is None and scores["relative_increase"] is None and scores["num_out_of_support"] == 1
     assert "1 of 3 samples are outside" in scores["note"] and "--skip-out-of-support" in scores["note"]
-    assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang"),
-                     "--skip-out-of-support"]) == 0  # fmt: skip
+    assert (
+        cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang"), "--skip-out-of-support"])
+        == 0
+    )
     kept = json.loads(capsys.readouterr().out)
-    assert kept["ter"] == pytest.approx(2 ** 2.5) and "note" not in kept  # 4 choices, then 2 bits per token: 2^(10/4)
+    assert kept["ter"] == pytest.approx(2**2.5) and "note" not in kept  # 4 choices, then 2 bits per token: 2^(10/4)
 
 
 def test_cli_names_a_missing_local_model(tmp_path, capsys):
     (tmp_path / "runs" / "mdm" / "final").mkdir(parents=True)
-    code = cli.main(["sample", "--model", str(tmp_path / "runs" / "mdm" / "finall"), "--length", "4",
-                     "--output", str(tmp_path / "s.json")])  # fmt: skip
+    code = cli.main(
+        [
+            "sample",
+            "--model",
+            str(tmp_path / "runs" / "mdm" / "finall"),
+            "--length",
+            "4",
+            "--output",
+            str(tmp_path / "s.json"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "finall: no such file or directory" in err and "has final" in err and "huggingface" not in err
 
 
 def test_wallclock_crossover_is_where_ar_stays_slower():
-    from hf_mdm.experiments.speed import crossover_length, crossover_sentence, equal_ter_steps, wallclock_table
+    from hf_mdm.experiments.speed import crossover_length, crossover_sentence, wallclock_table
 
     ratios = {16: 1.01, 32: 0.98, 64: 2.01, 128: 2.7}  # AR / MDM
     mdm = "MDM, 4 steps"
-    rows = [row for n, r in ratios.items() for row in (
-        {"length": n, "model": "AR, KV cache", "steps": n, "seconds": r, "forwards": n, "ms_per_forward": 1.0},
-        {"length": n, "model": mdm, "steps": 4, "seconds": 1.0, "forwards": 4, "ms_per_forward": 250.0})]
+    rows = [
+        row
+        for n, r in ratios.items()
+        for row in (
+            {"length": n, "model": "AR, KV cache", "steps": n, "seconds": r, "forwards": n, "ms_per_forward": 1.0},
+            {"length": n, "model": mdm, "steps": 4, "seconds": 1.0, "forwards": 4, "ms_per_forward": 250.0},
+        )
+    ]
     assert crossover_length(rows, mdm) == 64 and crossover_length(rows[:4], mdm) is None
     assert crossover_length(rows[:2], mdm) == 16
     window = rows[:6] + [{**rows[6], "seconds": 0.5}, rows[7]]  # AR faster again at 128
     expected = "AR is slower than the MDM, 4 steps only at L = 16, 64, not at the longest L"
     assert crossover_sentence(window, mdm) == expected
-    result = {"preset": {"size": "tiny", "vocab_size": 4, "batch_size": 1, "repeats": 1}, "rows": rows,
-              "machine": "cpu", "parameters": {"mdm": 1, "ar": 1}, "equal_ter": None}  # fmt: skip
+    result = {
+        "preset": {"size": "tiny", "vocab_size": 4, "batch_size": 1, "repeats": 1},
+        "rows": rows,
+        "machine": "cpu",
+        "parameters": {"mdm": 1, "ar": 1},
+        "equal_ter": None,
+    }
     table = wallclock_table(result)
     assert "AR is slower than the MDM, 4 steps at every L from 64 on." in table
     assert "| 64 | MDM, 4 steps | 4 | 250.00 | 1.000 | 2.01 |" in table
     from hf_mdm.report import _machine_against_paper
 
-    assert _machine_against_paper(rows[:4], mdm, 18.0).startswith("This machine differs: AR is slower than the MDM, "
-                                                                  "4 steps only at L = 16, not at the longest L")
-    assert _machine_against_paper(rows, mdm, 2.0).startswith("On this machine too, AR is slower than the MDM, 4 steps "
-                                                             "at every L from 64 on (the paper: from about L = 2048)")
+    assert _machine_against_paper(rows[:4], mdm, 18.0).startswith(
+        "This machine differs: AR is slower than the MDM, 4 steps only at L = 16, not at the longest L"
+    )
+    assert _machine_against_paper(rows, mdm, 2.0).startswith(
+        "On this machine too, AR is slower than the MDM, 4 steps at every L from 64 on (the paper: from about L = 2048)"
+    )
 
 
 def test_equal_ter_steps_is_the_first_overlap(tmp_path):
     from hf_mdm.experiments.speed import equal_ter_steps
 
     def cell(model, steps, low, high):
-        return {"language": "2-gram", "length": 64, "model": model, "steps": steps, "ci_low": low, "ci_high": high,
-                "relative_increase": (low + high) / 2, "num_samples": 256}
+        return {
+            "language": "2-gram",
+            "length": 64,
+            "model": model,
+            "steps": steps,
+            "ci_low": low,
+            "ci_high": high,
+            "relative_increase": (low + high) / 2,
+            "num_samples": 256,
+        }
 
     ar = cell("trained AR", 64, -0.01, 0.02)
-    rows = [ar, cell("trained MDM", 32, 0.015, 0.04), cell("trained MDM", 8, 0.05, 0.09),
-            cell("trained MDM", 64, 0.0, 0.03)]  # out of order: the smallest overlapping N is 32
+    rows = [
+        ar,
+        cell("trained MDM", 32, 0.015, 0.04),
+        cell("trained MDM", 8, 0.05, 0.09),
+        cell("trained MDM", 64, 0.0, 0.03),
+    ]  # out of order: the smallest overlapping N is 32
     (tmp_path / "ter.json").write_text(json.dumps({"rows": rows}))
     found = equal_ter_steps(tmp_path / "ter.json")
     assert found["steps"] == 32 and found["matched"] and found["mdm_ci"] == [0.015, 0.04]
-    (tmp_path / "ter.json").write_text(json.dumps({"rows": [ar, cell("trained MDM", 8, 0.05, 0.09),
-                                                            cell("trained MDM", 16, 0.03, 0.05)]}))
+    (tmp_path / "ter.json").write_text(
+        json.dumps({"rows": [ar, cell("trained MDM", 8, 0.05, 0.09), cell("trained MDM", 16, 0.03, 0.05)]})
+    )
     found = equal_ter_steps(tmp_path / "ter.json")  # no overlap: the largest N, not matched
     assert (found["steps"], found["matched"], found["ar_ci"]) == (16, False, [-0.01, 0.02])
     assert equal_ter_steps(tmp_path / "missing.json") is None
@@ -235,16 +353,74 @@ def test_equal_ter_steps_is_the_first_overlap(tmp_path):
 
 def test_cli_dataset_build_then_train_then_sample(tmp_path, capsys):
     data = tmp_path / "data"
-    assert cli.main(["dataset", "build", "ngram2", "--length", "8", "--num-train", "256", "--num-validation", "64",
-                     "--num-test", "16", "--output-dir", str(data), "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        cli.main(
+            [
+                "dataset",
+                "build",
+                "ngram2",
+                "--length",
+                "8",
+                "--num-train",
+                "256",
+                "--num-validation",
+                "64",
+                "--num-test",
+                "16",
+                "--output-dir",
+                str(data),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     assert (data / "language" / "language_config.json").exists()
     run = tmp_path / "run"
-    assert cli.main(["train", "--data", str(data), "--kind", "mdm", "--output-dir", str(run), "--max-steps", "3",
-                     "--batch-size", "16", "--save-steps", "3", "--warmup-steps", "0"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--kind",
+                "mdm",
+                "--output-dir",
+                str(run),
+                "--max-steps",
+                "3",
+                "--batch-size",
+                "16",
+                "--save-steps",
+                "3",
+                "--warmup-steps",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert (run / "final" / "config.json").exists() and (run / "final" / "language").is_dir()
     samples = tmp_path / "s.json"
-    assert cli.main(["sample", "--model", str(run / "final"), "--kind", "mdm", "--num", "8", "--length", "8",
-                     "--steps", "4", "--output", str(samples)]) == 0
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--model",
+                str(run / "final"),
+                "--kind",
+                "mdm",
+                "--num",
+                "8",
+                "--length",
+                "8",
+                "--steps",
+                "4",
+                "--output",
+                str(samples),
+            ]
+        )
+        == 0
+    )
     rows = json.loads(samples.read_text())["samples"]
     assert len(rows) == 8 and all(0 <= t < 16 for row in rows for t in row)  # ngram2 has 16 tokens; [MASK] = 16
 
@@ -255,8 +431,28 @@ def test_cli_train_saves_final_before_a_bounded_evaluation_and_keeps_it_on_ctrl_
     from transformers import Trainer
 
     data, run = tmp_path / "data", tmp_path / "run"
-    assert cli.main(["dataset", "build", "ngram2", "--length", "8", "--num-train", "64", "--num-validation", "40",
-                     "--num-test", "4", "--output-dir", str(data), "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        cli.main(
+            [
+                "dataset",
+                "build",
+                "ngram2",
+                "--length",
+                "8",
+                "--num-train",
+                "64",
+                "--num-validation",
+                "40",
+                "--num-test",
+                "4",
+                "--output-dir",
+                str(data),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     seen = {}
 
     def interrupted(self, *args, **kwargs):
@@ -265,8 +461,30 @@ def test_cli_train_saves_final_before_a_bounded_evaluation_and_keeps_it_on_ctrl_
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Trainer, "evaluate", interrupted)
-    assert cli.main(["train", "--data", str(data), "--kind", "mdm", "--output-dir", str(run), "--max-steps", "2",
-                     "--batch-size", "8", "--save-steps", "100", "--warmup-steps", "0", "--eval-samples", "8"]) == 130
+    assert (
+        cli.main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--kind",
+                "mdm",
+                "--output-dir",
+                str(run),
+                "--max-steps",
+                "2",
+                "--batch-size",
+                "8",
+                "--save-steps",
+                "100",
+                "--warmup-steps",
+                "0",
+                "--eval-samples",
+                "8",
+            ]
+        )
+        == 130
+    )
     assert seen == {"saved": True, "rows": 8}
     assert "the trained model is saved in" in capsys.readouterr().err
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []  # no half-written folder left
@@ -275,18 +493,69 @@ def test_cli_train_saves_final_before_a_bounded_evaluation_and_keeps_it_on_ctrl_
 
 def test_cli_sample_says_where_its_default_sampler_differs_from_generate(tmp_path, capsys):
     model_dir = tmp_path / "model"
-    MDMForMaskedDiffusion(MDMConfig(vocab_size=5, mask_token_id=4, hidden_size=16, num_hidden_layers=1,
-                                    num_attention_heads=2, intermediate_size=32)).save_pretrained(model_dir)
+    MDMForMaskedDiffusion(
+        MDMConfig(
+            vocab_size=5,
+            mask_token_id=4,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    ).save_pretrained(model_dir)
     out = tmp_path / "s.json"
-    assert cli.main(["sample", "--model", str(model_dir), "--kind", "mdm", "--num", "2", "--length", "4", "--steps",
-                     "2", "--output", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--model",
+                str(model_dir),
+                "--kind",
+                "mdm",
+                "--num",
+                "2",
+                "--length",
+                "4",
+                "--steps",
+                "2",
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     note = capsys.readouterr().out.splitlines()[-1]
-    assert note == ("note: this command defaults to the paper's sampler; model.generate() without these flags would "
-                    "use transfer='deterministic', strategy='confidence', temperature=0.0 (pass "
-                    "--transfer/--strategy/--temperature to choose)")
-    assert cli.main(["sample", "--model", str(model_dir), "--kind", "mdm", "--num", "2", "--length", "4", "--steps",
-                     "2", "--output", str(out), "--transfer", "deterministic", "--strategy", "confidence",
-                     "--temperature", "0"]) == 0
+    assert note == (
+        "note: this command defaults to the paper's sampler; model.generate() without these flags would "
+        "use transfer='deterministic', strategy='confidence', temperature=0.0 (pass "
+        "--transfer/--strategy/--temperature to choose)"
+    )
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--model",
+                str(model_dir),
+                "--kind",
+                "mdm",
+                "--num",
+                "2",
+                "--length",
+                "4",
+                "--steps",
+                "2",
+                "--output",
+                str(out),
+                "--transfer",
+                "deterministic",
+                "--strategy",
+                "confidence",
+                "--temperature",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert "note:" not in capsys.readouterr().out
 
 
@@ -346,4 +615,3 @@ def test_full_presets_run_end_to_end_in_miniature(tmp_path):
     assert wall["equal_ter"]["steps"] in MINIATURE["steps"] and wall["rows"][-1]["length"] == 16
     assert "| 2-gram | 8 | trained MDM |" in (tmp_path / "ter_vs_steps.md").read_text()
     assert "| hmm | 8 | trained MDM | 1 | 0.125 |" in (tmp_path / "ser_vs_steps.md").read_text()
-

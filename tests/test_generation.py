@@ -26,8 +26,13 @@ VOCAB = 31
 def model():
     torch.manual_seed(0)
     config = MDMConfig(
-        vocab_size=VOCAB, mask_token_id=MASK, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        intermediate_size=64, max_position_embeddings=96,
+        vocab_size=VOCAB,
+        mask_token_id=MASK,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=96,
     )
     model = MDMForMaskedDiffusion(config).eval()
     with torch.no_grad():  # a sharper random network: fewer near-ties in the confidences
@@ -49,8 +54,19 @@ def test_every_combination_fills_all_masks_and_keeps_prompt(model, schedule):
     x = prompt()
     for transfer, strategy in itertools.product(TRANSFERS, STRATEGIES):
         out = model.generate(
-            x, max_new_tokens=10, steps=6, block_length=4, schedule=schedule, transfer=transfer, strategy=strategy,
-            threshold=0.3, temperature=0.8, top_k=10, top_p=0.95, seed=3, return_dict_in_generate=True,
+            x,
+            max_new_tokens=10,
+            steps=6,
+            block_length=4,
+            schedule=schedule,
+            transfer=transfer,
+            strategy=strategy,
+            threshold=0.3,
+            temperature=0.8,
+            top_k=10,
+            top_p=0.95,
+            seed=3,
+            return_dict_in_generate=True,
         )
         seq = out.sequences
         assert seq.shape == (2, 15)
@@ -62,7 +78,12 @@ def test_every_combination_fills_all_masks_and_keeps_prompt(model, schedule):
 
 def test_left_to_right_one_token_per_step_is_autoregressive(model):
     out = model.generate(
-        prompt(1), max_new_tokens=8, steps=8, strategy="left_to_right", output_history=True, return_dict_in_generate=True
+        prompt(1),
+        max_new_tokens=8,
+        steps=8,
+        strategy="left_to_right",
+        output_history=True,
+        return_dict_in_generate=True,
     )
     assert out.nfe == 8
     for i, canvas in enumerate(out.history):
@@ -156,7 +177,14 @@ def llada_reference_generate(model, prompt, attention_mask, steps, gen_length, b
 
 @pytest.mark.parametrize(
     "bsz,steps,gen_length,block_length,cfg",
-    [(1, 8, 8, 8, 0.0), (1, 12, 12, 4, 0.0), (1, 15, 12, 4, 0.0), (1, 4, 16, 8, 0.0), (3, 8, 16, 4, 0.0), (2, 6, 12, 4, 1.5)],
+    [
+        (1, 8, 8, 8, 0.0),
+        (1, 12, 12, 4, 0.0),
+        (1, 15, 12, 4, 0.0),
+        (1, 4, 16, 8, 0.0),
+        (3, 8, 16, 4, 0.0),
+        (2, 6, 12, 4, 1.5),
+    ],
 )
 def test_matches_llada_reference_token_for_token(model, bsz, steps, gen_length, block_length, cfg):
     torch.manual_seed(bsz * 100 + steps)
@@ -172,8 +200,13 @@ def test_matches_llada_reference_token_for_token(model, bsz, steps, gen_length, 
     with torch.no_grad():
         expected, nfe = llada_reference_generate(model, x, attention_mask, steps, gen_length, block_length, cfg)
     out = model.generate(
-        x, attention_mask=attention_mask, max_new_tokens=gen_length, steps=steps, block_length=block_length,
-        cfg_scale=cfg, return_dict_in_generate=True,
+        x,
+        attention_mask=attention_mask,
+        max_new_tokens=gen_length,
+        steps=steps,
+        block_length=block_length,
+        cfg_scale=cfg,
+        return_dict_in_generate=True,
     )
     assert torch.equal(out.sequences, expected)
     assert out.nfe == nfe * (2 if cfg else 1)  # LLaDA runs `steps` forwards even when a step reveals nothing
@@ -220,8 +253,16 @@ def test_stochastic_reveal_frequency_matches_schedule(schedule):
 
     steps, length, rows = 5, 40, 200
     out = diffusion_generate(
-        Uniform(), torch.zeros(rows, 1, dtype=torch.long), max_new_tokens=length, steps=steps, schedule=schedule,
-        transfer="stochastic", strategy="random", output_history=True, return_dict_in_generate=True, seed=0,
+        Uniform(),
+        torch.zeros(rows, 1, dtype=torch.long),
+        max_new_tokens=length,
+        steps=steps,
+        schedule=schedule,
+        transfer="stochastic",
+        strategy="random",
+        output_history=True,
+        return_dict_in_generate=True,
+        seed=0,
     )
     sched = get_schedule(schedule)
     before = torch.full((rows,), length)
@@ -247,7 +288,9 @@ def test_mask_is_never_sampled():
             return MaskedLMOutput(logits=logits)
 
     for temperature in (0.0, 1.0):
-        out = diffusion_generate(LovesMask(), torch.zeros(4, 2, dtype=torch.long), max_new_tokens=6, temperature=temperature)
+        out = diffusion_generate(
+            LovesMask(), torch.zeros(4, 2, dtype=torch.long), max_new_tokens=6, temperature=temperature
+        )
         assert not (out == 5).any()
 
 
@@ -256,8 +299,9 @@ class ScriptedModel(torch.nn.Module):
 
     def __init__(self, script, start, vocab=12, mask=11, eos=3):
         super().__init__()
-        self.config = MDMConfig(vocab_size=vocab, mask_token_id=mask, eos_token_id=eos, pad_token_id=0,
-                                hidden_size=8, num_attention_heads=1)
+        self.config = MDMConfig(
+            vocab_size=vocab, mask_token_id=mask, eos_token_id=eos, pad_token_id=0, hidden_size=8, num_attention_heads=1
+        )
         self.script, self.start = script, start
         self.calls = 0
 
@@ -271,13 +315,20 @@ class ScriptedModel(torch.nn.Module):
 
 def test_eos_pads_the_rest_and_finished_rows_stop_between_blocks():
     model = ScriptedModel([5, 6, 3, 7, 8, 9, 7, 8], start=2)
-    out = diffusion_generate(model, torch.ones(1, 2, dtype=torch.long), max_new_tokens=8, steps=8, block_length=4,
-                             return_dict_in_generate=True)
+    out = diffusion_generate(
+        model,
+        torch.ones(1, 2, dtype=torch.long),
+        max_new_tokens=8,
+        steps=8,
+        block_length=4,
+        return_dict_in_generate=True,
+    )
     assert out.sequences[0].tolist() == [1, 1, 5, 6, 3, 0, 0, 0, 0, 0]
     assert out.nfe == 4 and model.calls == 4  # the second block never runs
     assert out.num_generated_tokens.tolist() == [3]
-    keep_going = diffusion_generate(model, torch.ones(1, 2, dtype=torch.long), max_new_tokens=8, steps=8,
-                                    block_length=4, stop_at_eos=False)
+    keep_going = diffusion_generate(
+        model, torch.ones(1, 2, dtype=torch.long), max_new_tokens=8, steps=8, block_length=4, stop_at_eos=False
+    )
     assert keep_going[0].tolist() == [1, 1, 5, 6, 3, 7, 8, 9, 7, 8]
 
 
@@ -286,8 +337,15 @@ def test_stopping_criteria_streamer_and_logits_processor(model):
         def __call__(self, input_ids, scores, **kwargs):
             return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 9, dtype=torch.bool)
 
-    out = model.generate(prompt(2), max_new_tokens=8, block_length=4, steps=8, pad_token_id=0,
-                         stopping_criteria=StoppingCriteriaList([StopAfterFirstBlock()]), return_dict_in_generate=True)
+    out = model.generate(
+        prompt(2),
+        max_new_tokens=8,
+        block_length=4,
+        steps=8,
+        pad_token_id=0,
+        stopping_criteria=StoppingCriteriaList([StopAfterFirstBlock()]),
+        return_dict_in_generate=True,
+    )
     assert out.nfe == 4 and (out.sequences[:, 9:] == 0).all() and out.num_generated_tokens.tolist() == [4, 4]
 
     class Collect(BaseStreamer):
@@ -324,9 +382,13 @@ def test_top_k_one_equals_greedy(model):
 
 def test_threshold_reveals_confident_tokens_and_respects_step_budget(model):
     x = prompt(2)
-    loose = model.generate(x, max_new_tokens=12, steps=12, transfer="threshold", threshold=1e-6, return_dict_in_generate=True)
+    loose = model.generate(
+        x, max_new_tokens=12, steps=12, transfer="threshold", threshold=1e-6, return_dict_in_generate=True
+    )
     assert loose.nfe == 1  # every proposal clears a tiny threshold: one step
-    strict = model.generate(x, max_new_tokens=12, steps=3, transfer="threshold", threshold=1.0, return_dict_in_generate=True)
+    strict = model.generate(
+        x, max_new_tokens=12, steps=3, transfer="threshold", threshold=1.0, return_dict_in_generate=True
+    )
     assert strict.nfe == 3 and not (strict.sequences == MASK).any()  # the budget forces 4 tokens a step
 
 

@@ -3,14 +3,13 @@ honoured (checked against a step-by-step brute force or a property the field gua
 
 import pytest
 import torch
+from test_model_conformance import MASK, TINY, VOCAB, build
 from transformers import GenerationConfig, WatermarkingConfig
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from hf_mdm.generation import logits_shift_of
 from hf_mdm.generation_config import DIFFUSION_FIELDS
 from hf_mdm.generation_processors import HONOURED, NEUTRAL
-
-from test_model_conformance import MASK, TINY, VOCAB, build
 
 PROMPT = torch.tensor([[3, 4, 5], [6, 7, 8]])
 ONE_A_STEP = dict(max_new_tokens=10, steps=10, strategy="left_to_right", temperature=0.0, stop_at_eos=False)
@@ -108,27 +107,51 @@ def test_do_sample_samples_at_temperature_one(model):
 
 
 def test_max_time_stops_between_blocks(model):
-    out = model.generate(PROMPT, max_new_tokens=12, steps=12, block_length=4, max_time=0.0, pad_token_id=0,
-                         return_dict_in_generate=True)  # fmt: skip
+    out = model.generate(
+        PROMPT, max_new_tokens=12, steps=12, block_length=4, max_time=0.0, pad_token_id=0, return_dict_in_generate=True
+    )
     assert out.nfe == 4 and (out.sequences[:, PROMPT.shape[1] + 4 :] == 0).all()
 
 
 # a value that asks for something for every transformers field the reverse process does not read
 ASKING = {
-    "num_beams": 2, "num_return_sequences": 2, "num_beam_groups": 2, "diversity_penalty": 0.5, "length_penalty": 2.0,
-    "early_stopping": True, "guidance_scale": 2.0, "output_attentions": True, "output_hidden_states": True,
-    "min_length": 5, "min_new_tokens": 5, "stop_strings": ["x"], "penalty_alpha": 0.6, "low_memory": True,
-    "encoder_repetition_penalty": 2.0, "encoder_no_repeat_ngram_size": 2, "forced_bos_token_id": 1,
-    "forced_eos_token_id": 1, "exponential_decay_length_penalty": (2, 1.5), "begin_suppress_tokens": [1],
-    "force_words_ids": [[1]], "constraints": ["x"], "prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 2,
-    "num_assistant_tokens": 5, "token_healing": True, "dola_layers": "low", "top_h": 0.5, "use_mtp": True,
+    "num_beams": 2,
+    "num_return_sequences": 2,
+    "num_beam_groups": 2,
+    "diversity_penalty": 0.5,
+    "length_penalty": 2.0,
+    "early_stopping": True,
+    "guidance_scale": 2.0,
+    "output_attentions": True,
+    "output_hidden_states": True,
+    "min_length": 5,
+    "min_new_tokens": 5,
+    "stop_strings": ["x"],
+    "penalty_alpha": 0.6,
+    "low_memory": True,
+    "encoder_repetition_penalty": 2.0,
+    "encoder_no_repeat_ngram_size": 2,
+    "forced_bos_token_id": 1,
+    "forced_eos_token_id": 1,
+    "exponential_decay_length_penalty": (2, 1.5),
+    "begin_suppress_tokens": [1],
+    "force_words_ids": [[1]],
+    "constraints": ["x"],
+    "prompt_lookup_num_tokens": 3,
+    "max_matching_ngram_size": 2,
+    "num_assistant_tokens": 5,
+    "token_healing": True,
+    "dola_layers": "low",
+    "top_h": 0.5,
+    "use_mtp": True,
     "watermarking_config": WatermarkingConfig(greenlist_ratio=0.25),
-}  # fmt: skip
+}
 
 
 def test_every_transformers_field_is_honoured_or_rejected_by_name(model):
-    unread = sorted(n for n in vars(GenerationConfig()) if not n.startswith("_") and n not in HONOURED
-                    and n not in DIFFUSION_FIELDS)  # fmt: skip
+    unread = sorted(
+        n for n in vars(GenerationConfig()) if not n.startswith("_") and n not in HONOURED and n not in DIFFUSION_FIELDS
+    )
     for name in unread:
         value = ASKING.get(name, 3)
         if NEUTRAL.get(name) == value:
@@ -141,14 +164,25 @@ def test_every_transformers_field_is_honoured_or_rejected_by_name(model):
 
 def test_neutral_values_of_unread_fields_are_accepted(model):
     expected = generated(model)
-    assert torch.equal(generated(model, num_beams=1, num_return_sequences=1, repetition_penalty=1.0,
-                                 output_attentions=False, use_cache=True), expected)  # fmt: skip
+    assert torch.equal(
+        generated(
+            model, num_beams=1, num_return_sequences=1, repetition_penalty=1.0, output_attentions=False, use_cache=True
+        ),
+        expected,
+    )
 
 
 def test_reference_and_speculative_refuse_what_they_cannot_do(model):
     with pytest.raises(ValueError, match="repetition_penalty"):
-        model.generate(PROMPT, max_new_tokens=4, steps=4, transfer="speculative", draft_length=2,
-                       strategy="left_to_right", repetition_penalty=2.0)  # fmt: skip
+        model.generate(
+            PROMPT,
+            max_new_tokens=4,
+            steps=4,
+            transfer="speculative",
+            draft_length=2,
+            strategy="left_to_right",
+            repetition_penalty=2.0,
+        )
 
 
 def test_model_families_declare_their_facts_and_the_sampler_reads_no_model_type(model):
@@ -184,12 +218,20 @@ def test_a_new_strategy_and_transfer_are_one_registered_class_each(model):
             return lambda i, block_mask: block_mask.sum(1)
 
     try:
-        out = model.generate(PROMPT, max_new_tokens=6, steps=6, strategy="right_to_left_test", stop_at_eos=False,
-                             output_history=True, return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(
+            PROMPT,
+            max_new_tokens=6,
+            steps=6,
+            strategy="right_to_left_test",
+            stop_at_eos=False,
+            output_history=True,
+            return_dict_in_generate=True,
+        )
         first = out.history[0][:, PROMPT.shape[1] :]
         assert (first[:, -1] != MASK).all() and (first[:, :-1] == MASK).all()  # the rightmost column first
-        once = model.generate(PROMPT, max_new_tokens=6, steps=6, block_length=3, transfer="everything_test",
-                              return_dict_in_generate=True)  # fmt: skip
+        once = model.generate(
+            PROMPT, max_new_tokens=6, steps=6, block_length=3, transfer="everything_test", return_dict_in_generate=True
+        )
         assert once.nfe == 2 and (once.sequences != MASK).all()  # one forward per block
     finally:
         STRATEGY_REGISTRY.pop("right_to_left_test")

@@ -47,8 +47,10 @@ def test_false_statements_are_found(text, wrong):
 
 def test_right_answer_through_a_wrong_step():
     """The final answer is right (18), but one step is false: accurate, not chain-valid."""
-    doc = {"question": "Janet has 16 eggs, eats 3, bakes 4, sells the rest at $2. How much does she make?",
-           "answer": "16 - 3 - 4 = <<16-3-4=9>>9\n9 * 2 = $<<9*2=18>>18\n#### 18"}
+    doc = {
+        "question": "Janet has 16 eggs, eats 3, bakes 4, sells the rest at $2. How much does she make?",
+        "answer": "16 - 3 - 4 = <<16-3-4=9>>9\n9 * 2 = $<<9*2=18>>18\n#### 18",
+    }
     wrong_step = "She has 16 - 3 - 4 = 10 eggs left.\nShe makes 9 * 2 = 18 dollars.\n#### 18"
     scores = process_gsm8k_chain(doc, [wrong_step])
     assert scores["exact_match"] == 1.0 and scores["flexible_match"] == 1.0
@@ -56,13 +58,24 @@ def test_right_answer_through_a_wrong_step():
     assert process_gsm8k_chain(doc, [doc["answer"]])["valid_and_correct"] == 1.0
     wrong_question = "16 - 3 - 4 = 9\n9 * 3 = 27\n#### 27"  # true arithmetic, wrong price: valid, not correct
     assert process_gsm8k_chain(doc, [wrong_question]) == {
-        "exact_match": 0.0, "flexible_match": 0.0, "chain_valid": 1.0, "valid_and_correct": 0.0, "statements": 2.0}
+        "exact_match": 0.0,
+        "flexible_match": 0.0,
+        "chain_valid": 1.0,
+        "valid_and_correct": 0.0,
+        "statements": 2.0,
+    }
 
 
 @pytest.mark.parametrize(
     "text",
-    ["Let X be the price. X*25% = $19.50, so X = $26.", "3 times 4 = 12", "250=(5/2)x", "Meet at 6:00+48=6:48 PM",
-     "15 pages x 1/3 = 5 pages", "17/3 = 5 and 2/3 loads"],
+    [
+        "Let X be the price. X*25% = $19.50, so X = $26.",
+        "3 times 4 = 12",
+        "250=(5/2)x",
+        "Meet at 6:00+48=6:48 PM",
+        "15 pages x 1/3 = 5 pages",
+        "17/3 = 5 and 2/3 loads",
+    ],
 )
 def test_text_around_arithmetic_is_not_misread(text):
     """Variables, words and clock times around numbers make a statement uncheckable, never false."""

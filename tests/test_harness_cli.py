@@ -27,8 +27,15 @@ def tiny(tmp_path_factory):
 
 
 def _env() -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_MDM_DATA_DIR=DATA_DIR,
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_ALLOW_CODE_EVAL="1")  # fmt: skip
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_MDM_DATA_DIR=DATA_DIR,
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_ALLOW_CODE_EVAL="1",
+    )
     env.pop("ACCELERATE_USE_CPU", None)
     return env
 
@@ -40,8 +47,20 @@ def _run(command: list, env: dict = None) -> str:
 
 
 def _eval_args(model: str, pretrained: str, output: Path, extra: str = "") -> list:
-    return ["run", "--model", model, "--model_args", f"pretrained={pretrained}{extra}", "--tasks", "mdm_gsm8k",
-            "--limit", "3", "--output_path", str(output), "--log_samples"]  # fmt: skip
+    return [
+        "run",
+        "--model",
+        model,
+        "--model_args",
+        f"pretrained={pretrained}{extra}",
+        "--tasks",
+        "mdm_gsm8k",
+        "--limit",
+        "3",
+        "--output_path",
+        str(output),
+        "--log_samples",
+    ]
 
 
 def _outputs(output: Path) -> tuple[dict, list]:
@@ -73,8 +92,18 @@ def test_hf_mdm_eval_writes_accuracy_and_timing(mdm_run):
 
 
 def test_hf_timed_eval_writes_accuracy_and_timing(tiny, tmp_path):
-    _run([sys.executable, "-m", "hf_mdm.harness", *_eval_args("hf_timed", tiny["llama"], tmp_path), "--device", "cpu",
-          "--gen_kwargs", "max_gen_toks=48"])  # fmt: skip
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "hf_mdm.harness",
+            *_eval_args("hf_timed", tiny["llama"], tmp_path),
+            "--device",
+            "cpu",
+            "--gen_kwargs",
+            "max_gen_toks=48",
+        ]
+    )
     results, samples = _outputs(tmp_path)
     timing = results["timing"]["tasks"]["mdm_gsm8k"]
     assert timing["requests"] == 3 and 0 < timing["generated_tokens"] <= 3 * 48
@@ -101,8 +130,14 @@ def test_two_processes_give_the_single_process_scores(tiny, mdm_run, tmp_path):
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "tiny").symlink_to(Path(tiny["mdm"]).parent)
     command = readme_command("ACCELERATE_USE_CPU=1 accelerate launch")
-    result = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=dict(_env(), PATH=f"{BIN}:{os.environ['PATH']}"),
-                            capture_output=True, text=True, timeout=400)  # fmt: skip
+    result = subprocess.run(
+        ["bash", "-c", command],
+        cwd=tmp_path,
+        env=dict(_env(), PATH=f"{BIN}:{os.environ['PATH']}"),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     _, single, single_samples = mdm_run
     sharded, sharded_samples = _outputs(tmp_path / "runs" / "eval-2proc")
@@ -134,12 +169,31 @@ def test_two_processes_give_the_single_process_scores(tiny, mdm_run, tmp_path):
 def test_plain_accelerate_launch_says_it_started_one_process(tiny, tmp_path):
     """`accelerate launch --num_processes 2` without --multi_gpu starts one process on CPU: refused, with the
     command that shards."""
-    command = [str(BIN / "accelerate"), "launch", "--num_processes", "2", "-m", "hf_mdm.harness", "run", "--model",
-               "hf_mdm", "--model_args", f"pretrained={tiny['mdm']}", "--tasks", "mdm_gsm8k", "--limit", "1",
-               "--output_path", str(tmp_path)]  # fmt: skip
+    command = [
+        str(BIN / "accelerate"),
+        "launch",
+        "--num_processes",
+        "2",
+        "-m",
+        "hf_mdm.harness",
+        "run",
+        "--model",
+        "hf_mdm",
+        "--model_args",
+        f"pretrained={tiny['mdm']}",
+        "--tasks",
+        "mdm_gsm8k",
+        "--limit",
+        "1",
+        "--output_path",
+        str(tmp_path),
+    ]
     result = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=400)
     assert result.returncode != 0 and not list(tmp_path.rglob("results_*.json"))
-    assert "started this one alone" in result.stderr and "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in result.stderr
+    assert (
+        "started this one alone" in result.stderr
+        and "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu" in result.stderr
+    )
 
 
 @pytest.mark.slow
@@ -197,8 +251,20 @@ def test_hf_mdm_eval_refuses_a_code_task_without_the_opt_in(tiny, tmp_path, monk
     from hf_mdm.harness.__main__ import main
 
     monkeypatch.delenv("HF_ALLOW_CODE_EVAL", raising=False)
-    argv = ["run", "--model", "hf_mdm", "--model_args", f"pretrained={tiny['mdm']}", "--tasks", "mdm_humaneval",
-            "--limit", "1", "--confirm_run_unsafe_code", "--output_path", str(tmp_path)]  # fmt: skip
+    argv = [
+        "run",
+        "--model",
+        "hf_mdm",
+        "--model_args",
+        f"pretrained={tiny['mdm']}",
+        "--tasks",
+        "mdm_humaneval",
+        "--limit",
+        "1",
+        "--confirm_run_unsafe_code",
+        "--output_path",
+        str(tmp_path),
+    ]
     assert main(argv) == 2 and not list(tmp_path.iterdir())
     assert "mdm_humaneval run generated code: set HF_ALLOW_CODE_EVAL=1" in capsys.readouterr().err
 
@@ -266,21 +332,41 @@ def test_compare_killed_mid_way_resumes_without_redoing_requests(tiny, tmp_path)
 
     def config(name: str) -> Path:
         path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump({
-            "name": name, "output_dir": str(tmp_path / name), "tasks": ["mdm_gsm8k"],
-            "evaluate": {"batch_size": 1, "device": "cpu", "limit": 6, "log_samples": True,
-                         "gen_kwargs": {"max_gen_toks": 24}},
-            "models": [{"name": "tiny-mdm", "model": "hf_mdm", "model_args": {"pretrained": tiny["mdm"]},
-                        "settings": [{"name": "16 steps", "model_args": {"steps": 16}},
-                                     {"name": "32 steps", "model_args": {"steps": 32}}]}],
-        }))  # fmt: skip
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "name": name,
+                    "output_dir": str(tmp_path / name),
+                    "tasks": ["mdm_gsm8k"],
+                    "evaluate": {
+                        "batch_size": 1,
+                        "device": "cpu",
+                        "limit": 6,
+                        "log_samples": True,
+                        "gen_kwargs": {"max_gen_toks": 24},
+                    },
+                    "models": [
+                        {
+                            "name": "tiny-mdm",
+                            "model": "hf_mdm",
+                            "model_args": {"pretrained": tiny["mdm"]},
+                            "settings": [
+                                {"name": "16 steps", "model_args": {"steps": 16}},
+                                {"name": "32 steps", "model_args": {"steps": 32}},
+                            ],
+                        }
+                    ],
+                }
+            )
+        )
         return path
 
     command = [str(BIN / "hf-mdm"), "compare", "--config"]
     _run(command + [str(config("uninterrupted"))])
     killed = config("killed")
-    process = subprocess.Popen(command + [str(killed)], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        command + [str(killed)], cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     cache, deadline = tmp_path / "killed" / "cache", time.time() + 300
     while _answers_in_cache(cache) < 2 and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -295,8 +381,10 @@ def test_compare_killed_mid_way_resumes_without_redoing_requests(tiny, tmp_path)
     def outputs(name: str) -> tuple:
         out = tmp_path / name
         cells = {p.name: json.loads(p.read_text()) for p in sorted((out / "cells").glob("*.json"))}
-        samples = {p.name: [json.loads(line) for line in p.read_text().splitlines()]
-                   for p in sorted((out / "samples").glob("*.jsonl"))}  # fmt: skip
+        samples = {
+            p.name: [json.loads(line) for line in p.read_text().splitlines()]
+            for p in sorted((out / "samples").glob("*.jsonl"))
+        }
         return cells, samples
 
     cells, samples = outputs("killed")
@@ -306,14 +394,16 @@ def test_compare_killed_mid_way_resumes_without_redoing_requests(tiny, tmp_path)
     for name, cell in cells.items():
         assert cell["accuracy"] == expected_cells[name]["accuracy"]
         assert {k: cell["timing"][k] for k in counts} == {k: expected_cells[name]["timing"][k] for k in counts}
-        assert [s["resps"] for s in samples[name.replace(".json", ".jsonl")]] == \
-            [s["resps"] for s in expected_samples[name.replace(".json", ".jsonl")]]  # fmt: skip
+        assert [s["resps"] for s in samples[name.replace(".json", ".jsonl")]] == [
+            s["resps"] for s in expected_samples[name.replace(".json", ".jsonl")]
+        ]
     # the requests finished before the kill were not redone
     assert sum(cell["timing"]["cached_requests"] for cell in cells.values()) == done_before
     assert all(cell["timing"]["cached_requests"] == 0 for cell in expected_cells.values())
     accuracy = [(r["setting"], r["accuracy"], r["requests"]) for r in csvreader(tmp_path / "killed" / "results.csv")]
-    assert accuracy == [(r["setting"], r["accuracy"], r["requests"])
-                        for r in csvreader(tmp_path / "uninterrupted" / "results.csv")]  # fmt: skip
+    assert accuracy == [
+        (r["setting"], r["accuracy"], r["requests"]) for r in csvreader(tmp_path / "uninterrupted" / "results.csv")
+    ]
 
 
 def test_hf_mdm_eval_with_use_cache_resumes_from_finished_requests(tiny, tmp_path, monkeypatch):
@@ -325,13 +415,19 @@ def test_hf_mdm_eval_with_use_cache_resumes_from_finished_requests(tiny, tmp_pat
     runs = []
     for name in ("first", "again"):
         argv = _eval_args("hf_mdm", tiny["mdm"], tmp_path / name, ",steps=8") + [
-            "--device", "cpu", "--use_cache", str(tmp_path / "cache" / "requests")]  # fmt: skip
+            "--device",
+            "cpu",
+            "--use_cache",
+            str(tmp_path / "cache" / "requests"),
+        ]
         assert main(argv) == 0
         runs.append(_outputs(tmp_path / name))
     (first, first_samples), (again, again_samples) = runs
     assert [s["resps"] for s in again_samples] == [s["resps"] for s in first_samples]
-    assert again["results"]["mdm_gsm8k"] == {**first["results"]["mdm_gsm8k"],
-                                             **{k: v for k, v in again["results"]["mdm_gsm8k"].items() if "timing" in k}}
+    assert again["results"]["mdm_gsm8k"] == {
+        **first["results"]["mdm_gsm8k"],
+        **{k: v for k, v in again["results"]["mdm_gsm8k"].items() if "timing" in k},
+    }
     assert again["timing"]["all"]["cached_requests"] == again["timing"]["all"]["requests"] == 3
     assert first["timing"]["all"]["cached_requests"] == 0
     assert again["timing"]["all"]["nfe"] == first["timing"]["all"]["nfe"]

@@ -50,18 +50,35 @@ def test_each_request_is_cut_at_its_own_stop_strings(tiny):
     stop = free[5:7]
     assert stop and stop in free
     cut, uncut = model.generate_until(
-        [requests(PROMPTS[:1], {"until": [stop], "max_gen_toks": 24})[0],
-         requests(PROMPTS[:1], {"until": ["never appears"], "max_gen_toks": 24})[0]]  # fmt: skip
+        [
+            requests(PROMPTS[:1], {"until": [stop], "max_gen_toks": 24})[0],
+            requests(PROMPTS[:1], {"until": ["never appears"], "max_gen_toks": 24})[0],
+        ]
     )
     assert cut == free[: free.index(stop)] and uncut == free
 
 
 def test_sampler_knobs_are_model_args(tiny):
-    model = mdm(tiny, steps=5, block_length=8, strategy="margin", transfer="stochastic", schedule="cosine",
-                cfg_scale=0.5, max_gen_toks=16, seed=3)  # fmt: skip
+    model = mdm(
+        tiny,
+        steps=5,
+        block_length=8,
+        strategy="margin",
+        transfer="stochastic",
+        schedule="cosine",
+        cfg_scale=0.5,
+        max_gen_toks=16,
+        seed=3,
+    )
     config = model.generation_config
     assert (config.steps, config.block_length, config.strategy, config.transfer, config.schedule, config.cfg_scale) == (
-        5, 8, "margin", "stochastic", "cosine", 0.5)
+        5,
+        8,
+        "margin",
+        "stochastic",
+        "cosine",
+        0.5,
+    )
     model.generate_until(requests(PROMPTS[:1], {"until": []}))
     assert model.timing.records[-1].nfe == 10  # 5 steps, two forwards each with guidance
     with pytest.raises(ValueError, match="strategy"):
@@ -72,7 +89,7 @@ def test_elbo_of_one_token_is_its_exact_log_probability(tiny):
     """With a one-token continuation every Monte Carlo sample masks exactly that token: ELBO = log p."""
     model = mdm(tiny, mc_num=4, greedy_check=False)
     context, target = "The cat sat on the m", "a"  # one byte: one token
-    (ll, _), = model.loglikelihood(scored([(context, target)]))
+    ((ll, _),) = model.loglikelihood(scored([(context, target)]))
     ids = model.tok_encode(context + target)
     masked = torch.tensor([ids[:-1] + [model.mask_token_id]])
     with torch.no_grad():
@@ -99,14 +116,21 @@ def test_greedy_check_is_llada_suffix_greedy_prediction(tiny):
     reproduced exactly."""
     model = mdm(tiny, mc_num=2)
     context = model.tok_encode("Q: 7 * 6?\nA:")
-    output = diffusion_generate(model.model, torch.tensor([context]), max_new_tokens=4, steps=4, strategy="confidence",
-                                temperature=0.0, stop_at_eos=False)  # fmt: skip
+    output = diffusion_generate(
+        model.model,
+        torch.tensor([context]),
+        max_new_tokens=4,
+        steps=4,
+        strategy="confidence",
+        temperature=0.0,
+        stop_at_eos=False,
+    )
     greedy = output[0, len(context) :].tolist()
     hash_id, dollar_id = model.tok_encode("#")[0], model.tok_encode("$")[0]
     other = greedy[:-1] + [hash_id if greedy[-1] != hash_id else dollar_id]
     assert model._greedy_matches([(context, greedy), (context, other)]) == [True, False]
     text = model.tok_decode(greedy)
-    (_, is_greedy), = model.loglikelihood(scored([("Q: 7 * 6?\nA:", text)]))
+    ((_, is_greedy),) = model.loglikelihood(scored([("Q: 7 * 6?\nA:", text)]))
     assert is_greedy == (model.tok_encode(text) == greedy)
 
 
@@ -149,5 +173,7 @@ def test_model_argument_mistakes_are_named(tiny, tmp_path):
         TimedHFLM(pretrained=tiny["llama"], device="cpu", max_gen_tok=8)
     with pytest.raises(ValueError, match=r"pretrained=.*/mdn: no such file or directory .*has mdm"):
         MaskedDiffusionLM(pretrained=tiny["mdm"][:-1] + "n", device="cpu")
-    with pytest.raises(ValueError, match="'llama' checkpoint, an autoregressive LM, not a masked diffusion model.*hf_timed"):
+    with pytest.raises(
+        ValueError, match="'llama' checkpoint, an autoregressive LM, not a masked diffusion model.*hf_timed"
+    ):
         MaskedDiffusionLM(pretrained=tiny["llama"], device="cpu")

@@ -20,6 +20,7 @@ import datasets
 import pytest
 import torch
 from lm_eval.api.instance import Instance
+from published_formats import dream_shapes, llada_shapes, published_config  # noqa: E402
 from safetensors.torch import save_file
 from transformers import AutoModelForMaskedLM, AutoTokenizer
 
@@ -28,7 +29,6 @@ from hf_mdm.harness import MaskedDiffusionLM, simple_evaluate
 from hf_mdm.harness.evaluator import build_task_manager, create_lm
 from hf_mdm.harness.tiny import CHAT_TEMPLATE, EOS, MASK, build_tiny_models, build_tokenizer
 
-from published_formats import dream_shapes, llada_shapes, published_config  # noqa: E402
 PROMPTS = ["Question: what is 2 + 3?\nAnswer:", "Q: 7 * 6?\nA:", "Tell me a story about a cat named"]
 SEED = 1234  # the lm-eval model's default seed
 
@@ -43,13 +43,35 @@ def tiny_config(arch: str, tokenizer) -> dict:
     vocab = len(tokenizer)
     eos, pad, mask = tokenizer.convert_tokens_to_ids([EOS, "<|pad|>", MASK])
     if arch == "llada":  # as published: pad_token_id = EOS
-        sizes = dict(d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=vocab,
-                     embedding_size=vocab, max_sequence_length=1024, rope_theta=10000.0, mask_token_id=mask,
-                     eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+        sizes = dict(
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=4,
+            n_layers=2,
+            mlp_hidden_size=48,
+            vocab_size=vocab,
+            embedding_size=vocab,
+            max_sequence_length=1024,
+            rope_theta=10000.0,
+            mask_token_id=mask,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
         return published_config("llada_8b_base") | sizes
-    sizes = dict(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
-                 intermediate_size=48, vocab_size=vocab, max_position_embeddings=1024, rope_theta=10000.0,
-                 mask_token_id=mask, pad_token_id=pad, bos_token_id=eos, eos_token_id=eos)  # fmt: skip
+    sizes = dict(
+        hidden_size=32,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        intermediate_size=48,
+        vocab_size=vocab,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        mask_token_id=mask,
+        pad_token_id=pad,
+        bos_token_id=eos,
+        eos_token_id=eos,
+    )
     return published_config("dream_v0_base_7b") | sizes
 
 
@@ -144,8 +166,13 @@ def reference_generation(path, prompts, config, batch_size):
     for start in range(0, len(ordered), batch_size):
         chunk = ordered[start : start + batch_size]
         enc = tokenizer(chunk, padding=True, padding_side="left", return_tensors="pt")
-        out = model.generate(enc.input_ids, attention_mask=enc.attention_mask, generation_config=config,
-                             generator=generator, return_dict_in_generate=True)  # fmt: skip
+        out = model.generate(
+            enc.input_ids,
+            attention_mask=enc.attention_mask,
+            generation_config=config,
+            generator=generator,
+            return_dict_in_generate=True,
+        )
         new = out.sequences[:, enc.input_ids.shape[1] :]
         batches.append((enc.input_ids, enc.attention_mask, new, out.nfe))
         for prompt, row in zip(chunk, new.tolist()):
@@ -162,13 +189,19 @@ CASES = {
     # one of these cases writes EOS mid-generation (checked below): the cut at EOS is exercised
     "llada-greedy-2-blocks": ("llada", dict(steps=8, block_length=8), dict(gen_length=16, steps=8, block_length=8)),
     "llada-greedy-1-block": ("llada", dict(), dict(gen_length=16, steps=16, block_length=16)),
-    "llada-random-remasking-cfg": ("llada", dict(steps=8, remasking="random", cfg_scale=1.0),
-                                   dict(gen_length=16, steps=8, block_length=16, remasking="random", cfg_scale=1.0)),
+    "llada-random-remasking-cfg": (
+        "llada",
+        dict(steps=8, remasking="random", cfg_scale=1.0),
+        dict(gen_length=16, steps=8, block_length=16, remasking="random", cfg_scale=1.0),
+    ),
     "dream-greedy-origin": ("dream", dict(steps=8), dict(max_new_tokens=16, steps=8)),
     "dream-greedy-entropy": ("dream", dict(steps=16, alg="entropy"), dict(max_new_tokens=16, steps=16, alg="entropy")),
-    "dream-greedy-topk-margin-eps": ("dream", dict(steps=5, alg="topk_margin", eps=0.0),
-                                     dict(max_new_tokens=16, steps=5, alg="topk_margin", eps=0.0)),
-}  # fmt: skip
+    "dream-greedy-topk-margin-eps": (
+        "dream",
+        dict(steps=5, alg="topk_margin", eps=0.0),
+        dict(max_new_tokens=16, steps=5, alg="topk_margin", eps=0.0),
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -215,8 +248,13 @@ def test_request_gen_kwargs_of_the_preset_apply(checkpoints):
     argument wins over the task's temperature 0)."""
     model = lm(checkpoints["dream"], steps=8, temperature=0.5)
     config = model._request_config(16, {"steps": 4, "alg": "entropy", "temperature": 0.0, "do_sample": False})
-    assert (config.reference, config.steps, config.alg, config.temperature, config.eps) == ("dream", 4, "entropy",
-                                                                                             0.5, 1e-3)  # fmt: skip
+    assert (config.reference, config.steps, config.alg, config.temperature, config.eps) == (
+        "dream",
+        4,
+        "entropy",
+        0.5,
+        1e-3,
+    )
     llada = lm(checkpoints["llada"], block_length=4)
     config = llada._request_config(16, {"temperature": 0.0, "top_p": 1.0, "remasking": "random"})
     assert (config.max_new_tokens, config.block_length, config.steps, config.remasking) == (16, 4, 16, "random")
@@ -235,8 +273,11 @@ def test_preset_auto_follows_the_model_type(checkpoints, tmp_path):
     assert lm(mdm).reference == "none"
     assert lm(mdm, steps=4)._request_config(8, {}).reference is None
     # reference=none on a LLaDA checkpoint: hf_mdm's sampler and its settings; "none" in --model_args parses to None
-    none = create_lm("hf_mdm", f"pretrained={checkpoints['llada']},reference=none,dtype=float32,strategy=margin,steps=4",
-                      device="cpu")
+    none = create_lm(
+        "hf_mdm",
+        f"pretrained={checkpoints['llada']},reference=none,dtype=float32,strategy=margin,steps=4",
+        device="cpu",
+    )
     assert none.reference == "none"
     config = none._request_config(8, {})
     assert config.reference is None and config.strategy == "margin"
@@ -253,12 +294,20 @@ def test_former_argument_name_preset_still_chooses_the_reference(checkpoints):
         lm(checkpoints["dream"], preset="llada", reference="dream")
 
 
-@pytest.mark.parametrize("arch, knob", [("llada", {"transfer": "stochastic"}), ("llada", {"strategy": "margin"}),
-                                        ("llada", {"top_k": 5}), ("llada", {"alg": "entropy"}),
-                                        ("dream", {"schedule": "cosine"}), ("dream", {"block_length": 8}),
-                                        ("dream", {"remasking": "random"})])  # fmt: skip
+@pytest.mark.parametrize(
+    "arch, knob",
+    [
+        ("llada", {"transfer": "stochastic"}),
+        ("llada", {"strategy": "margin"}),
+        ("llada", {"top_k": 5}),
+        ("llada", {"alg": "entropy"}),
+        ("dream", {"schedule": "cosine"}),
+        ("dream", {"block_length": 8}),
+        ("dream", {"remasking": "random"}),
+    ],
+)
 def test_a_setting_the_preset_lacks_is_an_error(checkpoints, arch, knob):
-    (name, value), = knob.items()
+    ((name, value),) = knob.items()
     with pytest.raises(ValueError, match=f"{name}=.*reference={arch}.*reference=none"):
         lm(checkpoints[arch], **knob)
 

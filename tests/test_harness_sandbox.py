@@ -24,8 +24,15 @@ import pytest
 
 from hf_mdm.harness import bubblewrap
 from hf_mdm.harness.code_eval import pass_at_k, reference_programs
-from hf_mdm.harness.sandbox import (ALLOW_ENV, ExecutionResult, SandboxLimits, bubblewrap_unavailable,
-                                    isolation_report, run_program, run_programs)  # fmt: skip
+from hf_mdm.harness.sandbox import (
+    ALLOW_ENV,
+    ExecutionResult,
+    SandboxLimits,
+    bubblewrap_unavailable,
+    isolation_report,
+    run_program,
+    run_programs,
+)
 
 LIMITS = SandboxLimits(timeout_s=3.0, cpu_time_s=2, memory_bytes=512 << 20, max_processes=8)
 _BOOTSTRAP_MARK = "settings = json.loads(sys.argv[1])"
@@ -276,10 +283,14 @@ for pid in [str(os.getppid()), "1", *os.listdir("/proc")]:
         pass
 print(found)
 """
-_CONNECT = "import socket\ns = socket.create_connection(('127.0.0.1', {s.server_port}), timeout=2)\n" \
-           "s.sendall(b'pwned')\nprint('connected')"
-_LISTEN = "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', {s.free_port}))\ns.listen()\n" \
-          "print('listening', flush=True)\ns.settimeout(2.5)\nconn, _ = s.accept()\nprint('accepted')"
+_CONNECT = (
+    "import socket\ns = socket.create_connection(('127.0.0.1', {s.server_port}), timeout=2)\n"
+    "s.sendall(b'pwned')\nprint('connected')"
+)
+_LISTEN = (
+    "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', {s.free_port}))\ns.listen()\n"
+    "print('listening', flush=True)\ns.settimeout(2.5)\nconn, _ = s.accept()\nprint('accepted')"
+)
 _DAEMON = """
 import os, time
 if os.fork() == 0:
@@ -320,9 +331,15 @@ _WRITE_PROJECT = "import _io\n_io.FileIO({s.project_file!s:!r}, 'w').write(b'pwn
 HOSTILE = [
     Hostile("read the parent's environment", lambda s: _ENVIRON, False, _no_secret),
     Hostile("read a planted file", lambda s: f"print(open({str(s.planted)!r}).read())", False, _no_secret),
-    Hostile("list /", lambda s: "import os\nprint(os.listdir('/'))\nprint(os.listdir('/etc'))", False,
-            _only_system_folders),
-    Hostile("read /proc/1/cmdline", lambda s: "print(open('/proc/1/cmdline').read().replace(chr(0), ' '))", False, _not_host_init),
+    Hostile(
+        "list /", lambda s: "import os\nprint(os.listdir('/'))\nprint(os.listdir('/etc'))", False, _only_system_folders
+    ),
+    Hostile(
+        "read /proc/1/cmdline",
+        lambda s: "print(open('/proc/1/cmdline').read().replace(chr(0), ' '))",
+        False,
+        _not_host_init,
+    ),
     Hostile("connect to 127.0.0.1", lambda s: _CONNECT.format(s=s), True, _nothing_reached_server),
     Hostile("listen on 127.0.0.1", lambda s: _LISTEN.format(s=s), True, _listener_unreachable),
     Hostile("leave a daemon grandchild", lambda s: _DAEMON.format(s=s), True, _daemon_gone),
@@ -330,9 +347,13 @@ HOSTILE = [
     Hostile("allocate 10 GB", lambda s: "blob = bytearray(10 * 1024 ** 3)\nprint(len(blob))", True, _memory_error),
     Hostile("fork 64 times", lambda s: _FORK, True, _few_processes),
     Hostile("kill its parent", lambda s: _KILL_PARENT, True, _failed),
-    Hostile("write into the project's folder", lambda s: _WRITE_PROJECT.replace("{s.project_file!s:!r}",
-            repr(str(s.project_file))), False, _project_untouched),
-]  # fmt: skip
+    Hostile(
+        "write into the project's folder",
+        lambda s: _WRITE_PROJECT.replace("{s.project_file!s:!r}", repr(str(s.project_file))),
+        False,
+        _project_untouched,
+    ),
+]
 
 
 def _free_port() -> int:
@@ -370,8 +391,9 @@ def scene(monkeypatch, tmp_path, victim):
     thread.start()
     project_file = PROJECT / f"hf_mdm_pwned_{uuid.uuid4().hex[:8]}.txt"
     before = _leftovers()
-    yield Scene(secret, planted, server.getsockname()[1], accepted, free_port, f"9{uuid.uuid4().int % 10**8}.5",
-                project_file)  # fmt: skip
+    yield Scene(
+        secret, planted, server.getsockname()[1], accepted, free_port, f"9{uuid.uuid4().int % 10**8}.5", project_file
+    )
     stop.set()
     thread.join()
     server.close()
@@ -405,8 +427,14 @@ print(json.dumps(result.to_dict()))
 def _harness(program: str, guard: bool, isolation: str, secret: str) -> ExecutionResult:
     options = json.dumps({"guard": guard, "isolation": isolation})
     env = dict(os.environ, HF_MDM_TEST_SECRET=secret, HF_MDM_TOKEN=secret)
-    child = subprocess.run([sys.executable, "-c", _HARNESS, str(PROJECT / "hf_mdm"), options], input=program,
-                           env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-c", _HARNESS, str(PROJECT / "hf_mdm"), options],
+        input=program,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert child.returncode == 0, f"the harness stopped: {child.returncode}\n{child.stderr[-3000:]}"
     return ExecutionResult(**json.loads(child.stdout.strip().splitlines()[-1]))
 

@@ -13,9 +13,12 @@ from hf_mdm.harness.sandbox import isolation_layer
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 LIMIT = 6
-PRIMARY = {"mdm_gsm8k": ["exact_match,strict-match", "exact_match,flexible-extract"],
-           "mdm_gsm8k_chain": ["exact_match,none", "flexible_match,none", "valid_and_correct,none"],
-           "mdm_mbpp": ["pass_at_1,sandbox"], "mdm_humaneval": ["pass_at_1,sandbox"]}  # fmt: skip
+PRIMARY = {
+    "mdm_gsm8k": ["exact_match,strict-match", "exact_match,flexible-extract"],
+    "mdm_gsm8k_chain": ["exact_match,none", "flexible_match,none", "valid_and_correct,none"],
+    "mdm_mbpp": ["pass_at_1,sandbox"],
+    "mdm_humaneval": ["pass_at_1,sandbox"],
+}
 
 
 @pytest.fixture(autouse=True)

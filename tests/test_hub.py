@@ -6,13 +6,12 @@ import pytest
 import torch
 import yaml
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard
+from remote_code import exported_files  # noqa: E402
 from transformers import LlamaForCausalLM
 
 from hf_mdm import MDMForMaskedDiffusion
 from hf_mdm.hub import CardResult, model_card, push_model
 from hf_mdm.training import ar_config_for, mdm_config_for
-
-from remote_code import exported_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +63,29 @@ def test_push_uploads_exact_files(models):
     def fake_create_commit(self, repo_id, operations, **kwargs):
         captured["repo_id"] = repo_id
         captured["files"] = {
-            op.path_in_repo: (op.path_or_fileobj if isinstance(op.path_or_fileobj, bytes) else open(op.path_or_fileobj, "rb").read())
-            for op in operations if isinstance(op, CommitOperationAdd)
+            op.path_in_repo: (
+                op.path_or_fileobj if isinstance(op.path_or_fileobj, bytes) else open(op.path_or_fileobj, "rb").read()
+            )
+            for op in operations
+            if isinstance(op, CommitOperationAdd)
         }
         captured["message"] = kwargs.get("commit_message")
         return "commit-info"
 
-    with mock.patch.object(HfApi, "create_repo") as create_repo, mock.patch.object(HfApi, "create_commit", fake_create_commit):
+    with (
+        mock.patch.object(HfApi, "create_repo") as create_repo,
+        mock.patch.object(HfApi, "create_commit", fake_create_commit),
+    ):
         out = push_model(mdm, "org/mdm-2gram", training_config={"steps": 10}, results=[{"metric": "ter", "value": 2.5}])
     assert out == "commit-info"
     create_repo.assert_called_once()
     assert captured["repo_id"] == "org/mdm-2gram"
     assert set(captured["files"]) == {
-        "README.md", "config.json", "generation_config.json", "model.safetensors", "training_config.json",
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "training_config.json",
     } | set(exported_files("modeling_mdm.py", "configuration_mdm.py"))
     assert b"model-index" in captured["files"]["README.md"]
     assert b'"AutoModelForMaskedLM": "modeling_mdm.MDMForMaskedDiffusion"' in captured["files"]["config.json"]

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from sampler_prompts import left_padded_prompts
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
 from hf_mdm.generation_denoiser import Denoiser, Rows
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
-from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from hf_mdm.modeling_blocks import apply_rotary, rotary_cos_sin, split_heads
-from sampler_prompts import left_padded_prompts
+from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -31,15 +31,47 @@ def sharpen(model, head):
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
-    mdm = MDMForMaskedDiffusion(MDMConfig(vocab_size=VOCAB, mask_token_id=MASK, hidden_size=32, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-                                          max_position_embeddings=128))  # fmt: skip
-    llada = LLaDAModelLM(LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
-                                     vocab_size=VOCAB, embedding_size=VOCAB, mask_token_id=MASK, eos_token_id=1,
-                                     pad_token_id=1, weight_tying=False))  # fmt: skip
-    dream = DreamModel(DreamConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, mask_token_id=MASK, pad_token_id=1,
-                                   bos_token_id=1, eos_token_id=1))  # fmt: skip
+    mdm = MDMForMaskedDiffusion(
+        MDMConfig(
+            vocab_size=VOCAB,
+            mask_token_id=MASK,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    )
+    llada = LLaDAModelLM(
+        LLaDAConfig(
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=2,
+            n_layers=2,
+            mlp_hidden_size=64,
+            vocab_size=VOCAB,
+            embedding_size=VOCAB,
+            mask_token_id=MASK,
+            eos_token_id=1,
+            pad_token_id=1,
+            weight_tying=False,
+        )
+    )
+    dream = DreamModel(
+        DreamConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mask_token_id=MASK,
+            pad_token_id=1,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    )
     return {
         "mdm": sharpen(mdm, mdm.lm_head),
         "llada": sharpen(llada, llada.model.transformer["ff_out"]),
@@ -73,7 +105,9 @@ def test_refresh_every_forward_equals_no_cache(models, arch, cache, setting):
     assert torch.equal(cached.sequences, plain.sequences)
     assert cached.nfe == plain.nfe
     # without a cache, a step runs only the rows that reveal something (the paper's sampler skips the others)
-    assert cached.forward_tokens == plain.forward_tokens or (setting == "sampled" and cached.forward_tokens > plain.forward_tokens)
+    assert cached.forward_tokens == plain.forward_tokens or (
+        setting == "sampled" and cached.forward_tokens > plain.forward_tokens
+    )
     approximate = diffusion_generate(models[arch], ids, seed=3, kv_cache=cache, **kwargs)
     assert approximate.forward_tokens < plain.forward_tokens
     if kwargs.get("transfer") not in ("threshold", "entropy_bound"):  # adaptive counts follow the (cached) logits
@@ -98,8 +132,9 @@ def test_cached_logits_equal_a_full_forward_on_the_same_canvas(models, arch, cac
     cached = denoiser.logits(rows, keep)
     torch.testing.assert_close(cached, full, atol=1e-5, rtol=1e-5)
     per_row = torch.tensor([[10, 12], [11, 17], [16, 10]])
-    torch.testing.assert_close(denoiser.logits(rows, per_row), full[torch.arange(3)[:, None], per_row - 10],
-                               atol=1e-5, rtol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        denoiser.logits(rows, per_row), full[torch.arange(3)[:, None], per_row - 10], atol=1e-5, rtol=1e-5
+    )
     span = 22 - 10 + denoiser.shift if cache == "prefix" else 8 + denoiser.shift
     assert denoiser.forward_tokens == 2 * 3 * 22 + 2 * 2 * 3 * span and denoiser.nfe == 6
 
@@ -197,8 +232,16 @@ def test_fast_dllm_cached_loops_give_our_tokens(models, cache, threshold):
     prompt = torch.randint(2, MASK, (2, 5), generator=torch.Generator().manual_seed(1))
     expected, expected_nfe = fast_dllm_generate(model, prompt.clone(), 24, 8, 24, threshold, cache == "dual")
     settings = dict(transfer="threshold", threshold=threshold, steps=None) if threshold else dict(steps=24)
-    out = diffusion_generate(model, prompt, max_new_tokens=24, block_length=8, strategy="confidence", kv_cache=cache,
-                             return_dict_in_generate=True, **settings)  # fmt: skip
+    out = diffusion_generate(
+        model,
+        prompt,
+        max_new_tokens=24,
+        block_length=8,
+        strategy="confidence",
+        kv_cache=cache,
+        return_dict_in_generate=True,
+        **settings,
+    )
     assert torch.equal(out.sequences, expected)
     assert out.nfe == expected_nfe
     if threshold:  # parallel decoding: fewer forwards than tokens
@@ -245,8 +288,16 @@ def test_entropy_bound_reveals_the_lowest_score_prefix_within_the_bound(models):
     model = models["mdm"]
     prompt = torch.randint(2, MASK, (1, 4), generator=torch.Generator().manual_seed(2))
     for bound in (0.05, 0.5, 2.0, 50.0):
-        out = diffusion_generate(model, prompt, max_new_tokens=12, steps=None, transfer="entropy_bound",
-                                 entropy_bound=bound, output_history=True, return_dict_in_generate=True)  # fmt: skip
+        out = diffusion_generate(
+            model,
+            prompt,
+            max_new_tokens=12,
+            steps=None,
+            transfer="entropy_bound",
+            entropy_bound=bound,
+            output_history=True,
+            return_dict_in_generate=True,
+        )
         with torch.no_grad():
             logits = model(torch.cat([prompt, torch.full((1, 12), MASK)], 1)).logits[0, 4:]
         probs = logits.softmax(-1)
@@ -265,13 +316,28 @@ def test_lm_eval_model_with_dual_cache_runs_a_gsm8k_request(tmp_path):
     from hf_mdm.harness.tiny import build_tiny_models
 
     tiny = build_tiny_models(tmp_path)
-    model = MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu", kv_cache="dual", transfer="threshold",
-                              threshold=0.9, steps=None, block_length=8, max_gen_toks=16)  # fmt: skip
+    model = MaskedDiffusionLM(
+        pretrained=tiny["mdm"],
+        device="cpu",
+        kv_cache="dual",
+        transfer="threshold",
+        threshold=0.9,
+        steps=None,
+        block_length=8,
+        max_gen_toks=16,
+    )
     results = simple_evaluate(model, tasks=["mdm_gsm8k"], limit=1, task_manager=build_task_manager(["mdm_gsm8k"]))
     (record,) = model.timing.records
     assert results["timing"]["tasks"]["mdm_gsm8k"]["forward_tokens"] == record.forward_tokens
-    plain = MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu", transfer="threshold", threshold=0.9, steps=None,
-                              block_length=8, max_gen_toks=16)  # fmt: skip
+    plain = MaskedDiffusionLM(
+        pretrained=tiny["mdm"],
+        device="cpu",
+        transfer="threshold",
+        threshold=0.9,
+        steps=None,
+        block_length=8,
+        max_gen_toks=16,
+    )
     simple_evaluate(plain, tasks=["mdm_gsm8k"], limit=1, task_manager=build_task_manager(["mdm_gsm8k"]))
     canvas = plain.timing.records[0].forward_tokens / plain.timing.records[0].nfe  # every forward: the whole canvas
     blocks = (record.forward_tokens - 8 * record.nfe) / (canvas - 8)  # one full forward per block, then the block

@@ -19,7 +19,6 @@ from hf_mdm.languages import (
 )
 from hf_mdm.languages.inference import MarkovBridge, forward_backward
 
-
 LENGTH = 5  # vocab 3 -> 243 sequences; the chain at length 4 -> 65536
 
 
@@ -304,11 +303,17 @@ def same_language(a, b) -> bool:
     "kind, params, expected",
     [
         ("ngram", {"vocab_size": 4, "n": 2}, lambda: NGramLanguage.random(4, 2, 0)),
-        ("ngram", {"vocab_size": 5, "n": 3, "seed": 3, "concentration": 1.0, "prune_threshold": 0.0},
-         lambda: NGramLanguage.random(5, 3, 3, concentration=1.0, prune_threshold=0.0)),
+        (
+            "ngram",
+            {"vocab_size": 5, "n": 3, "seed": 3, "concentration": 1.0, "prune_threshold": 0.0},
+            lambda: NGramLanguage.random(5, 3, 3, concentration=1.0, prune_threshold=0.0),
+        ),
         ("hmm", {"vocab_size": 6, "num_states": 4, "seed": 1}, lambda: HMMLanguage.random(4, 6, 1)),
-        ("hmm", {"num_states": 4, "vocab_size": 6, "prune_threshold": 0.1},
-         lambda: HMMLanguage.random(4, 6, 0, prune_threshold=0.1)),
+        (
+            "hmm",
+            {"num_states": 4, "vocab_size": 6, "prune_threshold": 0.1},
+            lambda: HMMLanguage.random(4, 6, 0, prune_threshold=0.1),
+        ),
         ("chain", {}, ChainLanguage),
     ],
 )

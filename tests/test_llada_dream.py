@@ -21,13 +21,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from published_formats import dream_shapes, llada_shapes, published_config  # noqa: E402
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
 
 from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
-
-from published_formats import dream_shapes, llada_shapes, published_config  # noqa: E402
-
 
 ARCHS = {
     "llada": dict(
@@ -35,9 +33,18 @@ ARCHS = {
         shapes=llada_shapes,
         model_class=LLaDAModelLM,
         tiny=dict(
-            d_model=32, n_heads=4, n_kv_heads=4, n_layers=2, mlp_hidden_size=48, vocab_size=96,
-            embedding_size=128, max_sequence_length=64, rope_theta=10000.0, mask_token_id=95,
-            eos_token_id=1, pad_token_id=1,
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=4,
+            n_layers=2,
+            mlp_hidden_size=48,
+            vocab_size=96,
+            embedding_size=128,
+            max_sequence_length=64,
+            rope_theta=10000.0,
+            mask_token_id=95,
+            eos_token_id=1,
+            pad_token_id=1,
         ),
     ),
     "dream": dict(
@@ -45,9 +52,18 @@ ARCHS = {
         shapes=dream_shapes,
         model_class=DreamModel,
         tiny=dict(
-            hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2, intermediate_size=48,
-            vocab_size=128, max_position_embeddings=64, rope_theta=10000.0, mask_token_id=127,
-            pad_token_id=1, bos_token_id=1, eos_token_id=1,
+            hidden_size=32,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_hidden_layers=2,
+            intermediate_size=48,
+            vocab_size=128,
+            max_position_embeddings=64,
+            rope_theta=10000.0,
+            mask_token_id=127,
+            pad_token_id=1,
+            bos_token_id=1,
+            eos_token_id=1,
         ),
     ),
 }
@@ -165,14 +181,29 @@ def ref_block(x, w, positions, key_mask, heads, kv_heads, theta, eps):
 
 
 LLADA_NAMES = dict(
-    attn_norm="attn_norm.weight", q="q_proj.weight", k="k_proj.weight", v="v_proj.weight", o="attn_out.weight",
-    mlp_norm="ff_norm.weight", gate="ff_proj.weight", up="up_proj.weight", down="ff_out.weight",
+    attn_norm="attn_norm.weight",
+    q="q_proj.weight",
+    k="k_proj.weight",
+    v="v_proj.weight",
+    o="attn_out.weight",
+    mlp_norm="ff_norm.weight",
+    gate="ff_proj.weight",
+    up="up_proj.weight",
+    down="ff_out.weight",
 )
 DREAM_NAMES = dict(
-    attn_norm="input_layernorm.weight", q="self_attn.q_proj.weight", q_bias="self_attn.q_proj.bias",
-    k="self_attn.k_proj.weight", k_bias="self_attn.k_proj.bias", v="self_attn.v_proj.weight",
-    v_bias="self_attn.v_proj.bias", o="self_attn.o_proj.weight", mlp_norm="post_attention_layernorm.weight",
-    gate="mlp.gate_proj.weight", up="mlp.up_proj.weight", down="mlp.down_proj.weight",
+    attn_norm="input_layernorm.weight",
+    q="self_attn.q_proj.weight",
+    q_bias="self_attn.q_proj.bias",
+    k="self_attn.k_proj.weight",
+    k_bias="self_attn.k_proj.bias",
+    v="self_attn.v_proj.weight",
+    v_bias="self_attn.v_proj.bias",
+    o="self_attn.o_proj.weight",
+    mlp_norm="post_attention_layernorm.weight",
+    gate="mlp.gate_proj.weight",
+    up="mlp.up_proj.weight",
+    down="mlp.down_proj.weight",
 )
 
 

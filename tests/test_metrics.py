@@ -12,7 +12,6 @@ import torch
 from hf_mdm.languages import ChainLanguage, HMMLanguage, NGramLanguage
 from hf_mdm.metrics import METRICS_DIR, SequenceErrorRate, TokenErrorRate
 
-
 LENGTH = 5
 Z_95 = 1.959963984540054  # the 0.975 quantile of the standard normal
 

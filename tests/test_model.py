@@ -9,19 +9,24 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+from remote_code import EXPORT_ALLOWED_IMPORTS, exported_files  # noqa: E402
 from transformers import AutoConfig, AutoModelForMaskedLM, GenerationConfig
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import MaskedDiffusionGenerationConfig
 from hf_mdm.schedules import get_schedule
 
-from remote_code import EXPORT_ALLOWED_IMPORTS, exported_files  # noqa: E402
-
 
 def tiny_config(**kw):
     base = dict(
-        vocab_size=23, mask_token_id=22, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+        vocab_size=23,
+        mask_token_id=22,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
     )
     base.update(kw)
     return MDMConfig(**base)
@@ -129,7 +134,13 @@ def test_save_load_round_trip_weights_and_generation_config(model, tmp_path):
     for name, p in model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], p, atol=0, rtol=0)
     gen = MaskedDiffusionGenerationConfig.from_any(loaded.generation_config)
-    assert (gen.steps, gen.block_length, gen.transfer, gen.strategy, gen.schedule) == (7, 4, "deterministic", "margin", "cosine")
+    assert (gen.steps, gen.block_length, gen.transfer, gen.strategy, gen.schedule) == (
+        7,
+        4,
+        "deterministic",
+        "margin",
+        "cosine",
+    )
     x = torch.tensor([[1, 2]])
     out = loaded.generate(x, return_dict_in_generate=True)  # the saved defaults drive generate
     expected = model.generate(x, return_dict_in_generate=True)
@@ -141,7 +152,12 @@ def test_save_load_round_trip_weights_and_generation_config(model, tmp_path):
 def test_plain_generation_config_keeps_custom_keys(tmp_path):
     plain = GenerationConfig.from_dict({"steps": 3, "transfer": "threshold", "threshold": 0.8, "max_new_tokens": 5})
     converted = MaskedDiffusionGenerationConfig.from_any(plain)
-    assert (converted.steps, converted.transfer, converted.threshold, converted.max_new_tokens) == (3, "threshold", 0.8, 5)
+    assert (converted.steps, converted.transfer, converted.threshold, converted.max_new_tokens) == (
+        3,
+        "threshold",
+        0.8,
+        5,
+    )
     auto = GenerationConfig.from_model_config(tiny_config())  # auto-created: diffusion keys absent -> defaults
     converted = MaskedDiffusionGenerationConfig.from_any(auto)
     assert converted.transfer == "deterministic" and converted.steps is None

@@ -24,18 +24,41 @@ from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 VOCAB, MASK = 31, 30
 TINY = {
     MDMForMaskedDiffusion: lambda: MDMConfig(
-        vocab_size=VOCAB, mask_token_id=MASK, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=48, max_position_embeddings=64,
+        vocab_size=VOCAB,
+        mask_token_id=MASK,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=64,
     ),
     LLaDAModelLM: lambda: LLaDAConfig(
-        d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=48, vocab_size=VOCAB, embedding_size=VOCAB,
-        mask_token_id=MASK, eos_token_id=1, pad_token_id=1, weight_tying=False,
+        d_model=32,
+        n_heads=4,
+        n_kv_heads=2,
+        n_layers=2,
+        mlp_hidden_size=48,
+        vocab_size=VOCAB,
+        embedding_size=VOCAB,
+        mask_token_id=MASK,
+        eos_token_id=1,
+        pad_token_id=1,
+        weight_tying=False,
     ),
     DreamModel: lambda: DreamConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, mask_token_id=MASK, pad_token_id=1, bos_token_id=1, eos_token_id=1,
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        mask_token_id=MASK,
+        pad_token_id=1,
+        bos_token_id=1,
+        eos_token_id=1,
     ),
-}  # fmt: skip
+}
 IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention"]
 TP_VERIFIED_FROM = "5.24.0"  # the oldest transformers on which the two-process tensor-parallel test ran green
 IDS = torch.tensor([[0, 0, 5, MASK, 7, 8, MASK, 3, 9], [4, MASK, 6, 2, MASK, 11, 12, 13, 14]])
@@ -75,8 +98,13 @@ def test_every_registered_class_is_covered():
 
 
 def test_class_flags_say_what_is_supported(model_class):
-    for flag in ("_supports_sdpa", "_supports_flex_attn", "_supports_attention_backend", "_can_compile_fullgraph",
-                 "supports_gradient_checkpointing"):
+    for flag in (
+        "_supports_sdpa",
+        "_supports_flex_attn",
+        "_supports_attention_backend",
+        "_can_compile_fullgraph",
+        "supports_gradient_checkpointing",
+    ):
         assert getattr(model_class, flag) is True, flag
     assert model_class._can_set_attn_implementation()  # the attention classes use the attention interface
 
@@ -175,8 +203,13 @@ def test_tensor_parallel_in_two_processes_gives_the_same_logits(model_class, tmp
     torch.save({"ids": IDS, "attention_mask": PADDING, "logits": logits}, tmp_path / "inputs.pt")
     worker = Path(__file__).with_name("tp_worker.py")
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(worker), str(tmp_path)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env={"OMP_NUM_THREADS": "1",
-                            "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     for rank in (0, 1):
         report = json.loads((tmp_path / f"rank{rank}.json").read_text())
@@ -191,7 +224,9 @@ def test_padded_forward_compiles_with_fullgraph(model_class):
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     with torch.no_grad():
-        torch.testing.assert_close(compiled(IDS, attention_mask=PADDING).logits, model(IDS, attention_mask=PADDING).logits)
+        torch.testing.assert_close(
+            compiled(IDS, attention_mask=PADDING).logits, model(IDS, attention_mask=PADDING).logits
+        )
         explanation = torch._dynamo.explain(model)(IDS, attention_mask=PADDING)
     assert explanation.graph_break_count == 0, explanation.break_reasons
 

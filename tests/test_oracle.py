@@ -138,8 +138,15 @@ def paper_sampler(oracle: OracleDenoiser, num: int, length: int, steps: int, see
     """The paper's sampler through hf_mdm's own: stochastic transfer, random order, linear schedule, tokens drawn
     from the oracle's posterior (every masked position revealed independently at each step)."""
     out = diffusion_generate(
-        oracle, torch.zeros(num, 0, dtype=torch.long), max_new_tokens=length, steps=steps, transfer="stochastic",
-        strategy="random", schedule="linear", temperature=1.0, seed=seed,
+        oracle,
+        torch.zeros(num, 0, dtype=torch.long),
+        max_new_tokens=length,
+        steps=steps,
+        transfer="stochastic",
+        strategy="random",
+        schedule="linear",
+        temperature=1.0,
+        seed=seed,
     )
     assert (out != oracle.config.mask_token_id).all()
     return out

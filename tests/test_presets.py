@@ -31,8 +31,19 @@ INF = float("inf")
 
 @torch.no_grad()
 def llada_reference(
-    model, prompt, attention_mask, steps, gen_length, block_length, temperature=0.0, cfg_scale=0.0,
-    remasking="low_confidence", logits_eos_inf=False, confidence_eos_eot_inf=False, eos=None, eot=None,
+    model,
+    prompt,
+    attention_mask,
+    steps,
+    gen_length,
+    block_length,
+    temperature=0.0,
+    cfg_scale=0.0,
+    remasking="low_confidence",
+    logits_eos_inf=False,
+    confidence_eos_eot_inf=False,
+    eos=None,
+    eot=None,
 ):
     """LLaDA's generate(); returns (canvas, number of forward calls)."""
     mask_id = model.config.mask_token_id
@@ -124,8 +135,17 @@ def dream_sample_tokens(logits, temperature, top_p, top_k, margin=False, entropy
 
 @torch.no_grad()
 def dream_reference(
-    model, input_ids, attention_mask, max_new_tokens, steps, eps=1e-3, alg="origin", alg_temp=None, temperature=0.0,
-    top_p=None, top_k=None,
+    model,
+    input_ids,
+    attention_mask,
+    max_new_tokens,
+    steps,
+    eps=1e-3,
+    alg="origin",
+    alg_temp=None,
+    temperature=0.0,
+    top_p=None,
+    top_k=None,
 ):
     """Dream's diffusion_generate(); returns (canvas, history, the count n of each step: None for origin)."""
     mask_id = model.config.mask_token_id
@@ -253,12 +273,31 @@ def test_llada_preset_matches_reference(models, case):
     seed = 1000 + steps
     torch.manual_seed(seed)
     expected, calls = llada_reference(
-        model, ids, attention_mask, steps, gen_length, block_length, temperature, cfg, remasking, eos_inf,
-        eos_eot_inf, eos=eos, eot=EOT,
+        model,
+        ids,
+        attention_mask,
+        steps,
+        gen_length,
+        block_length,
+        temperature,
+        cfg,
+        remasking,
+        eos_inf,
+        eos_eot_inf,
+        eos=eos,
+        eot=EOT,
     )
     config = MaskedDiffusionGenerationConfig.llada(
-        gen_length, steps, block_length, temperature=temperature, cfg_scale=cfg, remasking=remasking,
-        logits_eos_inf=eos_inf, confidence_eos_eot_inf=eos_eot_inf, eot_token_id=EOT, return_dict_in_generate=True,
+        gen_length,
+        steps,
+        block_length,
+        temperature=temperature,
+        cfg_scale=cfg,
+        remasking=remasking,
+        logits_eos_inf=eos_inf,
+        confidence_eos_eot_inf=eos_eot_inf,
+        eot_token_id=EOT,
+        return_dict_in_generate=True,
         output_history=True,
     )
     torch.manual_seed(seed)
@@ -268,9 +307,9 @@ def test_llada_preset_matches_reference(models, case):
     revealing = steps if steps <= gen_length else gen_length  # spb > block length: the trailing steps reveal 0
     assert out.nfe == revealing * (2 if cfg else 1)
     if eos_inf:
-        assert not (out.sequences[:, ids.shape[1]:] == eos).any()
+        assert not (out.sequences[:, ids.shape[1] :] == eos).any()
     if eos_eot_inf and not eos_inf:  # the boosted EOS / EoT are proposed and, with confidence 0, unmasked last
-        assert torch.isin(out.sequences[:, ids.shape[1]:], torch.tensor([eos, EOT])).any()
+        assert torch.isin(out.sequences[:, ids.shape[1] :], torch.tensor([eos, EOT])).any()
 
 
 def test_llada_preset_keeps_earlier_masks_as_candidates(models):
@@ -293,8 +332,10 @@ def test_llada_preset_through_model_generate_and_save_load(models, tmp_path):
     expected, _ = llada_reference(model, ids, attention_mask, 4, 8, 4, 0.5, remasking="random")
     torch.manual_seed(3)
     assert torch.equal(model.generate(ids, attention_mask=attention_mask, generation_config=preset), expected)
-    assert torch.equal(model.generate(ids, attention_mask=attention_mask, generation_config=preset, seed=11),
-                       model.generate(ids, attention_mask=attention_mask, generation_config=preset, seed=11))
+    assert torch.equal(
+        model.generate(ids, attention_mask=attention_mask, generation_config=preset, seed=11),
+        model.generate(ids, attention_mask=attention_mask, generation_config=preset, seed=11),
+    )
 
     preset.save_pretrained(tmp_path)
     loaded = MaskedDiffusionGenerationConfig.from_pretrained(tmp_path)
@@ -310,8 +351,11 @@ def test_llada_preset_through_model_generate_and_save_load(models, tmp_path):
 
 DREAM_CASES = [
     # bsz, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p, top_k
-    *[(bsz, 12, 12, 1e-3, alg, None, 0.0, None, None) for bsz in (1, 2) for alg in ("origin", "maskgit_plus",
-                                                                                    "topk_margin", "entropy")],
+    *[
+        (bsz, 12, 12, 1e-3, alg, None, 0.0, None, None)
+        for bsz in (1, 2)
+        for alg in ("origin", "maskgit_plus", "topk_margin", "entropy")
+    ],
     *[(2, 10, 5, 1e-3, alg, None, 0.8, 0.9, None) for alg in ("origin", "maskgit_plus", "topk_margin", "entropy")],
     (1, 10, 4, 1e-3, "origin", None, 1.0, None, 5),
     (2, 12, 6, 1e-2, "maskgit_plus", 0.5, 0.0, None, None),
@@ -334,8 +378,16 @@ def test_dream_preset_matches_reference(models, case):
         model, ids, attention_mask, max_new_tokens, steps, eps, alg, alg_temp, temperature, top_p, top_k
     )
     config = MaskedDiffusionGenerationConfig.dream(
-        max_new_tokens, steps, eps=eps, alg=alg, alg_temp=alg_temp, temperature=temperature, top_p=top_p,
-        top_k=top_k, return_dict_in_generate=True, output_history=True,
+        max_new_tokens,
+        steps,
+        eps=eps,
+        alg=alg,
+        alg_temp=alg_temp,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        return_dict_in_generate=True,
+        output_history=True,
     )
     torch.manual_seed(seed)
     out = model.generate(ids, attention_mask=attention_mask, generation_config=config)
@@ -371,8 +423,11 @@ class Guided(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, position_ids=None):
         uncond = input_ids.clone()
         uncond[:, : self.prompt_len] = self.config.mask_token_id
-        both = {k: torch.cat([v, v]) for k, v in (("attention_mask", attention_mask), ("position_ids", position_ids))
-                if v is not None}
+        both = {
+            k: torch.cat([v, v])
+            for k, v in (("attention_mask", attention_mask), ("position_ids", position_ids))
+            if v is not None
+        }
         cond, un = self.model(torch.cat([input_ids, uncond]), **both).logits.chunk(2)
         return MaskedLMOutput(logits=un + (self.scale + 1) * (cond - un))
 
@@ -383,10 +438,12 @@ def test_dream_preset_with_guidance(models, alg, temperature):
     model = models["dream"]
     ids, attention_mask = prompts("dream", 2, seed=12)
     torch.manual_seed(5)
-    expected, _, _ = dream_reference(Guided(model, ids.shape[1], 1.5), ids, attention_mask, 8, 4, alg=alg,
-                                     temperature=temperature)
-    config = MaskedDiffusionGenerationConfig.dream(8, 4, alg=alg, temperature=temperature, cfg_scale=1.5,
-                                                   return_dict_in_generate=True)
+    expected, _, _ = dream_reference(
+        Guided(model, ids.shape[1], 1.5), ids, attention_mask, 8, 4, alg=alg, temperature=temperature
+    )
+    config = MaskedDiffusionGenerationConfig.dream(
+        8, 4, alg=alg, temperature=temperature, cfg_scale=1.5, return_dict_in_generate=True
+    )
     torch.manual_seed(5)
     out = model.generate(ids, attention_mask=attention_mask, generation_config=config)
     assert torch.equal(out.sequences, expected) and out.nfe == 2 * 4
@@ -415,9 +472,20 @@ def test_dream_checkpoint_with_published_generation_config(tmp_path):
     config = tiny_config("dream")
     path = write_checkpoint(tmp_path / "dream", config, random_weights(ARCHS["dream"]["shapes"](config), seed=3))
     published = {
-        "_from_model_config": True, "alg": "origin", "alg_temp": None, "bos_token_id": 1, "eos_token_id": 1,
-        "eps": 0.001, "mask_token_id": None, "output_history": False, "pad_token_id": 1, "steps": 512,
-        "temperature": 0.0, "top_k": None, "top_p": None, "transformers_version": "4.46.2",
+        "_from_model_config": True,
+        "alg": "origin",
+        "alg_temp": None,
+        "bos_token_id": 1,
+        "eos_token_id": 1,
+        "eps": 0.001,
+        "mask_token_id": None,
+        "output_history": False,
+        "pad_token_id": 1,
+        "steps": 512,
+        "temperature": 0.0,
+        "top_k": None,
+        "top_p": None,
+        "transformers_version": "4.46.2",
     }
     (path / "generation_config.json").write_text(json.dumps(published))
     model = AutoModelForMaskedLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -565,8 +633,11 @@ def test_preset_runtime_errors(models):
     with pytest.raises(ValueError, match="eot_token_id=126348"):  # LLaDA-8B's EoT is outside the tiny vocabulary
         models["llada"].generate(ids, generation_config=flags)
     with pytest.raises(ValueError, match="logits_processor"):
-        models["llada"].generate(ids, generation_config=MaskedDiffusionGenerationConfig.llada(4, 4, 4),
-                                 logits_processor=LogitsProcessorList([lambda i, s: s]))
+        models["llada"].generate(
+            ids,
+            generation_config=MaskedDiffusionGenerationConfig.llada(4, 4, 4),
+            logits_processor=LogitsProcessorList([lambda i, s: s]),
+        )
     with pytest.raises(ValueError, match="strategy"):
         models["dream"].generate(ids, generation_config=MaskedDiffusionGenerationConfig.dream(4, 4), strategy="random")
 

@@ -20,18 +20,19 @@ from unittest import mock
 
 import pytest
 from huggingface_hub import HfApi
+from test_harness_presets import write_checkpoint  # noqa: E402
 
 from hf_mdm import cli
 from hf_mdm.harness.tiny import build_tokenizer
-
-from test_harness_presets import write_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 DATA_DIR = os.environ.setdefault("HF_MDM_DATA_DIR", str(REPO.parent / "shared" / "data"))
 BIN = Path(sys.executable).parent
-SCALED = {"--num-train 20000": "--num-train 256 --num-validation 64 --num-test 16",
-          "--max-steps 600": "--max-steps 2 --batch-size 16 --save-steps 2 --warmup-steps 0"}  # fmt: skip
+SCALED = {
+    "--num-train 20000": "--num-train 256 --num-validation 64 --num-test 16",
+    "--max-steps 600": "--max-steps 2 --batch-size 16 --save-steps 2 --warmup-steps 0",
+}
 CHECKS = """
 import json, math
 print("README-CHECKS", json.dumps({
@@ -66,10 +67,17 @@ def hub_cache(tmp_path_factory) -> Path:
 
 def test_python_blocks_run_as_written(hub_cache, tmp_path):
     code = "\n".join(blocks("python")) + CHECKS
-    env = dict(os.environ, HF_HUB_CACHE=str(hub_cache), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_DATASETS_CACHE=str(tmp_path / "datasets"), OMP_NUM_THREADS="1")  # fmt: skip
-    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=500)  # fmt: skip
+    env = dict(
+        os.environ,
+        HF_HUB_CACHE=str(hub_cache),
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_DATASETS_CACHE=str(tmp_path / "datasets"),
+        OMP_NUM_THREADS="1",
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     checks = json.loads(result.stdout.split("README-CHECKS", 1)[1])
     assert checks["nfe"] == 16 and checks["sequences"] == [1, 35] and checks["loss"] > 0
@@ -100,8 +108,14 @@ def test_tiny_model_evaluation_commands(tmp_path):
     skipped = ("ACCELERATE_USE_CPU", "HF_ALLOW_CODE_EVAL=1 hf-mdm compare")  # run in test_harness_cli.py
     lines = [line for line in commands(block) if not line.startswith(skipped)]
     script = "set -e\n" + "\n".join(lines).replace("/path/to/data", DATA_DIR)
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")  # fmt: skip
+    env = dict(
+        os.environ,
+        PATH=f"{BIN}:{os.environ['PATH']}",
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     env.pop("HF_MDM_DATA_DIR")
     result = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]

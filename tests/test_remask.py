@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from sampler_prompts import left_padded_prompts
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import diffusion_generate
@@ -18,7 +19,6 @@ from hf_mdm.generation_sampler import block_spans, prepare_canvas
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
 from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from hf_mdm.schedules import get_schedule
-from sampler_prompts import left_padded_prompts
 
 ALPHA = 1e-4  # two-sided false-alarm rate of one check
 MASK, VOCAB = 30, 31
@@ -39,14 +39,46 @@ def oracle():
 @pytest.fixture(scope="module")
 def models():
     torch.manual_seed(0)
-    mdm = MDMForMaskedDiffusion(MDMConfig(vocab_size=VOCAB, mask_token_id=MASK, hidden_size=32, num_hidden_layers=1,
-                                          num_attention_heads=4, intermediate_size=64, max_position_embeddings=64))
-    llada = LLaDAModelLM(LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=1, mlp_hidden_size=64,
-                                     vocab_size=VOCAB, embedding_size=VOCAB, mask_token_id=MASK, eos_token_id=1,
-                                     pad_token_id=1, weight_tying=False))
-    dream = DreamModel(DreamConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                   num_attention_heads=4, num_key_value_heads=2, mask_token_id=MASK, pad_token_id=1,
-                                   bos_token_id=1, eos_token_id=1))  # fmt: skip
+    mdm = MDMForMaskedDiffusion(
+        MDMConfig(
+            vocab_size=VOCAB,
+            mask_token_id=MASK,
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        )
+    )
+    llada = LLaDAModelLM(
+        LLaDAConfig(
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=2,
+            n_layers=1,
+            mlp_hidden_size=64,
+            vocab_size=VOCAB,
+            embedding_size=VOCAB,
+            mask_token_id=MASK,
+            eos_token_id=1,
+            pad_token_id=1,
+            weight_tying=False,
+        )
+    )
+    dream = DreamModel(
+        DreamConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mask_token_id=MASK,
+            pad_token_id=1,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    )
     return {"mdm": mdm.eval(), "llada": llada.eval(), "dream": dream.eval()}
 
 
@@ -63,8 +95,11 @@ def step_laws(variant: str, eta: float, num_steps: int, t_on=None, t_off=None):
     out = []
     for i in range(num_steps):
         t, s = 1 - i / num_steps, 1 - (i + 1) / num_steps
-        alpha = (lambda u: 1 - u) if variant != "loop" else (
-            lambda u: 1 - (u if u >= t_on else t_on if u >= t_off else u * t_on / t_off))
+        alpha = (
+            (lambda u: 1 - u)
+            if variant != "loop"
+            else (lambda u: 1 - (u if u >= t_on else t_on if u >= t_off else u * t_on / t_off))
+        )
         a_t, a_s = alpha(t), alpha(s)
         sigma_max = 1.0 if a_t == 0 else min(1.0, (1 - a_s) / a_t)
         sigma = {"cap": min(eta, sigma_max), "rescale": eta * sigma_max, "conf": eta * sigma_max}.get(variant)
@@ -80,8 +115,11 @@ def binomial_p_value(k: int, n: int, p: float) -> float:
     """Exact two-sided p-value of k successes in n Bernoulli(p) trials (the outcomes no likelier than k)."""
     if p in (0.0, 1.0):
         return 1.0 if k == n * p else 0.0
-    pmf = torch.distributions.Binomial(n, torch.tensor(p, dtype=torch.float64)).log_prob(
-        torch.arange(n + 1, dtype=torch.float64)).exp()  # fmt: skip
+    pmf = (
+        torch.distributions.Binomial(n, torch.tensor(p, dtype=torch.float64))
+        .log_prob(torch.arange(n + 1, dtype=torch.float64))
+        .exp()
+    )
     return float(pmf[pmf <= pmf[k] * (1 + 1e-9)].sum())
 
 
@@ -100,12 +138,22 @@ def test_step_marginals_match_the_formulas(oracle, variant):
     conf, the least confident revealed token of a row and the others are each remasked at the rate the softmax gives
     them."""
     settings, num_steps, length = VARIANTS[variant], 10, 6
-    out = diffusion_generate(oracle, torch.zeros(3000, 0, dtype=torch.long), max_new_tokens=length, steps=num_steps,
-                             temperature=1.0, seed=11, output_history=True, return_dict_in_generate=True, **settings)
+    out = diffusion_generate(
+        oracle,
+        torch.zeros(3000, 0, dtype=torch.long),
+        max_new_tokens=length,
+        steps=num_steps,
+        temperature=1.0,
+        seed=11,
+        output_history=True,
+        return_dict_in_generate=True,
+        **settings,
+    )
     canvases = [torch.full((3000, length), oracle.config.mask_token_id)] + list(out.history)
     assert len(canvases) == num_steps + 1  # every step changed some row
-    laws = step_laws(variant, settings.get("remdm_eta", 1.0), num_steps, settings.get("remdm_t_on"),
-                     settings.get("remdm_t_off"))  # fmt: skip
+    laws = step_laws(
+        variant, settings.get("remdm_eta", 1.0), num_steps, settings.get("remdm_t_on"), settings.get("remdm_t_off")
+    )
     confidence = torch.zeros(3000, length, dtype=torch.float64)
     conf_groups = torch.zeros(2, 3)  # (least confident, others) x (remasked, expected, variance)
     for i, (before, after) in enumerate(zip(canvases[:-1], canvases[1:])):
@@ -137,8 +185,9 @@ def conf_remask_counts(confidence, revealed, remasked, budget):
     least[rows, (-confidence).masked_fill(~revealed, -math.inf)[rows].argmax(1)] = True
     out = torch.zeros(2, 3)
     for g, group in enumerate((least & revealed, ~least & revealed)):
-        out[g] = torch.tensor([float(remasked[group].sum()), float(sigma[group].sum()),
-                               float((sigma * (1 - sigma))[group].sum())])  # fmt: skip
+        out[g] = torch.tensor(
+            [float(remasked[group].sum()), float(sigma[group].sum()), float((sigma * (1 - sigma))[group].sum())]
+        )
     return out
 
 
@@ -157,8 +206,16 @@ def test_eta_zero_is_the_plain_sampler_token_for_token(oracle, models, variant):
     runs = [(oracle, torch.zeros(16, 0, dtype=torch.long), None), (models["mdm"], ids, attention)]
     for model, prompt, mask in runs:
         for seed in range(3):
-            common = dict(attention_mask=mask, max_new_tokens=11, steps=7, block_length=4, temperature=1.0, top_k=20,
-                          seed=seed, return_dict_in_generate=True)  # fmt: skip
+            common = dict(
+                attention_mask=mask,
+                max_new_tokens=11,
+                steps=7,
+                block_length=4,
+                temperature=1.0,
+                top_k=20,
+                seed=seed,
+                return_dict_in_generate=True,
+            )
             ours = diffusion_generate(model, prompt, schedule="cosine", **settings, **common)
             paper = diffusion_generate(model, prompt, **{"schedule": "cosine", **plain}, **common)
             assert torch.equal(ours.sequences, paper.sequences) and ours.nfe == paper.nfe, (variant, seed)
@@ -167,11 +224,13 @@ def test_eta_zero_is_the_plain_sampler_token_for_token(oracle, models, variant):
 def test_remasking_changes_the_law(oracle):
     """The comparison above can fail: with eta > 0 the same seed gives other tokens and more forwards."""
     prompt = torch.zeros(64, 0, dtype=torch.long)
-    plain = diffusion_generate(oracle, prompt, max_new_tokens=8, steps=8, temperature=1.0, seed=0,
-                               return_dict_in_generate=True, **PLAIN)  # fmt: skip
+    plain = diffusion_generate(
+        oracle, prompt, max_new_tokens=8, steps=8, temperature=1.0, seed=0, return_dict_in_generate=True, **PLAIN
+    )
     for settings in VARIANTS.values():
-        ours = diffusion_generate(oracle, prompt, max_new_tokens=8, steps=8, temperature=1.0, seed=0,
-                                  return_dict_in_generate=True, **settings)  # fmt: skip
+        ours = diffusion_generate(
+            oracle, prompt, max_new_tokens=8, steps=8, temperature=1.0, seed=0, return_dict_in_generate=True, **settings
+        )
         assert not torch.equal(ours.sequences, plain.sequences)
 
 
@@ -185,9 +244,19 @@ def test_remasking_stays_in_the_current_block_and_off_the_prompt(models, variant
     ids, attention = padded_prompts()
     prompt = torch.cat([ids[:, :2], torch.full((3, 1), MASK), ids[:, 3:]], 1)  # a mask inside the prompt: infilled
     settings = {**VARIANTS[variant], "remdm_eta": 1.0 if variant != "loop" else 0.4}
-    out = diffusion_generate(models["mdm"], prompt, attention_mask=attention, max_new_tokens=9, block_length=4,
-                             steps=30, temperature=1.0, seed=3, output_history=True, return_dict_in_generate=True,
-                             **settings)  # fmt: skip
+    out = diffusion_generate(
+        models["mdm"],
+        prompt,
+        attention_mask=attention,
+        max_new_tokens=9,
+        block_length=4,
+        steps=30,
+        temperature=1.0,
+        seed=3,
+        output_history=True,
+        return_dict_in_generate=True,
+        **settings,
+    )
     gen_mask = prepare_canvas(prompt, attention, 9, MASK).gen_mask0
     spans = block_spans(gen_mask, 4)
     canvases = [torch.cat([prompt, torch.full((3, 9), MASK)], 1)] + list(out.history)
@@ -217,9 +286,19 @@ def test_nfe_counts_every_forward(models, cfg_scale):
         ids, attention = padded_prompts()
         for settings in VARIANTS.values():
             calls.clear()
-            out = diffusion_generate(model, ids, attention_mask=attention, max_new_tokens=8, steps=10, block_length=4,
-                                     temperature=1.0, cfg_scale=cfg_scale, seed=0, return_dict_in_generate=True,
-                                     **settings)  # fmt: skip
+            out = diffusion_generate(
+                model,
+                ids,
+                attention_mask=attention,
+                max_new_tokens=8,
+                steps=10,
+                block_length=4,
+                temperature=1.0,
+                cfg_scale=cfg_scale,
+                seed=0,
+                return_dict_in_generate=True,
+                **settings,
+            )
             assert out.nfe == len(calls) * (2 if cfg_scale else 1) and len(calls) <= out.steps
     finally:
         handle.remove()
@@ -233,8 +312,17 @@ def test_native_models_with_left_padding(models, arch):
     """A left-padded batch on each model class: prompt and pads kept, no mask left, reproducible under a seed; the
     block cache with a refresh at every forward gives the tokens of no cache."""
     ids, attention = padded_prompts()
-    settings = dict(attention_mask=attention, max_new_tokens=8, block_length=4, temperature=1.0, seed=5,
-                    remdm="rescale", remdm_eta=0.8, return_dict_in_generate=True, output_history=True)
+    settings = dict(
+        attention_mask=attention,
+        max_new_tokens=8,
+        block_length=4,
+        temperature=1.0,
+        seed=5,
+        remdm="rescale",
+        remdm_eta=0.8,
+        return_dict_in_generate=True,
+        output_history=True,
+    )
     out = diffusion_generate(models[arch], ids, **settings)
     seq = out.sequences
     assert seq.shape == (3, 12) and not (seq[:, 4:] == MASK).any() and torch.equal(seq[:, :4], ids)
@@ -248,8 +336,10 @@ def test_loop_schedule_holds_alpha_on_the_window():
     loop = LoopSchedule(get_schedule("linear"), 0.6, 0.2)
     t = torch.tensor([1.0, 0.8, 0.6, 0.4, 0.2, 0.1, 0.0], dtype=torch.float64)
     torch.testing.assert_close(loop.alpha(t), torch.tensor([0.0, 0.2, 0.4, 0.4, 0.4, 0.7, 1.0], dtype=torch.float64))
-    torch.testing.assert_close(loop.weight(torch.tensor([0.8, 0.4, 0.1], dtype=torch.float64)),
-                               torch.tensor([1 / 0.8, 0.0, 3 / 0.3], dtype=torch.float64))  # -alpha' / (1 - alpha)
+    torch.testing.assert_close(
+        loop.weight(torch.tensor([0.8, 0.4, 0.1], dtype=torch.float64)),
+        torch.tensor([1 / 0.8, 0.0, 3 / 0.3], dtype=torch.float64),
+    )  # -alpha' / (1 - alpha)
 
 
 def test_lm_eval_model_remasks_and_eta_zero_is_the_papers_sampler(tmp_path):
@@ -261,12 +351,17 @@ def test_lm_eval_model_remasks_and_eta_zero_is_the_papers_sampler(tmp_path):
 
     tiny = build_tiny_models(tmp_path)
     answers, nfe = {}, {}
-    for name, settings in (("cap 0", dict(remdm="cap", remdm_eta=0.0)), ("paper", dict(transfer="stochastic",
-                           strategy="random")), ("cap 0.2", dict(remdm="cap", remdm_eta=0.2))):  # fmt: skip
-        model = MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu", max_gen_toks=16, temperature=1.0, steps=16,
-                                  **settings)  # fmt: skip
-        results = simple_evaluate(model, tasks=["mdm_gsm8k"], limit=1, log_samples=True,
-                                  task_manager=build_task_manager(["mdm_gsm8k"]))
+    for name, settings in (
+        ("cap 0", dict(remdm="cap", remdm_eta=0.0)),
+        ("paper", dict(transfer="stochastic", strategy="random")),
+        ("cap 0.2", dict(remdm="cap", remdm_eta=0.2)),
+    ):
+        model = MaskedDiffusionLM(
+            pretrained=tiny["mdm"], device="cpu", max_gen_toks=16, temperature=1.0, steps=16, **settings
+        )
+        results = simple_evaluate(
+            model, tasks=["mdm_gsm8k"], limit=1, log_samples=True, task_manager=build_task_manager(["mdm_gsm8k"])
+        )
         answers[name], nfe[name] = results["samples"]["mdm_gsm8k"][0]["resps"], model.timing.records[0].nfe
     assert (answers["cap 0"], nfe["cap 0"]) == (answers["paper"], nfe["paper"])
     assert answers["cap 0.2"] != answers["paper"] and nfe["cap 0.2"] > nfe["paper"]

@@ -19,8 +19,16 @@ PROMPT = torch.tensor([[1, 2, 3]])
 
 def tiny_mdm(schedule: str, seed: int = 0) -> MDMForMaskedDiffusion:
     torch.manual_seed(seed)
-    config = MDMConfig(vocab_size=33, mask_token_id=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                       intermediate_size=128, initializer_range=0.3, schedule=schedule)  # fmt: skip
+    config = MDMConfig(
+        vocab_size=33,
+        mask_token_id=32,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        initializer_range=0.3,
+        schedule=schedule,
+    )
     return MDMForMaskedDiffusion(config).eval()
 
 
@@ -50,8 +58,11 @@ def test_one_precedence_order():
     given = MaskedDiffusionGenerationConfig(schedule="loglinear")  # its unset fields come from the model's config
     assert (resolve(given).schedule, resolve(given).steps) == ("loglinear", 5)
     assert (resolve(given, schedule="linear", steps=None).schedule, resolve(given, steps=None).steps) == ("linear", 5)
-    shifted = MDMForMaskedDiffusion(MDMConfig(vocab_size=9, mask_token_id=8, hidden_size=16, num_attention_heads=2,
-                                              intermediate_size=16, logits_shift=1))  # fmt: skip
+    shifted = MDMForMaskedDiffusion(
+        MDMConfig(
+            vocab_size=9, mask_token_id=8, hidden_size=16, num_attention_heads=2, intermediate_size=16, logits_shift=1
+        )
+    )
     assert (resolve_config(shifted, None, {}).logits_shift, resolve_config(shifted, None, {}).mask_token_id) == (1, 8)
     # a config serialises only what it sets, so a saved generation config does not pin the defaults
     assert given.to_diff_dict()["schedule"] == "loglinear" and "transfer" not in given.to_diff_dict()
@@ -64,7 +75,9 @@ def test_a_saved_generation_config_keeps_unset_fields_unset(tmp_path):
     assert "schedule" not in json.loads((tmp_path / "generation_config.json").read_text())
     loaded = AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
     out = loaded.generate(PROMPT)
-    assert out.shape == (1, 9) and torch.equal(out, model.generate(PROMPT, steps=5, max_new_tokens=6, schedule="cosine"))
+    assert out.shape == (1, 9) and torch.equal(
+        out, model.generate(PROMPT, steps=5, max_new_tokens=6, schedule="cosine")
+    )
     assert not torch.equal(out, model.generate(PROMPT, schedule="linear"))
 
 
@@ -99,12 +112,35 @@ def test_hf_mdm_sample_uses_the_trained_schedule(cosine_checkpoint, tmp_path):
     assert unqualified["samples"] == cosine["samples"] and unqualified["sampler"]["schedule"] == "cosine"
     assert unqualified["sampler"]["transfer"] == "stochastic"  # the paper's sampler below the model's settings
     model = AutoModelForMaskedLM.from_pretrained(cosine_checkpoint)
-    expected = diffusion_generate(model, torch.zeros(4, 0, dtype=torch.long), max_new_tokens=12, steps=4, seed=0,
-                                  schedule="cosine", transfer="stochastic", strategy="random", temperature=1.0,
-                                  stop_at_eos=False)  # fmt: skip
+    expected = diffusion_generate(
+        model,
+        torch.zeros(4, 0, dtype=torch.long),
+        max_new_tokens=12,
+        steps=4,
+        seed=0,
+        schedule="cosine",
+        transfer="stochastic",
+        strategy="random",
+        temperature=1.0,
+        stop_at_eos=False,
+    )
     assert unqualified["samples"] == expected.tolist()
-    assert cli.main(["sample", "--model", str(cosine_checkpoint), "--length", "4", "--schedule", "linear",
-                     "--output", str(tmp_path / "x.json")]) == 2  # fmt: skip
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--model",
+                str(cosine_checkpoint),
+                "--length",
+                "4",
+                "--schedule",
+                "linear",
+                "--output",
+                str(tmp_path / "x.json"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_lm_eval_model_uses_the_trained_schedule(tmp_path):
@@ -117,8 +153,10 @@ def test_lm_eval_model_uses_the_trained_schedule(tmp_path):
 
     def texts(**model_args):
         model = MaskedDiffusionLM(pretrained=str(path), device="cpu", steps=6, **model_args)
-        requests = [Instance("generate_until", {}, (p, {"until": [], "max_gen_toks": 24}), i, ("demo", i, 1))
-                    for i, p in enumerate(prompts)]  # fmt: skip
+        requests = [
+            Instance("generate_until", {}, (p, {"until": [], "max_gen_toks": 24}), i, ("demo", i, 1))
+            for i, p in enumerate(prompts)
+        ]
         return model.generation_config.schedule, model.generate_until(requests)
 
     schedule, unqualified = texts()

@@ -7,24 +7,37 @@ from unittest import mock
 import pytest
 import yaml
 
-from hf_mdm.experiments import common, run_experiment, samplers as samplers_module
+from hf_mdm.experiments import common, run_experiment
+from hf_mdm.experiments import samplers as samplers_module
 from hf_mdm.experiments.samplers import PAPER, paper_at, sampler_points, verdict
 from hf_mdm.languages import ChainLanguage
 
-TRAINING = {"size": "tiny", "num_train": 256, "num_validation": 64, "batch_size": 32, "max_steps": 4,
-            "learning_rate": 1e-3, "seed": 0}
+TRAINING = {
+    "size": "tiny",
+    "num_train": 256,
+    "num_validation": 64,
+    "batch_size": 32,
+    "max_steps": 4,
+    "learning_rate": 1e-3,
+    "seed": 0,
+}
 NUM = 200
 PRESET = {
-    "num_samples": NUM, "seed": 0, "train_length": 8, "training": TRAINING,
-    "languages": [{"kind": "chain", "name": "chain", "metric": "ser", "lengths": [8], "train": True},
-                  {"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "metric": "ter",
-                   "lengths": [8]}],
-    "samplers": [{"name": PAPER, "transfer": "stochastic", "strategy": "random",
-                  "sweep": {"steps_over_length": [0.125, 1, 4]}},
-                 {"name": "threshold", "transfer": "threshold", "strategy": "confidence", "sweep": {"threshold": [0.6]}},
-                 {"name": "left-to-right", "transfer": "deterministic", "strategy": "left_to_right"},
-                 {"name": "speculative", "transfer": "speculative", "sweep": {"draft_length": [3]}}],
-}  # fmt: skip
+    "num_samples": NUM,
+    "seed": 0,
+    "train_length": 8,
+    "training": TRAINING,
+    "languages": [
+        {"kind": "chain", "name": "chain", "metric": "ser", "lengths": [8], "train": True},
+        {"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "metric": "ter", "lengths": [8]},
+    ],
+    "samplers": [
+        {"name": PAPER, "transfer": "stochastic", "strategy": "random", "sweep": {"steps_over_length": [0.125, 1, 4]}},
+        {"name": "threshold", "transfer": "threshold", "strategy": "confidence", "sweep": {"threshold": [0.6]}},
+        {"name": "left-to-right", "transfer": "deterministic", "strategy": "left_to_right"},
+        {"name": "speculative", "transfer": "speculative", "sweep": {"draft_length": [3]}},
+    ],
+}
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +47,24 @@ def result(tmp_path_factory):
 
 
 def _row(rows, language, model, sampler, setting=""):
-    (row,) = [r for r in rows if (r["language"], r["model"], r["sampler"], r["setting"]) == (language, model, sampler, setting)]
+    (row,) = [
+        r
+        for r in rows
+        if (r["language"], r["model"], r["sampler"], r["setting"]) == (language, model, sampler, setting)
+    ]
     return row
 
 
 def test_points_expand_the_sweep():
     points = sampler_points({"name": "x", "transfer": "stochastic", "sweep": {"steps_over_length": [0.1, 0.5, 2]}}, 32)
     assert [(label, s["steps"]) for label, s in points] == [
-        ("steps_over_length = 0.1", 3), ("steps_over_length = 0.5", 16), ("steps_over_length = 2", 64)]
+        ("steps_over_length = 0.1", 3),
+        ("steps_over_length = 0.5", 16),
+        ("steps_over_length = 2", 64),
+    ]
     assert sampler_points({"name": "y", "threshold": 0.9, "transfer": "threshold"}, 8) == [
-        ("", {"threshold": 0.9, "transfer": "threshold"})]
+        ("", {"threshold": 0.9, "transfer": "threshold"})
+    ]
     with pytest.raises(ValueError, match="sweep one field at a time"):
         sampler_points({"name": "z", "sweep": {"threshold": [0.5], "steps_over_length": [1]}}, 8)
 
@@ -87,9 +108,21 @@ def test_outputs_and_verdict(result):
 
 
 def test_paper_curve_is_interpolated_in_log_forwards():
-    rows = [{"language": "a", "length": 4, "model": "oracle MDM", "sampler": PAPER, "forwards_per_token": x, "ser": y,
-             "ser_ci_low": y - 0.1, "ser_ci_high": y + 0.1, "metric": "ser", "setting": ""}
-            for x, y in ((0.25, 0.9), (1.0, 0.1))]  # fmt: skip
+    rows = [
+        {
+            "language": "a",
+            "length": 4,
+            "model": "oracle MDM",
+            "sampler": PAPER,
+            "forwards_per_token": x,
+            "ser": y,
+            "ser_ci_low": y - 0.1,
+            "ser_ci_high": y + 0.1,
+            "metric": "ser",
+            "setting": "",
+        }
+        for x, y in ((0.25, 0.9), (1.0, 0.1))
+    ]
     assert paper_at(rows, ("a", 4, "oracle MDM"), 0.5, "ser") == pytest.approx(0.5)  # halfway in log between 0.25 and 1
     assert paper_at(rows, ("a", 4, "oracle MDM"), 0.1, "ser") is None
     better = {**rows[0], "sampler": "b", "forwards_per_token": 0.5, "ser": 0.1, "ser_ci_low": 0.0, "ser_ci_high": 0.2}
@@ -97,7 +130,9 @@ def test_paper_curve_is_interpolated_in_log_forwards():
     costly = {**better, "sampler": "c", "forwards_per_token": 1.5, "ser": 0.5, "ser_ci_low": 0.4, "ser_ci_high": 0.6}
     cheap_tie = {**costly, "sampler": "t", "ser": 0.15, "ser_ci_low": 0.1, "ser_ci_high": 0.2}  # not above the last
     text = verdict(rows + [better, worse, costly, cheap_tie])
-    assert "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500, c at 1.50: 0.500 vs 0.100 at 1.00." in text
+    assert (
+        "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500, c at 1.50: 0.500 vs 0.100 at 1.00." in text
+    )
     assert "- **b** (SER, oracle): below the paper's on a L=4; above on no panel; 0.50-0.50 forwards / token." in text
     assert "- **c** (SER, oracle): below the paper's on no panel; above on a L=4; 1.50-1.50 forwards / token." in text
 
@@ -135,8 +170,28 @@ def test_cli_samples_speculatively_from_the_oracle(tmp_path, capsys):
 
     make_language({"kind": "chain"}).save_pretrained(tmp_path / "lang")
     samples = tmp_path / "samples.json"
-    assert cli.main(["sample", "--model", "oracle", "--language", str(tmp_path / "lang"), "--num", "64", "--length",
-                     "12", "--transfer", "speculative", "--draft-length", "3", "--output", str(samples)]) == 0
+    assert (
+        cli.main(
+            [
+                "sample",
+                "--model",
+                "oracle",
+                "--language",
+                str(tmp_path / "lang"),
+                "--num",
+                "64",
+                "--length",
+                "12",
+                "--transfer",
+                "speculative",
+                "--draft-length",
+                "3",
+                "--output",
+                str(samples),
+            ]
+        )
+        == 0
+    )
     saved = json.loads(samples.read_text())
     assert saved["sampler"]["transfer"] == "speculative" and saved["sampler"]["draft_length"] == 3
     capsys.readouterr()
@@ -153,11 +208,33 @@ def test_cli_samples_with_remasking(tmp_path, capsys):
     from hf_mdm.experiments import make_language
 
     make_language({"kind": "chain"}).save_pretrained(tmp_path / "lang")
-    args = ["sample", "--model", "oracle", "--language", str(tmp_path / "lang"), "--num", "8", "--length", "12",
-            "--steps", "24", "--remdm", "loop", "--remdm-eta", "0.1", "--remdm-t-on", "0.6"]
+    args = [
+        "sample",
+        "--model",
+        "oracle",
+        "--language",
+        str(tmp_path / "lang"),
+        "--num",
+        "8",
+        "--length",
+        "12",
+        "--steps",
+        "24",
+        "--remdm",
+        "loop",
+        "--remdm-eta",
+        "0.1",
+        "--remdm-t-on",
+        "0.6",
+    ]
     assert cli.main(args + ["--remdm-t-off", "0.2", "--output", str(tmp_path / "s.json")]) == 0
     sampler = json.loads((tmp_path / "s.json").read_text())["sampler"]
-    assert (sampler["remdm"], sampler["remdm_eta"], sampler["remdm_t_on"], sampler["remdm_t_off"]) == ("loop", 0.1, 0.6, 0.2)
+    assert (sampler["remdm"], sampler["remdm_eta"], sampler["remdm_t_on"], sampler["remdm_t_off"]) == (
+        "loop",
+        0.1,
+        0.6,
+        0.2,
+    )
     assert cli.main(args + ["--remdm-t-off", "0.8", "--output", str(tmp_path / "t.json")]) != 0
     assert "the loop window needs 0 < remdm_t_off < remdm_t_on < 1" in capsys.readouterr().err
     assert not (tmp_path / "t.json").exists()

@@ -29,17 +29,49 @@ def sharpen(model, head):
 def build(arch: str, vocab: int = VOCAB, mask: int = MASK, seed: int = 0):
     torch.manual_seed(seed)
     if arch == "mdm":
-        model = MDMForMaskedDiffusion(MDMConfig(vocab_size=vocab, mask_token_id=mask, hidden_size=32, num_hidden_layers=2,
-                                                num_attention_heads=4, intermediate_size=64, max_position_embeddings=64))  # fmt: skip
+        model = MDMForMaskedDiffusion(
+            MDMConfig(
+                vocab_size=vocab,
+                mask_token_id=mask,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
+        )
         return sharpen(model, model.lm_head)
     if arch == "llada":
-        model = LLaDAModelLM(LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64, vocab_size=vocab,
-                                         embedding_size=vocab, mask_token_id=mask, eos_token_id=1, pad_token_id=1,
-                                         weight_tying=False))  # fmt: skip
+        model = LLaDAModelLM(
+            LLaDAConfig(
+                d_model=32,
+                n_heads=4,
+                n_kv_heads=2,
+                n_layers=2,
+                mlp_hidden_size=64,
+                vocab_size=vocab,
+                embedding_size=vocab,
+                mask_token_id=mask,
+                eos_token_id=1,
+                pad_token_id=1,
+                weight_tying=False,
+            )
+        )
         return sharpen(model, model.model.transformer["ff_out"])
-    model = DreamModel(DreamConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, mask_token_id=mask, pad_token_id=0,
-                                   bos_token_id=0, eos_token_id=0))  # fmt: skip
+    model = DreamModel(
+        DreamConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mask_token_id=mask,
+            pad_token_id=0,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
     return sharpen(model, model.lm_head)
 
 
@@ -64,7 +96,9 @@ def left_to_right(model, ids, **kwargs):
 
 
 def speculative(model, ids, k, **kwargs):
-    return diffusion_generate(model, ids, transfer="speculative", draft_length=k, return_dict_in_generate=True, **kwargs)
+    return diffusion_generate(
+        model, ids, transfer="speculative", draft_length=k, return_dict_in_generate=True, **kwargs
+    )
 
 
 # -- temperature 0: the tokens of left-to-right decoding ---------------------------------------------------------------
@@ -87,6 +121,7 @@ def test_greedy_tokens_equal_left_to_right_in_fewer_forwards(models, arch, side)
 
 def greedy_rounds(model, prompt: torch.Tensor, new: int, k: int, shift: int):
     """Speculative decoding at temperature 0 re-stated on full forwards of one row: (rounds, canvases, accepted)."""
+
     def argmax_at(canvas):
         with torch.no_grad():
             logits = model(canvas[None]).logits[0].double()
@@ -156,8 +191,13 @@ def test_eos_stopping_criteria_and_infilling_as_left_to_right(models):
         def __call__(self, input_ids, scores, **kw):
             return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 9, dtype=torch.bool)
 
-    kwargs = dict(max_new_tokens=12, block_length=4, pad_token_id=0, stop_at_eos=False,
-                  stopping_criteria=StoppingCriteriaList([StopAfterFirstBlock()]))  # fmt: skip
+    kwargs = dict(
+        max_new_tokens=12,
+        block_length=4,
+        pad_token_id=0,
+        stop_at_eos=False,
+        stopping_criteria=StoppingCriteriaList([StopAfterFirstBlock()]),
+    )
     reference, out = left_to_right(model, ids, **kwargs), speculative(model, ids, 3, **kwargs)
     assert torch.equal(out.sequences, reference.sequences) and (out.sequences[:, 9:] == 0).all()
     holes = ids.clone()
@@ -170,7 +210,9 @@ def test_eos_stopping_criteria_and_infilling_as_left_to_right(models):
 def test_logits_processors_act_on_targets_and_drafts(models):
     """A user processor sees each canvas row; banning the token left-to-right decoding prefers changes both alike."""
     model, ids = models["dream"], padded_prompts("left")[0]
-    banned = int(left_to_right(model, ids, max_new_tokens=8, stop_at_eos=False).sequences[:, 5:].flatten().mode().values)
+    banned = int(
+        left_to_right(model, ids, max_new_tokens=8, stop_at_eos=False).sequences[:, 5:].flatten().mode().values
+    )
 
     class Ban(LogitsProcessor):
         def __call__(self, input_ids, scores):
@@ -228,6 +270,7 @@ def speculative_process(law, vocab: int, length: int, k: int):
     ({sequence: probability}, E[accepted drafts / rounds] of a row). A round from a prefix x_<n drafts m = min(k,
     length - n - 1) positions from q_j = law(x_<n-1, j); drafts y are all kept with probability prod min(q, p);
     after a rejection the token z comes with probability max(0, p(z) - q(z)), after m kept drafts with p(z)."""
+
     @lru_cache(maxsize=None)
     def future(prefix):  # {(final sequence, accepted, rounds): probability} of the rounds still to come
         n = len(prefix)
@@ -282,8 +325,16 @@ def check_against_enumeration(model, vocab, length, k, num, shift=0, **sampling)
     for seq, prob in sequences.items():
         process[index(seq)] = prob
     torch.testing.assert_close(process, joint, atol=1e-9, rtol=0)  # the theorem, on the enumerated rounds
-    out = speculative(model, torch.zeros(num, 0, dtype=torch.long), k, max_new_tokens=length, stop_at_eos=False,
-                      seed=0, mask_token_id=vocab, **sampling)  # fmt: skip
+    out = speculative(
+        model,
+        torch.zeros(num, 0, dtype=torch.long),
+        k,
+        max_new_tokens=length,
+        stop_at_eos=False,
+        seed=0,
+        mask_token_id=vocab,
+        **sampling,
+    )
     seqs = out.sequences
     codes = (seqs * vocab ** torch.arange(length - 1, -1, -1)).sum(1)
     counts = torch.bincount(codes, minlength=vocab**length)
@@ -329,11 +380,14 @@ def test_lm_eval_model_decodes_speculatively_with_left_to_right_answers(tmp_path
 
     tiny = build_tiny_models(tmp_path)
     answers, records = {}, {}
-    for name, settings in (("speculative", dict(transfer="speculative", draft_length=4)),
-                           ("left_to_right", dict(strategy="left_to_right", steps=None))):
+    for name, settings in (
+        ("speculative", dict(transfer="speculative", draft_length=4)),
+        ("left_to_right", dict(strategy="left_to_right", steps=None)),
+    ):
         model = MaskedDiffusionLM(pretrained=tiny["mdm"], device="cpu", max_gen_toks=16, **settings)
-        results = simple_evaluate(model, tasks=["mdm_gsm8k"], limit=1, log_samples=True,
-                                  task_manager=build_task_manager(["mdm_gsm8k"]))
+        results = simple_evaluate(
+            model, tasks=["mdm_gsm8k"], limit=1, log_samples=True, task_manager=build_task_manager(["mdm_gsm8k"])
+        )
         answers[name] = results["samples"]["mdm_gsm8k"][0]["resps"]
         (records[name],) = model.timing.records
     assert answers["speculative"] == answers["left_to_right"]

@@ -72,12 +72,20 @@ def test_trainer_reaches_entropy_of_iid_language_and_resumes(kind, tmp_path):
     data = Dataset.from_dict({"input_ids": torch.randint(0, 4, (2048, 8), generator=g).tolist()})
     held_out = Dataset.from_dict({"input_ids": torch.randint(0, 4, (4096, 8), generator=g).tolist()})
     args = TrainingArguments(
-        output_dir=str(tmp_path / kind), per_device_train_batch_size=64, per_device_eval_batch_size=512,
-        max_steps=60, learning_rate=3e-3, save_steps=30, eval_strategy="no", report_to=[], logging_steps=30,
-        disable_tqdm=True, use_cpu=True, seed=0,
+        output_dir=str(tmp_path / kind),
+        per_device_train_batch_size=64,
+        per_device_eval_batch_size=512,
+        max_steps=60,
+        learning_rate=3e-3,
+        save_steps=30,
+        eval_strategy="no",
+        report_to=[],
+        logging_steps=30,
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
     )
-    trainer = build_trainer(kind, data, held_out, vocab_size=4, length=8, args=args,
-                            entropy_per_token=math.log(4))
+    trainer = build_trainer(kind, data, held_out, vocab_size=4, length=8, args=args, entropy_per_token=math.log(4))
     train(trainer)
     metrics = trainer.evaluate()
     assert abs(metrics["eval_nll_gap"]) < 0.05, metrics

@@ -24,16 +24,47 @@ NEW_CACHE_NAME = Version(transformers.__version__) >= Version("5.24")
 def build(name):
     torch.manual_seed(0)
     if name == "mdm":
-        return MDMForMaskedDiffusion(MDMConfig(vocab_size=VOCAB, mask_token_id=MASK, hidden_size=32,
-                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                               intermediate_size=64, max_position_embeddings=64)).eval()
+        return MDMForMaskedDiffusion(
+            MDMConfig(
+                vocab_size=VOCAB,
+                mask_token_id=MASK,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
+        ).eval()
     if name == "llada":
-        return LLaDAModelLM(LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64,
-                                        vocab_size=VOCAB, embedding_size=VOCAB, mask_token_id=MASK, eos_token_id=1,
-                                        pad_token_id=1)).eval()
-    return DreamModel(DreamConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, mask_token_id=MASK, pad_token_id=1,
-                                  bos_token_id=1, eos_token_id=1)).eval()
+        return LLaDAModelLM(
+            LLaDAConfig(
+                d_model=32,
+                n_heads=4,
+                n_kv_heads=2,
+                n_layers=2,
+                mlp_hidden_size=64,
+                vocab_size=VOCAB,
+                embedding_size=VOCAB,
+                mask_token_id=MASK,
+                eos_token_id=1,
+                pad_token_id=1,
+            )
+        ).eval()
+    return DreamModel(
+        DreamConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mask_token_id=MASK,
+            pad_token_id=1,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    ).eval()
 
 
 @pytest.fixture(scope="module", params=["mdm", "llada", "dream"])
@@ -110,6 +141,9 @@ def test_generation_config_internals_the_diffusion_config_relies_on():
 def test_auto_mappings_know_the_registered_classes():
     import hf_mdm.models  # noqa: F401  registers LLaDA and Dream
 
-    for config_class, model_class in ((MDMConfig, MDMForMaskedDiffusion), (LLaDAConfig, LLaDAModelLM),
-                                      (DreamConfig, DreamModel)):
+    for config_class, model_class in (
+        (MDMConfig, MDMForMaskedDiffusion),
+        (LLaDAConfig, LLaDAModelLM),
+        (DreamConfig, DreamModel),
+    ):
         assert transformers.MODEL_FOR_MASKED_LM_MAPPING[config_class] is model_class

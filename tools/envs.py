@@ -90,17 +90,18 @@ def create(venv: Path, versions: str, fresh: bool) -> None:
 
 
 def freeze(venv: Path) -> list[str]:
-    out = subprocess.run([str(python_of(venv)), "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
-                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(python_of(venv)), "-m", "pip", "freeze", "--exclude-editable", "--disable-pip-version-check"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return [line for line in out.splitlines() if line and not line.lower().startswith("torch==")]
 
 
 def installed(venv: Path) -> dict[str, str]:
     """The versions of the WATCHED packages in ``venv``."""
-    code = (
-        "import importlib.metadata as m, json, sys\n"
-        "print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
-    )
+    code = "import importlib.metadata as m, json, sys\nprint(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
     out = subprocess.run([str(python_of(venv)), "-c", code, *WATCHED], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 

@@ -32,6 +32,7 @@ from typing import Callable
 
 from ..languages import LANGUAGE_KINDS
 from .common import (
+    PAPER_SAMPLER,
     CellCache,
     experiment_result,
     language_name,
@@ -41,7 +42,6 @@ from .common import (
     make_language,
     measure_languages,
     oracle_rows,
-    PAPER_SAMPLER,
     sample_ar,
     sample_mdm,
     trained_pair,
@@ -50,12 +50,11 @@ from .common import (
     validation_table,
     write_outputs,
 )
-from .samplers import compare_samplers, plot_samplers, samplers_table, verdict
 from .presets import MINIATURE, load_preset, miniature
+from .samplers import compare_samplers, plot_samplers, samplers_table, verdict
 from .ser import plot_ser, ser_table, ser_vs_steps
 from .speed import median_seconds, plot_wallclock, wallclock, wallclock_table
 from .ter import plot_ter, ter_table, ter_vs_steps
-
 
 EXPERIMENTS: dict[str, Callable[[dict, Path], dict]] = {
     "ter_vs_steps": ter_vs_steps,

@@ -99,8 +99,14 @@ def sample_mdm(model: Any, num: int, length: int, steps: int, seed: int, batch_s
         rows = min(batch_size, num - start)
         out.append(
             diffusion_generate(
-                model, torch.zeros(rows, 0, dtype=torch.long, device=_device(model)), max_new_tokens=length,
-                steps=steps, schedule="linear", seed=seed + start, stop_at_eos=False, **PAPER_SAMPLER,
+                model,
+                torch.zeros(rows, 0, dtype=torch.long, device=_device(model)),
+                max_new_tokens=length,
+                steps=steps,
+                schedule="linear",
+                seed=seed + start,
+                stop_at_eos=False,
+                **PAPER_SAMPLER,
             ).cpu()
         )
     return torch.cat(out)
@@ -116,8 +122,16 @@ def sample_ar(model: Any, num: int, length: int, seed: int, batch_size: int = 51
         rows = min(batch_size, num - start)
         prompt = torch.full((rows, 1), bos, dtype=torch.long, device=_device(model))
         seq = model.generate(
-            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=length, min_new_tokens=length,
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=bos, eos_token_id=None,
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=length,
+            min_new_tokens=length,
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            pad_token_id=bos,
+            eos_token_id=None,
             suppress_tokens=[bos],  # BOS is not a token of the language (a trained model gives it ~0 mass)
         )
         out.append(seq[:, 1:].cpu())
@@ -135,8 +149,9 @@ def _device(model: Any) -> torch.device:
 # Trained models (reused across runs)
 
 
-def trained_pair(language: Any, length: int, preset: dict, out: Path, tag: str,
-                 overrides: Optional[dict] = None) -> dict[str, Any]:
+def trained_pair(
+    language: Any, length: int, preset: dict, out: Path, tag: str, overrides: Optional[dict] = None
+) -> dict[str, Any]:
     """Train (or reload) the tiny MDM and AR baseline of a language; returns models and validation NLL vs entropy.
 
     ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``);
@@ -184,14 +199,23 @@ def _lazy_datasets(language: Any, length: int, train_cfg: dict) -> Callable[[], 
     return sample
 
 
-def _train_model(kind: str, folder: Path, datasets: tuple, vocab_size: int, length: int, train_cfg: dict,
-                 entropy: float) -> None:
+def _train_model(
+    kind: str, folder: Path, datasets: tuple, vocab_size: int, length: int, train_cfg: dict, entropy: float
+) -> None:
     """Train one model, save it to ``folder/final`` and its validation metrics to ``folder/final/metrics.json``."""
     from ..training import build_trainer, train
 
-    trainer = build_trainer(kind, datasets[0], datasets[1], vocab_size=vocab_size, length=length,
-                            args=_training_arguments(folder, train_cfg), size=train_cfg["size"],
-                            entropy_per_token=entropy, seed=train_cfg.get("seed", 0))
+    trainer = build_trainer(
+        kind,
+        datasets[0],
+        datasets[1],
+        vocab_size=vocab_size,
+        length=length,
+        args=_training_arguments(folder, train_cfg),
+        size=train_cfg["size"],
+        entropy_per_token=entropy,
+        seed=train_cfg.get("seed", 0),
+    )
     train(trainer)
     metrics = trainer.evaluate()
     trainer.save_model(str(folder / "final"))
@@ -202,13 +226,23 @@ def _training_arguments(folder: Path, train_cfg: dict) -> Any:
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        output_dir=str(folder), per_device_train_batch_size=train_cfg["batch_size"],
-        per_device_eval_batch_size=train_cfg["batch_size"], max_steps=train_cfg["max_steps"],
-        learning_rate=train_cfg["learning_rate"], warmup_steps=train_cfg.get("warmup_steps", 0),
-        lr_scheduler_type="cosine", weight_decay=0.0, save_steps=train_cfg["max_steps"], save_total_limit=1,
-        eval_strategy="no", logging_steps=max(train_cfg["max_steps"] // 5, 1), report_to=[],
-        disable_tqdm=True, seed=train_cfg.get("seed", 0),  # experiments run side by side: loss lines only
-        use_cpu=not torch.cuda.is_available(), dataloader_num_workers=0,
+        output_dir=str(folder),
+        per_device_train_batch_size=train_cfg["batch_size"],
+        per_device_eval_batch_size=train_cfg["batch_size"],
+        max_steps=train_cfg["max_steps"],
+        learning_rate=train_cfg["learning_rate"],
+        warmup_steps=train_cfg.get("warmup_steps", 0),
+        lr_scheduler_type="cosine",
+        weight_decay=0.0,
+        save_steps=train_cfg["max_steps"],
+        save_total_limit=1,
+        eval_strategy="no",
+        logging_steps=max(train_cfg["max_steps"] // 5, 1),
+        report_to=[],
+        disable_tqdm=True,
+        seed=train_cfg.get("seed", 0),  # experiments run side by side: loss lines only
+        use_cpu=not torch.cuda.is_available(),
+        dataloader_num_workers=0,
     )
 
 
@@ -235,31 +269,47 @@ def lazy_pair(language: Any, length: int, preset: dict, out: Path, tag: str, ove
 # Rows: one measured cell each
 
 
-def oracle_rows(oracle: Any, name: str, length: int, steps_list: list[int], num: int, cache: CellCache,
-                score: Score, desc: str) -> list[dict[str, Any]]:
+def oracle_rows(
+    oracle: Any, name: str, length: int, steps_list: list[int], num: int, cache: CellCache, score: Score, desc: str
+) -> list[dict[str, Any]]:
     """Rows for the exact-posterior oracle at one length and each step count."""
     rows = []
     for steps in tqdm(steps_list, desc=desc, leave=False):
-        cell = cache.get(f"oracle|{name}|{length}|{steps}",
-                         lambda: score(sample_mdm(oracle, num, length, steps, seed=steps)))
+        cell = cache.get(
+            f"oracle|{name}|{length}|{steps}", lambda: score(sample_mdm(oracle, num, length, steps, seed=steps))
+        )
         rows.append({"language": name, "length": length, "model": "oracle MDM", "steps": steps, **cell})
     return rows
 
 
-def trained_rows(spec: dict, language: Any, name: str, preset: dict, out: Path, cache: CellCache,
-                 steps_list: list[int], score: Score) -> list[dict[str, Any]]:
+def trained_rows(
+    spec: dict, language: Any, name: str, preset: dict, out: Path, cache: CellCache, steps_list: list[int], score: Score
+) -> list[dict[str, Any]]:
     """Rows for the trained AR model, the trained MDM at each step count, and the validation NLLs vs entropy."""
     length, num = preset["train_length"], preset["num_samples"]
     pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
     base = {"language": name, "length": length}
-    rows = [{**base, "model": "trained AR", "steps": length,
-             **cache.get(f"ar|{name}|{length}", lambda: score(sample_ar(pair()["ar"], num, length, seed=1)))}]
+    rows = [
+        {
+            **base,
+            "model": "trained AR",
+            "steps": length,
+            **cache.get(f"ar|{name}|{length}", lambda: score(sample_ar(pair()["ar"], num, length, seed=1))),
+        }
+    ]
     for steps in tqdm(steps_list, desc=f"trained MDM {name}", leave=False):
-        cell = cache.get(f"mdm|{name}|{length}|{steps}",
-                         lambda: score(sample_mdm(pair()["mdm"], num, length, steps, seed=steps)))
+        cell = cache.get(
+            f"mdm|{name}|{length}|{steps}", lambda: score(sample_mdm(pair()["mdm"], num, length, steps, seed=steps))
+        )
         rows.append({**base, "model": "trained MDM", "steps": steps, **cell})
-    rows.append({**base, "model": "validation", "steps": 0,
-                 **cache.get(f"validation|{name}|{length}", lambda: validation_row(pair()))})
+    rows.append(
+        {
+            **base,
+            "model": "validation",
+            "steps": 0,
+            **cache.get(f"validation|{name}|{length}", lambda: validation_row(pair())),
+        }
+    )
     return rows
 
 
@@ -267,8 +317,9 @@ def validation_row(pair: dict[str, Any]) -> dict[str, float]:
     return {k: float(pair[k]) for k in VALIDATION_KEYS}
 
 
-def measure_languages(name: str, preset: dict, out: Path, *, cell: Cell, steps_for: Callable[[int], list[int]],
-                      label: str) -> list[dict[str, Any]]:
+def measure_languages(
+    name: str, preset: dict, out: Path, *, cell: Cell, steps_for: Callable[[int], list[int]], label: str
+) -> list[dict[str, Any]]:
     """The rows of every entry of ``preset["languages"]`` (``language_rows``), cells cached in
     ``<out>/cache/<name>.json``. ``steps_for(length)`` gives the step counts at a length; ``cell(language,
     samples)`` gives a cell's values; ``label`` names the experiment in progress bars."""
@@ -279,8 +330,16 @@ def measure_languages(name: str, preset: dict, out: Path, *, cell: Cell, steps_f
     return rows
 
 
-def language_rows(spec: dict, preset: dict, out: Path, cache: CellCache, *, cell: Cell,
-                  steps_for: Callable[[int], list[int]], label: str) -> list[dict[str, Any]]:
+def language_rows(
+    spec: dict,
+    preset: dict,
+    out: Path,
+    cache: CellCache,
+    *,
+    cell: Cell,
+    steps_for: Callable[[int], list[int]],
+    label: str,
+) -> list[dict[str, Any]]:
     """All rows of one language entry: the oracle at each length of ``preset["lengths"]``, then (with ``train``)
     the trained models at ``preset["train_length"]`` (arguments as in ``measure_languages``)."""
     language, name = make_language(spec), language_name(spec)
@@ -288,8 +347,16 @@ def language_rows(spec: dict, preset: dict, out: Path, cache: CellCache, *, cell
     oracle = OracleDenoiser(language, mask_token_id=language.vocab_size)
     rows: list[dict[str, Any]] = []
     for length in preset["lengths"]:
-        rows += oracle_rows(oracle, name, length, steps_for(length), preset["num_samples"], cache, score,
-                            desc=f"{label} oracle {name} L={length}")
+        rows += oracle_rows(
+            oracle,
+            name,
+            length,
+            steps_for(length),
+            preset["num_samples"],
+            cache,
+            score,
+            desc=f"{label} oracle {name} L={length}",
+        )
     if spec.get("train", False):
         rows += trained_rows(spec, language, name, preset, out, cache, steps_for(preset["train_length"]), score)
     return rows
@@ -310,25 +377,36 @@ def validation_table(rows: list[dict]) -> list[str]:
     validation = [r for r in rows if r["model"] == "validation"]
     if not validation:
         return []
-    lines = ["", "| language | L | entropy/token | MDM val NLL (ELBO) | MDM gap (nats) | gap | AR val NLL "
-             "| AR gap (nats) | gap |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "",
+        "| language | L | entropy/token | MDM val NLL (ELBO) | MDM gap (nats) | gap | AR val NLL "
+        "| AR gap (nats) | gap |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in validation:
         entropy = r["entropy_per_token"]
-        lines.append(f"| {r['language']} | {r['length']} | {entropy:.4f} | {r['mdm_nll']:.4f} | "
-                     f"{r['mdm_nll'] - entropy:.4f} | {100 * r['mdm_gap']:+.2f}% | {r['ar_nll']:.4f} | "
-                     f"{r['ar_nll'] - entropy:.4f} | {100 * r['ar_gap']:+.2f}% |")
+        lines.append(
+            f"| {r['language']} | {r['length']} | {entropy:.4f} | {r['mdm_nll']:.4f} | "
+            f"{r['mdm_nll'] - entropy:.4f} | {100 * r['mdm_gap']:+.2f}% | {r['ar_nll']:.4f} | "
+            f"{r['ar_nll'] - entropy:.4f} | {100 * r['ar_gap']:+.2f}% |"
+        )
     return lines
 
 
 def setup_lines(preset: dict) -> list[str]:
     """Markdown lines stating a table's set-up: each language's parameters, the sampler, the sample count, and
     each trained language's model size and training budget (the preset's ``training`` updated by the entry's own)."""
-    languages = "; ".join(f"{language_name(spec)} ({spec['kind']}: {language_parameters(spec)})"
-                          for spec in preset["languages"])  # fmt: skip
-    lines = ["", f"Languages: {languages}.", "",
-             "Sampler: the paper's (stochastic transfer, random order, linear schedule, temperature 1) for the MDMs, "
-             f"ancestral sampling at temperature 1 for AR; {preset['num_samples']} samples per cell. Trained models "
-             f"(the MDM and the same-size AR model, each trained at L = {preset['train_length']}):"]
+    languages = "; ".join(
+        f"{language_name(spec)} ({spec['kind']}: {language_parameters(spec)})" for spec in preset["languages"]
+    )
+    lines = [
+        "",
+        f"Languages: {languages}.",
+        "",
+        "Sampler: the paper's (stochastic transfer, random order, linear schedule, temperature 1) for the MDMs, "
+        f"ancestral sampling at temperature 1 for AR; {preset['num_samples']} samples per cell. Trained models "
+        f"(the MDM and the same-size AR model, each trained at L = {preset['train_length']}):",
+    ]
     for spec in preset["languages"]:
         if spec.get("train", False):
             budget = training_sentence({**preset["training"], **spec.get("training", {})})
@@ -347,12 +425,17 @@ def training_sentence(cfg: dict) -> str:
 
     dims = model_dims(cfg["size"])
     size = cfg["size"] if isinstance(cfg["size"], str) else "custom"
-    steps = f"{cfg['max_steps']:,} steps (AR {training_steps(cfg, 'ar'):,})" if "ar_max_steps" in cfg else \
-        f"{cfg['max_steps']:,} steps"
-    return (f"`{size}` ({dims['hidden_size']} wide, {dims['num_hidden_layers']} layers), {steps} of "
-            f"batch {cfg['batch_size']} at learning rate {cfg['learning_rate']:g} (cosine, "
-            f"{cfg.get('warmup_steps', 0)} warm-up) on {cfg['num_train']:,} sampled sequences, "
-            f"{cfg['num_validation']:,} for validation")
+    steps = (
+        f"{cfg['max_steps']:,} steps (AR {training_steps(cfg, 'ar'):,})"
+        if "ar_max_steps" in cfg
+        else f"{cfg['max_steps']:,} steps"
+    )
+    return (
+        f"`{size}` ({dims['hidden_size']} wide, {dims['num_hidden_layers']} layers), {steps} of "
+        f"batch {cfg['batch_size']} at learning rate {cfg['learning_rate']:g} (cosine, "
+        f"{cfg.get('warmup_steps', 0)} warm-up) on {cfg['num_train']:,} sampled sequences, "
+        f"{cfg['num_validation']:,} for validation"
+    )
 
 
 def write_outputs(out: Path, name: str, result: dict, table: str, plot: Callable[[Path], None]) -> None:

@@ -48,10 +48,19 @@ def fast_rows(preset: dict, out: Path, cache: CellCache, score: Callable[[Any, t
             for model_name, model in models.items():
                 if model_name == "oracle MDM" and sampler.get("kv_cache"):
                     continue
-                cell = cache.get(_cell_key(model_name, name, preset["train_length"], section, sampler),
-                                 lambda: _measure(model(), language, preset, section, sampler, score))  # fmt: skip
-                rows.append({"language": name, "length": preset["train_length"], "model": model_name,
-                             "sampler": sampler["name"], **cell})  # fmt: skip
+                cell = cache.get(
+                    _cell_key(model_name, name, preset["train_length"], section, sampler),
+                    lambda: _measure(model(), language, preset, section, sampler, score),
+                )
+                rows.append(
+                    {
+                        "language": name,
+                        "length": preset["train_length"],
+                        "model": model_name,
+                        "sampler": sampler["name"],
+                        **cell,
+                    }
+                )
     return rows
 
 
@@ -63,24 +72,37 @@ def _cell_key(model: str, language: str, length: int, section: dict, sampler: di
 def _measure(model: Any, language: Any, preset: dict, section: dict, sampler: dict, score) -> dict:
     settings = {k: v for k, v in sampler.items() if k != "name"}
     samples, forwards = sample_with(model, preset["num_samples"], preset["train_length"], section, settings)
-    return {**score(language, samples), "forwards_per_token": forwards / preset["train_length"],
-            "num_samples": int(samples.shape[0])}  # fmt: skip
+    return {
+        **score(language, samples),
+        "forwards_per_token": forwards / preset["train_length"],
+        "num_samples": int(samples.shape[0]),
+    }
 
 
-def generate_batches(model: Any, num: int, length: int, seed: int, settings: dict,
-                     batch_size: int = 256) -> Iterator[Any]:  # fmt: skip
+def generate_batches(
+    model: Any, num: int, length: int, seed: int, settings: dict, batch_size: int = 256
+) -> Iterator[Any]:
     """The outputs, batch by batch, of drawing ``num`` sequences of ``length`` tokens from the empty prompt with
     ``settings`` (default ``steps=None``) at temperature 1, each batch seeded ``seed`` + its first row and carrying
     its step canvases (``output_history``)."""
     kwargs = {"steps": None, **settings, "temperature": 1.0}
     for start in range(0, num, batch_size):
         empty = torch.zeros(min(batch_size, num - start), 0, dtype=torch.long, device=_device(model))
-        yield diffusion_generate(model, empty, max_new_tokens=length, seed=seed + start, stop_at_eos=False,
-                                 output_history=True, return_dict_in_generate=True, **kwargs)  # fmt: skip
+        yield diffusion_generate(
+            model,
+            empty,
+            max_new_tokens=length,
+            seed=seed + start,
+            stop_at_eos=False,
+            output_history=True,
+            return_dict_in_generate=True,
+            **kwargs,
+        )
 
 
-def sample_with(model: Any, num: int, length: int, section: dict, settings: dict,
-                batch_size: int = 256) -> tuple[torch.Tensor, float]:  # fmt: skip
+def sample_with(
+    model: Any, num: int, length: int, section: dict, settings: dict, batch_size: int = 256
+) -> tuple[torch.Tensor, float]:
     """``num`` samples of ``length`` tokens drawn with ``settings`` (default ``steps=None``) at temperature 1 in
     blocks of ``section["block_length"]``, and the mean number of forwards in which a row revealed something."""
     settings = {**settings, "block_length": section.get("block_length")}
@@ -116,12 +138,18 @@ def fast_table(rows: list[dict], preset: dict, value: str, interval: tuple[str, 
         return ""
     baseline = preset["fast_samplers"].get("baseline")
     base = {(r["language"], r["model"]): r[value] for r in rows if r["sampler"] == baseline}
-    lines = ["", f"Fast sampling at L = {rows[0]['length']} (temperature 1, {rows[0]['num_samples']} samples per row):",
-             "", f"| language | model | sampler | {label} | 95% CI | forwards / token | change vs {baseline} |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "",
+        f"Fast sampling at L = {rows[0]['length']} (temperature 1, {rows[0]['num_samples']} samples per row):",
+        "",
+        f"| language | model | sampler | {label} | 95% CI | forwards / token | change vs {baseline} |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         ref = base.get((r["language"], r["model"]))
         change = f"{r[value] - ref:+.4f}" if ref is not None and math.isfinite(r[value]) else ""
-        lines.append(f"| {r['language']} | {r['model']} | {r['sampler']} | {r[value]:.4f} | "
-                     f"[{r[interval[0]]:.4f}, {r[interval[1]]:.4f}] | {r['forwards_per_token']:.3f} | {change} |")
+        lines.append(
+            f"| {r['language']} | {r['model']} | {r['sampler']} | {r[value]:.4f} | "
+            f"[{r[interval[0]]:.4f}, {r[interval[1]]:.4f}] | {r['forwards_per_token']:.3f} | {change} |"
+        )
     return "\n".join(lines) + "\n"

@@ -39,8 +39,9 @@ def save_figure(fig: Any, path: Path, title: Optional[str] = None, bottom: float
     pyplot().close(fig)
 
 
-def language_panels(rows: list[dict], path: Path, panel_width: float, title: str,
-                    draw: Callable[[Any, str], None]) -> None:
+def language_panels(
+    rows: list[dict], path: Path, panel_width: float, title: str, draw: Callable[[Any, str], None]
+) -> None:
     """One log-x panel per language of ``rows`` (sorted by name), ``draw(ax, language)`` filling each."""
     import matplotlib.ticker
 
@@ -54,24 +55,41 @@ def language_panels(rows: list[dict], path: Path, panel_width: float, title: str
     save_figure(fig, path, title)
 
 
-def mdm_curves(ax: Any, rows: list[dict], name: str, x: str, y: str, clip: Clip = _unchanged,
-               interval: Optional[tuple[str, str]] = None) -> None:
+def mdm_curves(
+    ax: Any,
+    rows: list[dict],
+    name: str,
+    x: str,
+    y: str,
+    clip: Clip = _unchanged,
+    interval: Optional[tuple[str, str]] = None,
+) -> None:
     """The oracle and trained MDM curves of language ``name``, one per length: ``clip(row[y])`` against ``row[x]``,
     with the rows' 95% interval (the keys ``interval``) as a band (infinite values, e.g. TER with samples outside
     the support, are left out of the plot; the tables keep them)."""
     for model, style in MDM_STYLES:
         for length in sorted({r["length"] for r in rows if r["language"] == name and r["model"] == model}):
-            pts = sorted((r[x], r) for r in rows if r["language"] == name and r["model"] == model
-                         and r["length"] == length and math.isfinite(r[y]))  # fmt: skip
+            pts = sorted(
+                (r[x], r)
+                for r in rows
+                if r["language"] == name and r["model"] == model and r["length"] == length and math.isfinite(r[y])
+            )
             xs = [p[0] for p in pts]
             (line,) = ax.plot(xs, [clip(p[1][y]) for p in pts], style, label=f"{model}, L={length}", ms=4)
             if interval and all(math.isfinite(p[1][interval[1]]) for p in pts):
-                ax.fill_between(xs, [clip(p[1][interval[0]]) for p in pts], [clip(p[1][interval[1]]) for p in pts],
-                                color=line.get_color(), alpha=0.15, lw=0)
+                ax.fill_between(
+                    xs,
+                    [clip(p[1][interval[0]]) for p in pts],
+                    [clip(p[1][interval[1]]) for p in pts],
+                    color=line.get_color(),
+                    alpha=0.15,
+                    lw=0,
+                )
 
 
-def ar_lines(ax: Any, rows: list[dict], name: str, y: str, clip: Clip = _unchanged,
-             interval: Optional[tuple[str, str]] = None) -> None:
+def ar_lines(
+    ax: Any, rows: list[dict], name: str, y: str, clip: Clip = _unchanged, interval: Optional[tuple[str, str]] = None
+) -> None:
     """The trained AR model of language ``name`` as a dotted horizontal line at ``clip(row[y])``, its 95% interval
     (the keys ``interval``) as a grey band."""
     for r in rows:

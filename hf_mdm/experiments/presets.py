@@ -12,11 +12,27 @@ import copy
 from pathlib import Path
 
 #: The experiment-level sizes of a miniature: only keys the preset has are replaced.
-MINIATURE = {"num_samples": 16, "lengths": [8, 16], "train_length": 8, "steps": [2, 8], "size": "tiny",
-             "batch_size": 2, "mdm_steps": [4], "repeats": 1, "dual_cache_blocks": 2}
+MINIATURE = {
+    "num_samples": 16,
+    "lengths": [8, 16],
+    "train_length": 8,
+    "steps": [2, 8],
+    "size": "tiny",
+    "batch_size": 2,
+    "mdm_steps": [4],
+    "repeats": 1,
+    "dual_cache_blocks": 2,
+}
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
-MINIATURE_TRAINING = {"size": "tiny", "num_train": 64, "num_validation": 16, "batch_size": 16, "max_steps": 2,
-                      "ar_max_steps": 2, "warmup_steps": 0}
+MINIATURE_TRAINING = {
+    "size": "tiny",
+    "num_train": 64,
+    "num_validation": 16,
+    "batch_size": 16,
+    "max_steps": 2,
+    "ar_max_steps": 2,
+    "warmup_steps": 0,
+}
 #: The ``fast_samplers`` section of a miniature: blocks that fit ``MINIATURE["train_length"]``.
 MINIATURE_FAST = {"block_length": 4}
 

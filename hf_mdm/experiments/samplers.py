@@ -30,8 +30,16 @@ import torch
 from tqdm.auto import tqdm
 
 from ..languages import OracleDenoiser
-from .common import (CellCache, experiment_result, language_name, language_parameters, lazy_pair, make_language,
-                     training_sentence, write_outputs)  # fmt: skip
+from .common import (
+    CellCache,
+    experiment_result,
+    language_name,
+    language_parameters,
+    lazy_pair,
+    make_language,
+    training_sentence,
+    write_outputs,
+)
 from .fast import active_steps, generate_batches
 from .plotting import pyplot, save_figure
 from .ser import ser_cell
@@ -66,13 +74,22 @@ def setup_lines(preset: dict) -> list[str]:
     lines = ["", "Languages:"]
     for entry in preset["languages"]:
         spec = {k: v for k, v in entry.items() if k not in ENTRY_FIELDS}
-        lines.append(f"- {language_name(spec)} ({spec['kind']}: {language_parameters(spec)}): "
-                     f"{METRICS[entry['metric']][3]} at L = {', '.join(map(str, entry['lengths']))}"
-                     + (f"; trained MDM at L = {preset['train_length']}: "
-                        f"{training_sentence({**preset['training'], **spec.get('training', {})})}"
-                        if spec.get("train", False) else ""))  # fmt: skip
-    return lines + ["", f"Every point: {preset['num_samples']} sequences drawn at temperature 1 in one block from the "
-                    "empty prompt, seeded; the oracle is the exact posterior of the language.", ""]
+        lines.append(
+            f"- {language_name(spec)} ({spec['kind']}: {language_parameters(spec)}): "
+            f"{METRICS[entry['metric']][3]} at L = {', '.join(map(str, entry['lengths']))}"
+            + (
+                f"; trained MDM at L = {preset['train_length']}: "
+                f"{training_sentence({**preset['training'], **spec.get('training', {})})}"
+                if spec.get("train", False)
+                else ""
+            )
+        )
+    return lines + [
+        "",
+        f"Every point: {preset['num_samples']} sequences drawn at temperature 1 in one block from the "
+        "empty prompt, seeded; the oracle is the exact posterior of the language.",
+        "",
+    ]
 
 
 def _language_rows(entry: dict, preset: dict, out: Path, cache: CellCache) -> list[dict]:
@@ -86,13 +103,24 @@ def _language_rows(entry: dict, preset: dict, out: Path, cache: CellCache) -> li
         if spec.get("train", False) and length == preset["train_length"]:
             pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
             models["trained MDM"] = lambda: pair()["mdm"]
-        points = [(s["name"], label, settings) for s in preset["samplers"] for label, settings in sampler_points(s, length)]
+        points = [
+            (s["name"], label, settings) for s in preset["samplers"] for label, settings in sampler_points(s, length)
+        ]
         for model_name, model in models.items():
             for sampler, label, settings in tqdm(points, desc=f"samplers {model_name} {name} L={length}", leave=False):
                 key = _cell_key(model_name, name, length, preset, settings)
                 cell = cache.get(key, lambda: measure(model(), language, metric, length, settings, preset))
-                rows.append({"language": name, "length": length, "model": model_name, "metric": metric,
-                             "sampler": sampler, "setting": label, **cell})  # fmt: skip
+                rows.append(
+                    {
+                        "language": name,
+                        "length": length,
+                        "model": model_name,
+                        "metric": metric,
+                        "sampler": sampler,
+                        "setting": label,
+                        **cell,
+                    }
+                )
     return rows
 
 
@@ -119,8 +147,9 @@ def _cell_key(model: str, language: str, length: int, preset: dict, settings: di
     return f"{model}|{language}|{length}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
 
 
-def measure(model: Any, language: Any, metric: str, length: int, settings: dict, preset: dict,
-            batch_size: int = 256) -> dict:  # fmt: skip
+def measure(
+    model: Any, language: Any, metric: str, length: int, settings: dict, preset: dict, batch_size: int = 256
+) -> dict:
     """One point: ``preset["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with the
     sequential forwards per token and (where the sampler computes several canvases a forward) computed rows per
     token, and tokens accepted per round for speculative decoding."""
@@ -133,8 +162,11 @@ def measure(model: Any, language: Any, metric: str, length: int, settings: dict,
         if getattr(out, "accepted_per_round", None) is not None:
             accepted.append(out.accepted_per_round.float().cpu())
     cell = METRICS[metric][0](language, torch.cat(samples))
-    cell.update(forwards_per_token=float(torch.cat(forwards).double().mean()) / length,
-                computed_per_token=computed / (num * length), num_samples=num)
+    cell.update(
+        forwards_per_token=float(torch.cat(forwards).double().mean()) / length,
+        computed_per_token=computed / (num * length),
+        num_samples=num,
+    )
     if accepted:
         cell["accepted_per_round"] = float(torch.cat(accepted).mean())  # drafts accepted per round, mean over rows
     return cell
@@ -146,14 +178,19 @@ def measure(model: Any, language: Any, metric: str, length: int, settings: dict,
 
 def samplers_table(rows: list[dict]) -> str:
     """Markdown: one line per point, grouped by language, length and model."""
-    lines = ["| language | L | model | sampler | setting | metric | value | 95% CI | sequential forwards / token "
-             "| computed rows / token | accepted / round |", "| --- " * 11 + "|"]  # fmt: skip
+    lines = [
+        "| language | L | model | sampler | setting | metric | value | 95% CI | sequential forwards / token "
+        "| computed rows / token | accepted / round |",
+        "| --- " * 11 + "|",
+    ]
     for r in rows:
         _, value, (low, high), label = METRICS[r["metric"]]
         accepted = f"{r['accepted_per_round']:.2f}" if "accepted_per_round" in r else ""
-        lines.append(f"| {r['language']} | {r['length']} | {r['model']} | {r['sampler']} | {r['setting']} | {label} | "
-                     f"{r[value]:.4f} | [{r[low]:.4f}, {r[high]:.4f}] | {r['forwards_per_token']:.3f} | "
-                     f"{r['computed_per_token']:.3f} | {accepted} |")
+        lines.append(
+            f"| {r['language']} | {r['length']} | {r['model']} | {r['sampler']} | {r['setting']} | {label} | "
+            f"{r[value]:.4f} | [{r[low]:.4f}, {r[high]:.4f}] | {r['forwards_per_token']:.3f} | "
+            f"{r['computed_per_token']:.3f} | {accepted} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -175,16 +212,23 @@ def _group(r: dict) -> tuple:
 def verdict(rows: list[dict]) -> str:
     """Plain words: per sampler, the oracle's SER panels where it lies below / above the paper's sampler and its
     TER range; then per language, length and model, every point below / above the paper's at equal forwards."""
-    lines = ["Against the paper's sampler at equal sequential forwards per token (its curve interpolated in log "
-             "forwards; *below* / *above*: the point's 95% interval lies entirely below / above the paper's there; "
-             "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
-             "forwards). For SER below is better. For TER, below 0 means samples more likely than the language's own "
-             "(a mode-seeking, lower-entropy distribution), so below the paper's is not a better fit of the language: "
-             "it is the cost in diversity."]
+    lines = [
+        "Against the paper's sampler at equal sequential forwards per token (its curve interpolated in log "
+        "forwards; *below* / *above*: the point's 95% interval lies entirely below / above the paper's there; "
+        "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
+        "forwards). For SER below is better. For TER, below 0 means samples more likely than the language's own "
+        "(a mode-seeking, lower-entropy distribution), so below the paper's is not a better fit of the language: "
+        "it is the cost in diversity."
+    ]
     metrics = {_group(r): r["metric"] for r in rows}
     compared = {group: _compared(rows, group, METRICS[metric]) for group, metric in metrics.items()}
-    lines += ["", *_headline(rows, {g: c for g, c in compared.items() if g[2] == "oracle MDM" and metrics[g] == "ser"}),
-              "", "Every point:", ""]  # fmt: skip
+    lines += [
+        "",
+        *_headline(rows, {g: c for g, c in compared.items() if g[2] == "oracle MDM" and metrics[g] == "ser"}),
+        "",
+        "Every point:",
+        "",
+    ]
     for group, sides in compared.items():
         metric = METRICS[metrics[group]]
         below, above = (", ".join(_point(r, metric, paper) for r, paper in side) or "none" for side in sides)
@@ -197,16 +241,24 @@ def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
     the paper's sampler, the forwards per token of its points there, and the range of its TER relative increase."""
     lines = []
     for name in dict.fromkeys(r["sampler"] for r in rows if r["sampler"] != PAPER):
-        sides = [[f"{g[0]} L={g[1]}" for g, compared in panels.items() if any(r["sampler"] == name for r, _ in compared[i])]
-                 for i in (0, 1)]  # fmt: skip
-        ter = [r["relative_increase"] for r in rows if r["sampler"] == name and r["metric"] == "ter"
-               and r["model"] == "oracle MDM"]  # fmt: skip
+        sides = [
+            [f"{g[0]} L={g[1]}" for g, compared in panels.items() if any(r["sampler"] == name for r, _ in compared[i])]
+            for i in (0, 1)
+        ]
+        ter = [
+            r["relative_increase"]
+            for r in rows
+            if r["sampler"] == name and r["metric"] == "ter" and r["model"] == "oracle MDM"
+        ]
         forwards = [r["forwards_per_token"] for r in rows if r["sampler"] == name and _group(r) in panels]
         if not forwards:
             continue
-        lines.append(f"- **{name}** (SER, oracle): below the paper's on {', '.join(sides[0]) or 'no panel'}; above on "
-                     f"{', '.join(sides[1]) or 'no panel'}; {min(forwards):.2f}-{max(forwards):.2f} forwards / token"
-                     + (f"; TER relative increase {min(ter):+.3f} to {max(ter):+.3f}" if ter else "") + ".")
+        lines.append(
+            f"- **{name}** (SER, oracle): below the paper's on {', '.join(sides[0]) or 'no panel'}; above on "
+            f"{', '.join(sides[1]) or 'no panel'}; {min(forwards):.2f}-{max(forwards):.2f} forwards / token"
+            + (f"; TER relative increase {min(ter):+.3f} to {max(ter):+.3f}" if ter else "")
+            + "."
+        )
     return lines
 
 
@@ -244,22 +296,36 @@ def plot_samplers(rows: list[dict], path: Path) -> None:
     panels = list(dict.fromkeys((r["language"], r["length"]) for r in rows))
     colours = {name: f"C{i % 10}" for i, name in enumerate(dict.fromkeys(r["sampler"] for r in rows))}
     ncols = min(3, len(panels))
-    fig, axes = plt.subplots(math.ceil(len(panels) / ncols), ncols, figsize=(5.2 * ncols, 3.8 * math.ceil(len(panels) / ncols)),
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        math.ceil(len(panels) / ncols),
+        ncols,
+        figsize=(5.2 * ncols, 3.8 * math.ceil(len(panels) / ncols)),
+        squeeze=False,
+    )
     for ax, (language, length) in zip(axes.flat, panels):
         _draw_panel(ax, [r for r in rows if (r["language"], r["length"]) == (language, length)], colours)
         if language == "chain":
             grid = [2 ** (k / 4) for k in range(-4, 45)]  # steps N from 0.5 to 2**11
             xs = [n * (1 - (1 - 1 / n) ** length) / length if n > 1 else 1 / length for n in grid]
-            ax.plot(xs, [1 - math.exp(-0.75 * (length - 1) / n) for n in grid], "k-", lw=0.8, alpha=0.5,
-                    label="Thm 4.4, paper's sampler")  # fmt: skip
+            ax.plot(
+                xs,
+                [1 - math.exp(-0.75 * (length - 1) / n) for n in grid],
+                "k-",
+                lw=0.8,
+                alpha=0.5,
+                label="Thm 4.4, paper's sampler",
+            )
         ax.set(title=f"{language}, L = {length}")
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.set_visible(False)
     handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=4, fontsize=7, frameon=False)
-    save_figure(fig, path, "Samplers at equal sequential forwards (oracle, solid: exact; trained MDM, dashed)",
-                bottom=0.04 * math.ceil(len(handles) / 4) / axes.shape[0])
+    save_figure(
+        fig,
+        path,
+        "Samplers at equal sequential forwards (oracle, solid: exact; trained MDM, dashed)",
+        bottom=0.04 * math.ceil(len(handles) / 4) / axes.shape[0],
+    )
 
 
 def _draw_panel(ax: Any, rows: list[dict], colours: dict[str, str]) -> None:
@@ -267,14 +333,24 @@ def _draw_panel(ax: Any, rows: list[dict], colours: dict[str, str]) -> None:
 
     _, value, (low, high), label = METRICS[rows[0]["metric"]]
     for sampler, model in dict.fromkeys((r["sampler"], r["model"]) for r in rows):
-        pts = sorted((r["forwards_per_token"], r[value], r[low], r[high]) for r in rows
-                     if r["sampler"] == sampler and r["model"] == model and math.isfinite(r[value]))  # fmt: skip
+        pts = sorted(
+            (r["forwards_per_token"], r[value], r[low], r[high])
+            for r in rows
+            if r["sampler"] == sampler and r["model"] == model and math.isfinite(r[value])
+        )
         if not pts:
             continue
         xs, ys, lows, highs = zip(*pts)
-        ax.errorbar(xs, ys, yerr=[[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, highs)]],
-                    fmt="-o" if model == "oracle MDM" else "--s", color=colours[sampler], ms=3, capsize=2,
-                    label=f"{sampler} ({model})")  # fmt: skip
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, highs)]],
+            fmt="-o" if model == "oracle MDM" else "--s",
+            color=colours[sampler],
+            ms=3,
+            capsize=2,
+            label=f"{sampler} ({model})",
+        )
     ax.set(xscale="log", xlabel="sequential forwards / token", ylabel=label)
     ax.xaxis.set_minor_formatter(NullFormatter())
     ax.grid(alpha=0.3)

@@ -15,8 +15,7 @@ from typing import Any
 
 from ..languages import ChainLanguage
 from ..metrics import SequenceErrorRate
-from .common import (CellCache, experiment_result, measure_languages, setup_lines, validation_table,
-                     write_outputs)
+from .common import CellCache, experiment_result, measure_languages, setup_lines, validation_table, write_outputs
 from .fast import fast_rows, fast_table
 from .plotting import ar_lines, language_panels, mdm_curves
 
@@ -27,8 +26,9 @@ SER_KEYS = ("ser", "ser_ci_low", "ser_ci_high")
 def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
     """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
     ratios = preset["steps_over_length"]
-    rows = measure_languages("ser_vs_steps", preset, out, cell=ser_cell,
-                             steps_for=lambda length: steps_at(length, ratios), label="SER")
+    rows = measure_languages(
+        "ser_vs_steps", preset, out, cell=ser_cell, steps_for=lambda length: steps_at(length, ratios), label="SER"
+    )
     add_ratios_and_predictions(rows)
     fast = fast_rows(preset, out, CellCache(out / "cache" / "ser_vs_steps.json"), ser_cell)
     result = experiment_result("ser_vs_steps", preset, rows, **({"fast_rows": fast} if fast else {}))
@@ -61,15 +61,19 @@ def add_ratios_and_predictions(rows: list[dict]) -> None:
 
 def ser_table(rows: list[dict]) -> str:
     """Markdown: one line per measured row (with the 95% CI and the prediction), then the validation table."""
-    lines = ["| language | L | model | N | N/L | SER | 95% CI | predicted (Thm 4.4) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| language | L | model | N | N/L | SER | 95% CI | predicted (Thm 4.4) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         if r["model"] == "validation":
             continue
         pred = f"{r['predicted']:.3f}" if "predicted" in r else ""
         interval = f"[{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}]"
-        lines.append(f"| {r['language']} | {r['length']} | {r['model']} | {r['steps']} | "
-                     f"{r['steps_over_length']:.3g} | {r['ser']:.3f} | {interval} | {pred} |")
+        lines.append(
+            f"| {r['language']} | {r['length']} | {r['model']} | {r['steps']} | "
+            f"{r['steps_over_length']:.3g} | {r['ser']:.3f} | {interval} | {pred} |"
+        )
     return "\n".join(lines + validation_table(rows)) + "\n"
 
 

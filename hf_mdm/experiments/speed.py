@@ -45,8 +45,9 @@ def wallclock(preset: dict, out: Path) -> dict[str, Any]:
         rows += timing_rows(mdm, ar, length, preset, settings, cache, device)
     parameters = {"mdm": sum(p.numel() for p in mdm.parameters()), "ar": sum(p.numel() for p in ar.parameters())}
     crossovers = {s["model"]: crossover_length(rows, s["model"]) for s in settings}
-    result = experiment_result("wallclock", preset, rows, crossover_length=crossovers, parameters=parameters,
-                               equal_ter=equal)  # fmt: skip
+    result = experiment_result(
+        "wallclock", preset, rows, crossover_length=crossovers, parameters=parameters, equal_ter=equal
+    )
     write_outputs(out, "wallclock", result, wallclock_table(result), lambda p: plot_wallclock(rows, p))
     return result
 
@@ -73,14 +74,23 @@ def equal_ter_steps(path: Path) -> Optional[dict]:
         return None
     result = json.loads(path.read_text())
     ar = next(r for r in result["rows"] if r["model"] == "trained AR")
-    mdm = sorted((r for r in result["rows"] if r["model"] == "trained MDM" and r["language"] == ar["language"]),
-                 key=lambda r: r["steps"])  # fmt: skip
+    mdm = sorted(
+        (r for r in result["rows"] if r["model"] == "trained MDM" and r["language"] == ar["language"]),
+        key=lambda r: r["steps"],
+    )
     matched = [r for r in mdm if r["ci_low"] <= ar["ci_high"]]
     pick = matched[0] if matched else mdm[-1]
-    return {"steps": pick["steps"], "matched": bool(matched), "language": ar["language"], "length": ar["length"],
-            "mdm_increase": pick["relative_increase"], "mdm_ci": [pick["ci_low"], pick["ci_high"]],
-            "ar_increase": ar["relative_increase"], "ar_ci": [ar["ci_low"], ar["ci_high"]],
-            "num_samples": pick["num_samples"]}
+    return {
+        "steps": pick["steps"],
+        "matched": bool(matched),
+        "language": ar["language"],
+        "length": ar["length"],
+        "mdm_increase": pick["relative_increase"],
+        "mdm_ci": [pick["ci_low"], pick["ci_high"]],
+        "ar_increase": ar["relative_increase"],
+        "ar_ci": [ar["ci_low"], ar["ci_high"]],
+        "num_samples": pick["num_samples"],
+    }
 
 
 def mdm_settings(preset: dict, equal: Optional[dict]) -> list[dict]:
@@ -90,40 +100,66 @@ def mdm_settings(preset: dict, equal: Optional[dict]) -> list[dict]:
     if equal is not None:
         plain.append({"model": f"MDM, {equal['steps']} steps (TER as AR)", "steps": equal["steps"], "dual": False})
     blocks = preset.get("dual_cache_blocks")
-    dual = [{**s, "model": s["model"].replace("MDM", f"MDM + dual cache ({blocks} blocks)"), "dual": True}
-            for s in plain] if blocks else []  # fmt: skip
+    dual = (
+        [{**s, "model": s["model"].replace("MDM", f"MDM + dual cache ({blocks} blocks)"), "dual": True} for s in plain]
+        if blocks
+        else []
+    )
     return plain + dual
 
 
-def timing_rows(mdm: Any, ar: Any, length: int, preset: dict, settings: list[dict], cache: CellCache,
-                device: torch.device) -> list[dict]:
+def timing_rows(
+    mdm: Any, ar: Any, length: int, preset: dict, settings: list[dict], cache: CellCache, device: torch.device
+) -> list[dict]:
     """One row per model at one length: AR first, then each MDM setting (``row``)."""
     vocab, batch, repeats, blocks = (preset[k] for k in ("vocab_size", "batch_size", "repeats", "dual_cache_blocks"))
     prompt = torch.zeros(batch, 0, dtype=torch.long, device=device)
     bos = torch.full((batch, 1), vocab, dtype=torch.long, device=device)
 
     def run_ar() -> None:
-        ar.generate(bos, attention_mask=torch.ones_like(bos), max_new_tokens=length, min_new_tokens=length,
-                    do_sample=False, use_cache=True, pad_token_id=vocab, eos_token_id=None)
+        ar.generate(
+            bos,
+            attention_mask=torch.ones_like(bos),
+            max_new_tokens=length,
+            min_new_tokens=length,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=vocab,
+            eos_token_id=None,
+        )
 
     def run_mdm(steps: int, dual: bool) -> Callable[[], None]:
         cached = {"block_length": -(-length // blocks), "kv_cache": "dual"} if dual else {}
-        return lambda: diffusion_generate(mdm, prompt, max_new_tokens=length, steps=steps, transfer="deterministic",
-                                          strategy="confidence", stop_at_eos=False, **cached)
+        return lambda: diffusion_generate(
+            mdm,
+            prompt,
+            max_new_tokens=length,
+            steps=steps,
+            transfer="deterministic",
+            strategy="confidence",
+            stop_at_eos=False,
+            **cached,
+        )
 
     where = f"{length}|{batch}|{device.type}"
     rows = [row(AR_MODEL, length, length, cache.get(f"ar|{where}", lambda: timed(run_ar, ar, repeats, device)))]
     for s in settings:
         kind = f"dual|{blocks}" if s["dual"] else "mdm"
-        cell = cache.get(f"{kind}|{s['steps']}|{where}", lambda: timed(run_mdm(s["steps"], s["dual"]), mdm, repeats,
-                                                                        device))  # fmt: skip
+        cell = cache.get(
+            f"{kind}|{s['steps']}|{where}", lambda: timed(run_mdm(s["steps"], s["dual"]), mdm, repeats, device)
+        )
         rows.append(row(s["model"], length, s["steps"], cell))
     return rows
 
 
 def row(model: str, length: int, steps: int, cell: dict) -> dict:
-    return {"length": length, "model": model, "steps": steps, **cell,
-            "ms_per_forward": 1000 * cell["seconds"] / cell["forwards"]}
+    return {
+        "length": length,
+        "model": model,
+        "steps": steps,
+        **cell,
+        "ms_per_forward": 1000 * cell["seconds"] / cell["forwards"],
+    }
 
 
 def timed(fn: Callable[[], Any], model: Any, repeats: int, device: torch.device) -> dict:
@@ -177,14 +213,20 @@ def equal_ter_sentence(equal: Optional[dict]) -> str:
     """Where the equal-TER steps come from, in words."""
     if equal is None:
         return "No TER results in the output folder: the MDM is not timed at equal-TER steps."
-    found = (f"N = {equal['steps']} is the smallest N at which the trained MDM's TER relative increase" if
-             equal["matched"] else f"No N measured brings the trained MDM's TER relative increase to within the 95% "
-             f"interval of the trained AR's; N = {equal['steps']}, the largest measured, is timed instead")
-    return (f"{found} ({100 * equal['mdm_increase']:.2f}%, 95% CI [{100 * equal['mdm_ci'][0]:.2f}%, "
-            f"{100 * equal['mdm_ci'][1]:.2f}%]) " + ("overlaps the 95% interval of the trained AR's" if equal["matched"]
-            else "against the trained AR's") + f" ({100 * equal['ar_increase']:.2f}%, [{100 * equal['ar_ci'][0]:.2f}%, "
-            f"{100 * equal['ar_ci'][1]:.2f}%]) on the {equal['language']} at L = {equal['length']}, "
-            f"{equal['num_samples']} samples per cell (ter_vs_steps); Theorem 4.2: this N does not grow with L.")
+    found = (
+        f"N = {equal['steps']} is the smallest N at which the trained MDM's TER relative increase"
+        if equal["matched"]
+        else f"No N measured brings the trained MDM's TER relative increase to within the 95% "
+        f"interval of the trained AR's; N = {equal['steps']}, the largest measured, is timed instead"
+    )
+    return (
+        f"{found} ({100 * equal['mdm_increase']:.2f}%, 95% CI [{100 * equal['mdm_ci'][0]:.2f}%, "
+        f"{100 * equal['mdm_ci'][1]:.2f}%]) "
+        + ("overlaps the 95% interval of the trained AR's" if equal["matched"] else "against the trained AR's")
+        + f" ({100 * equal['ar_increase']:.2f}%, [{100 * equal['ar_ci'][0]:.2f}%, "
+        f"{100 * equal['ar_ci'][1]:.2f}%]) on the {equal['language']} at L = {equal['length']}, "
+        f"{equal['num_samples']} samples per cell (ter_vs_steps); Theorem 4.2: this N does not grow with L."
+    )
 
 
 def wallclock_table(result: dict) -> str:
@@ -195,14 +237,21 @@ def wallclock_table(result: dict) -> str:
     ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR_MODEL}
     for r in rows:
         ratio = "" if r["model"] == AR_MODEL else f"{ar[r['length']] / r['seconds']:.2f}"
-        lines.append(f"| {r['length']} | {r['model']} | {r['forwards']:g} | {r['ms_per_forward']:.2f} | "
-                     f"{r['seconds']:.3f} | {ratio} |")
+        lines.append(
+            f"| {r['length']} | {r['model']} | {r['forwards']:g} | {r['ms_per_forward']:.2f} | "
+            f"{r['seconds']:.3f} | {ratio} |"
+        )
     models = list(dict.fromkeys(r["model"] for r in rows if r["model"] != AR_MODEL))
-    lines += ["", f"Untrained `{preset['size']}` models ({result['parameters']['mdm']:,} / "
-              f"{result['parameters']['ar']:,} parameters, MDM / AR), {preset['vocab_size']} tokens, batch "
-              f"{preset['batch_size']}, {result['machine']}; medians of {preset['repeats']} runs. The MDM samples "
-              "with deterministic transfer by confidence (argmax), AR decodes greedily; forwards are counted per run.",
-              "", equal_ter_sentence(result.get("equal_ter")), ""]
+    lines += [
+        "",
+        f"Untrained `{preset['size']}` models ({result['parameters']['mdm']:,} / "
+        f"{result['parameters']['ar']:,} parameters, MDM / AR), {preset['vocab_size']} tokens, batch "
+        f"{preset['batch_size']}, {result['machine']}; medians of {preset['repeats']} runs. The MDM samples "
+        "with deterministic transfer by confidence (argmax), AR decodes greedily; forwards are counted per run.",
+        "",
+        equal_ter_sentence(result.get("equal_ter")),
+        "",
+    ]
     lines += [f"- {crossover_sentence(rows, m)}." for m in models]
     return "\n".join(lines) + "\n"
 

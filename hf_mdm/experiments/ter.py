@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..metrics import TokenErrorRate
-from .common import (CellCache, experiment_result, measure_languages, setup_lines, validation_table,
-                     write_outputs)
+from .common import CellCache, experiment_result, measure_languages, setup_lines, validation_table, write_outputs
 from .fast import fast_rows, fast_table, ter_interval
 from .plotting import ar_lines, language_panels, mdm_curves
 
@@ -27,8 +26,9 @@ PLOT_FLOOR = 1e-5
 def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
     """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
     steps_list = preset["steps"]
-    rows = measure_languages("ter_vs_steps", preset, out, cell=ter_cell, steps_for=lambda length: steps_list,
-                             label="TER")
+    rows = measure_languages(
+        "ter_vs_steps", preset, out, cell=ter_cell, steps_for=lambda length: steps_list, label="TER"
+    )
     fast = fast_rows(preset, out, CellCache(out / "cache" / "ter_vs_steps.json"), ter_cell)
     result = experiment_result("ter_vs_steps", preset, rows, **({"fast_rows": fast} if fast else {}))
     fast_lines = fast_table(fast, preset, "relative_increase", ("ci_low", "ci_high"), "TER(p)/TER(q) - 1")
@@ -47,8 +47,10 @@ def ter_cell(language: Any, samples: Any) -> dict[str, float]:
 
 def ter_table(rows: list[dict], steps_list: list[int]) -> str:
     """Markdown: the relative increase per language, length and model against N, then the validation table."""
-    lines = ["| language | L | model | " + " | ".join(f"N={s}" for s in steps_list) + " |",
-             "| --- | --- | --- |" + " --- |" * len(steps_list)]
+    lines = [
+        "| language | L | model | " + " | ".join(f"N={s}" for s in steps_list) + " |",
+        "| --- | --- | --- |" + " --- |" * len(steps_list),
+    ]
     groups: dict[tuple, dict[int, float]] = {}
     for r in rows:
         if r["model"] in ("oracle MDM", "trained MDM"):
@@ -58,8 +60,11 @@ def ter_table(rows: list[dict], steps_list: list[int]) -> str:
         lines.append(f"| {name} | {length} | {model} | " + " | ".join(cells) + " |")
     for r in rows:
         if r["model"] == "trained AR":
-            lines.append(f"| {r['language']} | {r['length']} | trained AR (L steps) | "
-                         + " | ".join([f"{100 * r['relative_increase']:.2f}%"] * len(steps_list)) + " |")
+            lines.append(
+                f"| {r['language']} | {r['length']} | trained AR (L steps) | "
+                + " | ".join([f"{100 * r['relative_increase']:.2f}%"] * len(steps_list))
+                + " |"
+            )
     return "\n".join(lines + validation_table(rows)) + "\n"
 
 

@@ -64,8 +64,18 @@ class Bubblewrap:
 
     def command(self, argv: Sequence[str], env: Mapping[str, str], disk_bytes: int) -> list[str]:
         """The bwrap command line running ``argv`` (its first element: `interpreter`) with environment ``env``."""
-        cmd = [self.executable, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-               "--unshare-cgroup-try", "--die-with-parent", "--hostname", "sandbox", "--clearenv"]  # fmt: skip
+        cmd = [
+            self.executable,
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--hostname",
+            "sandbox",
+            "--clearenv",
+        ]
         if not self.as_root:
             cmd += ["--unshare-user", "--disable-userns", "--uid", str(NOBODY), "--gid", str(NOBODY)]
         cmd += ["--ro-bind", "/usr", "/usr"]
@@ -78,9 +88,27 @@ class Bubblewrap:
                     made.add(str(parent))
                     cmd += ["--perms", "0755", "--dir", str(parent)]
             cmd += ["--ro-bind", folder, folder]
-        cmd += ["--perms", "0755", "--dir", "/etc", "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
-                "--proc", "/proc", "--dev", "/dev",
-                "--perms", "1777", "--size", str(int(disk_bytes)), "--tmpfs", WORKDIR, "--chdir", WORKDIR]  # fmt: skip
+        cmd += [
+            "--perms",
+            "0755",
+            "--dir",
+            "/etc",
+            "--ro-bind-try",
+            "/etc/ld.so.cache",
+            "/etc/ld.so.cache",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--perms",
+            "1777",
+            "--size",
+            str(int(disk_bytes)),
+            "--tmpfs",
+            WORKDIR,
+            "--chdir",
+            WORKDIR,
+        ]
         for name, value in env.items():
             cmd += ["--setenv", name, value]
         return cmd + ["--", *argv]

@@ -17,8 +17,15 @@ import numpy as np
 
 from .sandbox import ExecutionResult, SandboxLimits, run_programs
 
-__all__ = ["pass_at_k", "pass_at_k_of_outcomes", "mbpp_program", "humaneval_program", "reference_programs", "execute",
-           "outcome"]
+__all__ = [
+    "pass_at_k",
+    "pass_at_k_of_outcomes",
+    "mbpp_program",
+    "humaneval_program",
+    "reference_programs",
+    "execute",
+    "outcome",
+]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -57,8 +64,13 @@ def reference_programs(data_dir: Optional[str] = None) -> dict[str, str]:
 
 def outcome(result: ExecutionResult) -> dict:
     """The part of an `ExecutionResult` kept in lm-eval's samples log."""
-    return {"passed": result.passed, "status": result.status, "reason": result.reason,
-            "elapsed_s": round(result.elapsed_s, 4), "layer": result.layer}  # fmt: skip
+    return {
+        "passed": result.passed,
+        "status": result.status,
+        "reason": result.reason,
+        "elapsed_s": round(result.elapsed_s, 4),
+        "layer": result.layer,
+    }
 
 
 def execute(programs: Sequence[Sequence[str]], limits: Optional[SandboxLimits] = None) -> list[list[dict]]:

@@ -45,8 +45,17 @@ import yaml
 
 from ..fileio import write_atomic
 
-__all__ = ["CompareConfig", "Cell", "load_config", "run_matrix", "write_report", "paper_numbers", "add_arguments",
-           "run", "main"]  # fmt: skip
+__all__ = [
+    "CompareConfig",
+    "Cell",
+    "load_config",
+    "run_matrix",
+    "write_report",
+    "paper_numbers",
+    "add_arguments",
+    "run",
+    "main",
+]
 
 DEFAULT_METRICS = {
     "mdm_gsm8k": "exact_match,strict-match",
@@ -55,9 +64,24 @@ DEFAULT_METRICS = {
     "mdm_humaneval": "pass_at_1,sandbox",
 }
 PAPER_NUMBERS = Path(__file__).resolve().parent / "paper_numbers.json"
-CSV_FIELDS = ["benchmark", "task", "model", "setting", "metric", "accuracy", "stderr", "time_s", "summed_s",
-              "generate_s", "requests", "nfe_per_request", "tokens_per_s", "paper_accuracy", "paper_time_s",
-              "limit"]  # fmt: skip
+CSV_FIELDS = [
+    "benchmark",
+    "task",
+    "model",
+    "setting",
+    "metric",
+    "accuracy",
+    "stderr",
+    "time_s",
+    "summed_s",
+    "generate_s",
+    "requests",
+    "nfe_per_request",
+    "tokens_per_s",
+    "paper_accuracy",
+    "paper_time_s",
+    "limit",
+]
 
 
 @dataclass
@@ -115,8 +139,11 @@ def load_config(path: str | os.PathLike, limit: Optional[float] = None) -> Compa
                         task=task,
                         model=spec.get("model", "hf_mdm"),
                         model_args={**(spec.get("model_args") or {}), **(setting.get("model_args") or {})},
-                        gen_kwargs={**(evaluate.get("gen_kwargs") or {}), **(spec.get("gen_kwargs") or {}),
-                                    **(setting.get("gen_kwargs") or {})},  # fmt: skip
+                        gen_kwargs={
+                            **(evaluate.get("gen_kwargs") or {}),
+                            **(spec.get("gen_kwargs") or {}),
+                            **(setting.get("gen_kwargs") or {}),
+                        },
                         paper_model=str(spec.get("paper_model", spec["name"])),
                     )
                 )
@@ -124,8 +151,9 @@ def load_config(path: str | os.PathLike, limit: Optional[float] = None) -> Compa
         raise ValueError(f"{path}: no cells: give `models` (with `settings`) and `tasks`")
     name = str(raw.get("name") or Path(path).stem)
     output_dir = Path(raw.get("output_dir") or Path("runs") / "compare" / name)
-    return CompareConfig(name=name, output_dir=output_dir, cells=cells, metrics=dict(raw.get("metrics") or {}),
-                         evaluate=evaluate)  # fmt: skip
+    return CompareConfig(
+        name=name, output_dir=output_dir, cells=cells, metrics=dict(raw.get("metrics") or {}), evaluate=evaluate
+    )
 
 
 def _substitute(value: Any, replacements: dict[str, str]) -> Any:
@@ -172,9 +200,13 @@ def run_matrix(config: CompareConfig, force: bool = False) -> list[Path]:
         for cell in cells:
             cache = _request_cache(config, cell, use_cache, force)
             results = simple_evaluate(
-                lm, model_args=cell.model_args, tasks=[cell.task], gen_kwargs=cell.gen_kwargs or None,
-                use_cache=cache, **evaluate,
-            )  # fmt: skip
+                lm,
+                model_args=cell.model_args,
+                tasks=[cell.task],
+                gen_kwargs=cell.gen_kwargs or None,
+                use_cache=cache,
+                **evaluate,
+            )
             if results is not None and _is_main_process():
                 written.append(_save_cell(cells_dir, cell, results, config.metric(cell.task)))
         del lm
@@ -320,22 +352,42 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def _markdown(config: CompareConfig, rows: Sequence[dict]) -> str:
-    header = ["benchmark", "model", "setting", "accuracy (%)", "time (s)", "requests", "NFE / request",
-              "tokens / s", "paper accuracy (%)", "paper time (s)"]  # fmt: skip
+    header = [
+        "benchmark",
+        "model",
+        "setting",
+        "accuracy (%)",
+        "time (s)",
+        "requests",
+        "NFE / request",
+        "tokens / s",
+        "paper accuracy (%)",
+        "paper time (s)",
+    ]
     lines = [
         f"# {config.name}: accuracy against time",
         "",
         "Time: the run's wall-clock seconds (device synchronised; with several processes the slowest one's); the "
-        "paper's time is for the whole benchmark" + (", ours for `limit` requests." if any(r["limit"] for r in rows) else "."),
+        "paper's time is for the whole benchmark"
+        + (", ours for `limit` requests." if any(r["limit"] for r in rows) else "."),
         "Paper: " + json.loads(PAPER_NUMBERS.read_text(encoding="utf-8"))["source"],
         "",
         "| " + " | ".join(header) + " |",
         "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|",
     ]
     for r in rows:
-        cells = [r["benchmark"], r["model"], r["setting"], _fmt(r["accuracy"]), _fmt(r["time_s"]), _fmt(r["requests"]),
-                 _fmt(r["nfe_per_request"]), _fmt(r["tokens_per_s"]), _fmt(r["paper_accuracy"]),
-                 _fmt(r["paper_time_s"])]  # fmt: skip
+        cells = [
+            r["benchmark"],
+            r["model"],
+            r["setting"],
+            _fmt(r["accuracy"]),
+            _fmt(r["time_s"]),
+            _fmt(r["requests"]),
+            _fmt(r["nfe_per_request"]),
+            _fmt(r["tokens_per_s"]),
+            _fmt(r["paper_accuracy"]),
+            _fmt(r["paper_time_s"]),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -354,12 +406,18 @@ def _plot(config: CompareConfig, rows: Sequence[dict]) -> bytes:
         subset = [r for r in rows if r["benchmark"] == benchmark]
         for model in dict.fromkeys(r["model"] for r in subset):
             color = colors.setdefault(model, palette(len(colors) % 10))
-            points = sorted((r for r in subset if r["model"] == model and r["accuracy"] is not None),
-                            key=lambda r: r["time_s"])  # fmt: skip
+            points = sorted(
+                (r for r in subset if r["model"] == model and r["accuracy"] is not None), key=lambda r: r["time_s"]
+            )
             _series(axis, [(r["time_s"], r["accuracy"], r["setting"]) for r in points], color, model, filled=True)
             published = sorted((r for r in points if r["paper_accuracy"] is not None), key=lambda r: r["paper_time_s"])
-            _series(axis, [(r["paper_time_s"], r["paper_accuracy"], r["setting"]) for r in published], color,
-                    f"{model} (paper)", filled=False)  # fmt: skip
+            _series(
+                axis,
+                [(r["paper_time_s"], r["paper_accuracy"], r["setting"]) for r in published],
+                color,
+                f"{model} (paper)",
+                filled=False,
+            )
         axis.set_title(benchmark)
         axis.set_xlabel("time for the benchmark (s)")
         axis.set_ylabel("accuracy (%)")
@@ -395,8 +453,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--config", required=True, help="compare config (YAML), e.g. evaluation/configs/tiny.yaml")
     parser.add_argument("--force", action="store_true", help="re-run finished cells")
     parser.add_argument("--report_only", action="store_true", help="only rebuild the table and plot from saved cells")
-    parser.add_argument("--limit", type=_positive_limit, default=None,
-                        help="override the config's limit (smoke runs): requests per task, or a fraction < 1")
+    parser.add_argument(
+        "--limit",
+        type=_positive_limit,
+        default=None,
+        help="override the config's limit (smoke runs): requests per task, or a fraction < 1",
+    )
     return parser
 
 
@@ -419,8 +481,11 @@ def run(args: argparse.Namespace) -> int:
     check_launch()
     config = load_config(args.config, limit=args.limit)
     if not args.report_only:
-        check_requirements([c.task for c in config.cells], config.evaluate.get("confirm_run_unsafe_code", False),
-                           [c.model_args.get("pretrained") for c in config.cells])  # fmt: skip
+        check_requirements(
+            [c.task for c in config.cells],
+            config.evaluate.get("confirm_run_unsafe_code", False),
+            [c.model_args.get("pretrained") for c in config.cells],
+        )
         run_matrix(config, force=args.force)
     if _is_main_process():
         paths = write_report(config)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
 import yaml
-
 from lm_eval import evaluator as lm_eval_evaluator
 from lm_eval.api.model import LM
 from lm_eval.api.registry import get_model

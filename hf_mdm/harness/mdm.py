@@ -21,11 +21,17 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from transformers import StoppingCriteriaList
 
-from ..generation import (MaskedDiffusionGenerationConfig, check_token_ids, diffusion_generate, logits_shift_of,
-                          resolve_config)  # fmt: skip
+from ..generation import (
+    MaskedDiffusionGenerationConfig,
+    check_token_ids,
+    diffusion_generate,
+    logits_shift_of,
+    resolve_config,
+)
 from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
 from ..likelihood import ELBOEstimator, greedy_matches
+from .model_args import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
 from .sampler_config import (
     RequestConfigs,
     canonical_reference,
@@ -35,7 +41,6 @@ from .sampler_config import (
     resolve_reference,
     sampler_fields,
 )
-from .model_args import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
 from .timed import StopStringCriteria, TimedGeneration
 from .timing import RequestTag, Stopwatch, tag_requests
 
@@ -128,8 +133,9 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         self.mask_token_id = int(self.generation_config.mask_token_id)
         check_token_ids(self.model, self.mask_token_id)
         self._use_pad_token_other_than_mask()
-        self.request_configs = RequestConfigs(self.reference, self.generation_config, overrides, self._stop_ids(),
-                                              self.tokenizer.pad_token_id)  # fmt: skip
+        self.request_configs = RequestConfigs(
+            self.reference, self.generation_config, overrides, self._stop_ids(), self.tokenizer.pad_token_id
+        )
         if self.reference in REFERENCE_ARGS and self._explicit_max_gen_toks is not None:
             self.request_configs(self._explicit_max_gen_toks, {})  # settings that cannot run fail here, not mid-run
         self._generator = torch.Generator(device=self.device).manual_seed(self.seed)
@@ -181,8 +187,11 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
                 f"the tokenizer's pad token {tokenizer.pad_token!r} is the [MASK] token (id {self.mask_token_id}) and "
                 "it has no other EOS token to pad with: give the tokenizer a pad token other than [MASK]"
             )
-        logger.warning("hf_mdm: the tokenizer's pad token is [MASK] (id %d); padding with EOS %r instead",
-                       self.mask_token_id, tokenizer.eos_token)  # fmt: skip
+        logger.warning(
+            "hf_mdm: the tokenizer's pad token is [MASK] (id %d); padding with EOS %r instead",
+            self.mask_token_id,
+            tokenizer.eos_token,
+        )
         tokenizer.pad_token = tokenizer.eos_token
         if self.generation_config.pad_token_id == self.mask_token_id:
             self.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -191,8 +200,11 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         """EOS ids a generation is cut at: the generation config's, the model config's, the tokenizer's (in this
         order: the first is the one LLaDA's ``logits_eos_inf`` uses, the model config's by default)."""
         ids: list[int] = []
-        sources = (self.generation_config.eos_token_id, getattr(self.model.config, "eos_token_id", None),
-                   self.tokenizer.eos_token_id)  # fmt: skip
+        sources = (
+            self.generation_config.eos_token_id,
+            getattr(self.model.config, "eos_token_id", None),
+            self.tokenizer.eos_token_id,
+        )
         for source in sources:
             for token in source if isinstance(source, (list, tuple)) else [source]:
                 if token is not None and int(token) not in ids and int(token) != self.mask_token_id:
@@ -277,7 +289,9 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         """LLaDA's greedy check (`hf_mdm.likelihood.greedy_matches`) with this model's settings."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         with self._autocast():
-            return greedy_matches(self.model, pairs, self.generation_config, self._resolved_batch_size(), pad, self.device)
+            return greedy_matches(
+                self.model, pairs, self.generation_config, self._resolved_batch_size(), pad, self.device
+            )
 
     def loglikelihood(self, requests: Sequence[Any], disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         self._current_tags = tag_requests(requests)
@@ -291,9 +305,11 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         pairs, owners = [], []
         for index, request in enumerate(requests):
             rolling = lm_eval_utils.get_rolling_token_windows(
-                token_list=self.tok_encode(request.args[0]), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1,
-            )  # fmt: skip
+                token_list=self.tok_encode(request.args[0]),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
             for context, continuation in map(lm_eval_utils.make_disjoint_window, rolling):
                 pairs.append((context, continuation))
                 owners.append(index)
@@ -327,8 +343,11 @@ def _former_preset_argument(reference: Any, kwargs: dict[str, Any]) -> Any:
     if "preset" not in kwargs:
         return reference
     preset = kwargs.pop("preset")
-    warnings.warn("the hf_mdm model argument `preset` is now `reference` (same values): use reference=...",
-                  FutureWarning, stacklevel=3)  # fmt: skip
+    warnings.warn(
+        "the hf_mdm model argument `preset` is now `reference` (same values): use reference=...",
+        FutureWarning,
+        stacklevel=3,
+    )
     if reference not in ("auto", None) and canonical_reference(reference) != canonical_reference(preset):
         raise ValueError(f"reference={reference!r} and preset={preset!r} disagree: pass reference=... alone")
     return preset
@@ -355,5 +374,6 @@ def _auto_model_class(config: Any, trust_remote_code: bool) -> type:
         f"pretrained is a {getattr(config, 'model_type', type(config).__name__)!r} checkpoint, "
         + ("an autoregressive LM" if causal else "not a masked LM")
         + ", not a masked diffusion model: --model hf_mdm takes hf_mdm's MDMs, LLaDA and Dream (or masked diffusion "
-        "remote code with trust_remote_code=True)" + ("; time an autoregressive LM with --model hf_timed" if causal else "")
+        "remote code with trust_remote_code=True)"
+        + ("; time an autoregressive LM with --model hf_timed" if causal else "")
     )

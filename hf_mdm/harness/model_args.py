@@ -34,7 +34,9 @@ def check_pretrained(pretrained: Any) -> None:
     check_local_path(pretrained, "pretrained")
 
 
-def check_near_misses(model: str, given: Iterable[str], known: dict[str, Iterable[str]], passed_on: Iterable[str]) -> None:
+def check_near_misses(
+    model: str, given: Iterable[str], known: dict[str, Iterable[str]], passed_on: Iterable[str]
+) -> None:
     """Before anything loads: a ValueError for a given argument that no one takes (not in ``known``, not an argument
     ``passed_on`` to lm-eval's HFLM) and is one letter or so away from a known one (``stepz`` for ``steps``)."""
     every = {arg for names in known.values() for arg in names}

@@ -45,10 +45,14 @@ def _problems(tasks: list[str], confirm_unsafe_code: bool, checkpoints: Iterable
     problems = []
     unsafe = unsafe_tasks(tasks)
     if unsafe and not code_execution_allowed():
-        problems.append(f"tasks {', '.join(unsafe)} run generated code: set {ALLOW_ENV}=1 (it runs in hf_mdm's sandbox)")
+        problems.append(
+            f"tasks {', '.join(unsafe)} run generated code: set {ALLOW_ENV}=1 (it runs in hf_mdm's sandbox)"
+        )
     if unsafe and not confirm_unsafe_code:
-        problems.append(f"tasks {', '.join(unsafe)} need lm-eval's --confirm_run_unsafe_code (in a compare config: "
-                        "`evaluate: {confirm_run_unsafe_code: true}`)")  # fmt: skip
+        problems.append(
+            f"tasks {', '.join(unsafe)} need lm-eval's --confirm_run_unsafe_code (in a compare config: "
+            "`evaluate: {confirm_run_unsafe_code: true}`)"
+        )
     ours = [t for t in tasks if t in task_configs()]
     try:
         local = data_dir()
@@ -56,8 +60,10 @@ def _problems(tasks: list[str], confirm_unsafe_code: bool, checkpoints: Iterable
         problems.append(str(err))
         local = True
     if ours and local is None and _offline():
-        problems.append(f"tasks {', '.join(sorted(set(ours)))} read the Hub, which is offline ({' / '.join(OFFLINE_VARIABLES)}):"
-                        f" set {DATA_DIR_ENV} to a local copy of the benchmarks (see hf_mdm/harness/data.py)")  # fmt: skip
+        problems.append(
+            f"tasks {', '.join(sorted(set(ours)))} read the Hub, which is offline ({' / '.join(OFFLINE_VARIABLES)}):"
+            f" set {DATA_DIR_ENV} to a local copy of the benchmarks (see hf_mdm/harness/data.py)"
+        )
     for checkpoint in checkpoints:
         try:
             check_local_path(checkpoint)
@@ -66,8 +72,9 @@ def _problems(tasks: list[str], confirm_unsafe_code: bool, checkpoints: Iterable
     return problems
 
 
-def check_requirements(tasks: Iterable[str], confirm_unsafe_code: bool = False,
-                       checkpoints: Iterable[Optional[Any]] = ()) -> None:  # fmt: skip
+def check_requirements(
+    tasks: Iterable[str], confirm_unsafe_code: bool = False, checkpoints: Iterable[Optional[Any]] = ()
+) -> None:
     """A ValueError listing every requirement of the run that is not met (see the module docstring)."""
     problems = _problems(list(tasks), bool(confirm_unsafe_code), [c for c in checkpoints if c is not None])
     if problems:

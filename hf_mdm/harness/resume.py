@@ -156,4 +156,3 @@ def atomic_outputs() -> Iterator[None]:
     finally:
         for name, method in saved.items():
             setattr(EvaluationTracker, name, method)
-

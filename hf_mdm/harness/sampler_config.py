@@ -83,7 +83,9 @@ def check_reference_args(reference: str, overrides: dict[str, Any], how: str) ->
     foreign = sorted(set(overrides) - set(REFERENCE_ARGS[reference] + REFERENCE_TOKEN_ARGS))
     if foreign:
         given = ", ".join(f"{name}={overrides[name]!r}" for name in foreign)
-        raise ValueError(foreign_message(reference, foreign, f"model argument(s) {given} with reference={reference} ({how})"))
+        raise ValueError(
+            foreign_message(reference, foreign, f"model argument(s) {given} with reference={reference} ({how})")
+        )
 
 
 def check_no_reference_args(overrides: dict[str, Any], model_type: Optional[str]) -> None:
@@ -101,10 +103,12 @@ def check_no_reference_args(overrides: dict[str, Any], model_type: Optional[str]
 def check_model_args(kwargs: dict[str, Any], **own: Any) -> None:
     """The ``hf_mdm`` model's own arguments (``max_gen_toks``, ``mc_num``, ``greedy_check``, ``seed``): a ValueError
     naming the argument, before anything is loaded."""
-    rules = {"max_gen_toks": (lambda v: v is None or _is_int(v) and v >= 1, "an integer >= 1 (or unset)"),
-             "mc_num": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
-             "greedy_check": (lambda v: isinstance(v, bool), "True or False"),
-             "seed": (lambda v: _is_int(v), "an integer")}  # fmt: skip
+    rules = {
+        "max_gen_toks": (lambda v: v is None or _is_int(v) and v >= 1, "an integer >= 1 (or unset)"),
+        "mc_num": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+        "greedy_check": (lambda v: isinstance(v, bool), "True or False"),
+        "seed": (lambda v: _is_int(v), "an integer"),
+    }
     for name, value in own.items():
         valid, expected = rules[name]
         if not valid(value):
@@ -184,9 +188,14 @@ class RequestConfigs:
         mask_id = values.pop("mask_token_id", self.base.mask_token_id)
         if self.reference == "llada":
             block_length = _positive_int("block_length", values.pop("block_length", max_gen_toks))
-            check_llada_lengths(max_gen_toks, steps, block_length, length_name="max_gen_toks",
-                                length_note=" (the max_gen_toks model argument, else the task's)",
-                                where=" (model argument or --gen_kwargs)")  # fmt: skip
+            check_llada_lengths(
+                max_gen_toks,
+                steps,
+                block_length,
+                length_name="max_gen_toks",
+                length_note=" (the max_gen_toks model argument, else the task's)",
+                where=" (model argument or --gen_kwargs)",
+            )
             return MaskedDiffusionGenerationConfig.llada(
                 gen_length=max_gen_toks, steps=steps, block_length=block_length, mask_id=mask_id, **values, **common
             )
@@ -204,7 +213,9 @@ class RequestConfigs:
             elif self.reference == "llada" and _neutral_top(key, value):
                 continue  # an autoregressive task's top_k / top_p that filters nothing: nothing to apply
             elif key in sampler_fields():
-                raise ValueError(foreign_message(self.reference, [key], f"the request's generation kwarg {key}={value!r}"))
+                raise ValueError(
+                    foreign_message(self.reference, [key], f"the request's generation kwarg {key}={value!r}")
+                )
             else:
                 self._ignore(key, f"is not a setting of reference={self.reference}")
         return {k: v for k, v in values.items() if v is not None}

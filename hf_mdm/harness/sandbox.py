@@ -79,6 +79,7 @@ logger = logging.getLogger(__name__)
 ALLOW_ENV = "HF_ALLOW_CODE_EVAL"
 ISOLATION_ENV = "HF_MDM_SANDBOX_ISOLATION"
 
+
 @dataclass(frozen=True)
 class SandboxLimits:
     """Resource limits of one program run.
@@ -206,8 +207,9 @@ def isolation_layer(requested: Optional[str] = None) -> str:
     if reason is None:
         return "bubblewrap"
     if choice == "bubblewrap":
-        raise RuntimeError(f"{ISOLATION_ENV}=bubblewrap, but the sandbox's operating-system layer is unavailable: "
-                           f"{reason}")  # fmt: skip
+        raise RuntimeError(
+            f"{ISOLATION_ENV}=bubblewrap, but the sandbox's operating-system layer is unavailable: {reason}"
+        )
     sandbox_limits.warn_once(
         "fallback",
         "Generated code runs WITHOUT operating-system isolation (only process limits and a Python-level guard, "
@@ -229,8 +231,10 @@ def isolation_report(requested: Optional[str] = None) -> dict:
     report = {"layer": layer}
     if layer == "bubblewrap":
         bwrap = _probe_bubblewrap()[0]
-        report["isolation"] = ("bubblewrap: no network, own pid namespace, read-only /usr and Python, private /tmp, "
-                               f"uid {sandbox_limits.NOBODY_UID}; with process limits and the guard")  # fmt: skip
+        report["isolation"] = (
+            "bubblewrap: no network, own pid namespace, read-only /usr and Python, private /tmp, "
+            f"uid {sandbox_limits.NOBODY_UID}; with process limits and the guard"
+        )
         report["bwrap"] = bwrap.executable
     else:
         report["isolation"] = "process limits and the Python-level guard only"
@@ -256,8 +260,10 @@ def _probe_bubblewrap() -> tuple[Optional[Bubblewrap], Optional[str]]:
                 probe = _execute(_PROBE, SandboxLimits(timeout_s=60, cpu_time_s=30), True, bwrap)
                 if probe.stdout.strip() != f"{sandbox_limits.NOBODY_UID} {sandbox_limits.NOBODY_UID} []":
                     detail = (probe.stderr.strip() or probe.reason or probe.stdout.strip()).splitlines()
-                    reason = (f"`{bwrap.executable}` is installed but could not run Python in a sandbox "
-                              f"({detail[-1] if detail else probe.status}); {bubblewrap.INSTALL_HINT}")  # fmt: skip
+                    reason = (
+                        f"`{bwrap.executable}` is installed but could not run Python in a sandbox "
+                        f"({detail[-1] if detail else probe.status}); {bubblewrap.INSTALL_HINT}"
+                    )
                     bwrap = None
             _probed[:] = [bwrap, reason or None]
         return _probed[0], _probed[1]
@@ -281,9 +287,13 @@ def _execute(program: str, limits: SandboxLimits, guard: bool, bwrap: Optional[B
 
 
 def _run(
-    program: str, limits: SandboxLimits, guard: bool, workdir: Optional[Path], io_dir: Path,
+    program: str,
+    limits: SandboxLimits,
+    guard: bool,
+    workdir: Optional[Path],
+    io_dir: Path,
     bwrap: Optional[Bubblewrap],
-) -> ExecutionResult:  # fmt: skip
+) -> ExecutionResult:
     root = os.geteuid() == 0
     if bwrap is None:
         user = sandbox_limits.unprivileged_user()
@@ -312,8 +322,11 @@ def _run(
     home = bubblewrap.WORKDIR if bwrap is not None else str(workdir)
     env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
     if bwrap is not None:
-        argv = bwrap.command([bwrap.interpreter, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)], env,
-                             limits.max_disk_bytes)  # fmt: skip
+        argv = bwrap.command(
+            [bwrap.interpreter, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)],
+            env,
+            limits.max_disk_bytes,
+        )
         extra = {"cwd": "/", "env": {"PATH": os.defpath}}
     else:
         argv = [sys.executable, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)]
@@ -324,9 +337,15 @@ def _run(
     start = time.perf_counter()
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         process = subprocess.Popen(
-            argv, stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True, close_fds=True, umask=0o077,
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            close_fds=True,
+            umask=0o077,
             **extra,
-        )  # fmt: skip
+        )
         try:
             if cgroup is not None:
                 cgroup.add(process.pid)  # before the program is sent: nothing it starts escapes the limit

@@ -143,8 +143,10 @@ class TimedGeneration:
             generation = self._generate_batch(input_ids, attention_mask, until, max_gen_toks, kwargs)
             rows = generation["tokens"].tolist()
             texts = [self._postprocess(self.tok_decode(self._after_thinking(row)), until) for row in rows]
-            output_tokens = [tokens_until_stop(self.tokenizer, row[:n], until)
-                             for row, n in zip(rows, generation["generated_tokens"])]  # fmt: skip
+            output_tokens = [
+                tokens_until_stop(self.tokenizer, row[:n], until)
+                for row, n in zip(rows, generation["generated_tokens"])
+            ]
         self.timing.add_batch(
             tags,
             batch_time_s=watch.seconds,
@@ -181,9 +183,13 @@ class TimedGeneration:
 
     @abc.abstractmethod
     def _generate_batch(
-        self, input_ids: torch.LongTensor, attention_mask: torch.Tensor, until: list[str], max_gen_toks: int,
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.Tensor,
+        until: list[str],
+        max_gen_toks: int,
         kwargs: dict,
-    ) -> dict[str, Any]:  # fmt: skip
+    ) -> dict[str, Any]:
         """Generate for one left-padded batch. Returns ``tokens`` (B, T) after the prompt, ``generate_s`` (the
         model's own generation seconds), ``nfe`` (forward passes of the batch), per-row ``generated_tokens`` and
         optionally ``forward_tokens`` (positions the forwards computed, rows x span summed)."""
@@ -211,7 +217,9 @@ class TimedHFLM(TimedGeneration, HFLM):
 
     def __init__(self, *args: Any, max_gen_toks: Optional[int] = None, **kwargs: Any):
         check_pretrained(kwargs.get("pretrained", args[0] if args else None))
-        with explain_model_arguments("hf_timed", kwargs, {"hf_timed's": ["max_gen_toks"], "lm-eval HFLM's": hflm_arguments()}):
+        with explain_model_arguments(
+            "hf_timed", kwargs, {"hf_timed's": ["max_gen_toks"], "lm-eval HFLM's": hflm_arguments()}
+        ):
             super().__init__(*args, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
         self._init_timing()

@@ -27,23 +27,32 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ..timer import Stopwatch, synchronize
 
-__all__ = ["RequestTiming", "TimingRecorder", "RequestTag", "summarize", "attach_timing", "synchronize", "Stopwatch",
-           "SUMMARY_FIELDS", "REQUEST_FIELDS"]  # fmt: skip
+__all__ = [
+    "RequestTiming",
+    "TimingRecorder",
+    "RequestTag",
+    "summarize",
+    "attach_timing",
+    "synchronize",
+    "Stopwatch",
+    "SUMMARY_FIELDS",
+    "REQUEST_FIELDS",
+]
 
 TABLE_FIELDS = ("wall_s", "generate_s", "nfe", "nfe_per_request", "generated_tokens", "tokens_per_s", "requests")
 SUMMARY_FIELDS = {
     "requests": "requests evaluated (lm-eval's padding copies, which balance the processes, excluded)",
     "wall_s": "the run's wall-clock seconds: the slowest process's seconds (= summed_s with one process)",
     "rank_s": "each process's seconds, by rank: the sum of its batches' wall-clock, device synchronised at both "
-              "ends of every batch (padding copies included: the process spent that time)",
+    "ends of every batch (padding copies included: the process spent that time)",
     "summed_s": "the requests' seconds summed over processes (the compute time of the requests)",
     "generate_s": "model seconds (the generate() call alone) summed over requests and processes",
     "nfe": "per-request NFE summed over requests",
     "nfe_per_request": "mean per-request NFE: the sequential forward passes a request took part in (see the "
-                       "request fields); does not depend on the batch size",
+    "request fields); does not depend on the batch size",
     "forward_rows": "rows x forward passes summed over batches: the sequences the network computed",
     "forward_tokens": "positions the network computed, summed (rows x input length of every forward pass; with a "
-                      "KV cache a forward covers only its span, so fewer than forward_rows x the canvas length)",
+    "KV cache a forward covers only its span, so fewer than forward_rows x the canvas length)",
     "generated_tokens": "tokens the model generated, prompt excluded, summed over requests",
     "output_tokens": "tokens of the answers returned to lm-eval (up to the first stop string), summed",
     "tokens_per_s": "generated_tokens / wall_s: the run's throughput",
@@ -57,8 +66,8 @@ REQUEST_FIELDS = {
     "batch_time_s": "wall-clock of the request's batch, device synchronised",
     "generate_s": "the request's share of the batch's model seconds",
     "nfe": "sequential forward passes of the request's batch, every row in each (classifier-free guidance counts "
-           "two; rows that finished early skip the batch's later blocks); for loglikelihood requests the masked "
-           "copies scored (mc_num)",
+    "two; rows that finished early skip the batch's later blocks); for loglikelihood requests the masked "
+    "copies scored (mc_num)",
     "batch_forward_rows": "rows x forward passes of the request's batch",
     "forward_tokens": "the request's share of the positions its batch's forward passes computed",
     "batch_size": "requests in the batch",
@@ -178,8 +187,22 @@ class TimingRecorder:
     def add_request(self, tag: RequestTag, time_s: float, generate_s: float, nfe: float) -> None:
         """Record one scored request (loglikelihood): no generated tokens."""
         self.records.append(
-            RequestTiming(tag.task, tag.doc_id, tag.request_type, tag.repeat, tag.padding, self.rank, 1,
-                          time_s, time_s, generate_s, nfe, 0, 0, batch_forward_rows=nfe)  # fmt: skip
+            RequestTiming(
+                tag.task,
+                tag.doc_id,
+                tag.request_type,
+                tag.repeat,
+                tag.padding,
+                self.rank,
+                1,
+                time_s,
+                time_s,
+                generate_s,
+                nfe,
+                0,
+                0,
+                batch_forward_rows=nfe,
+            )
         )
 
     def restore(self, tag: RequestTag, stored: dict[str, Any]) -> None:
@@ -188,8 +211,17 @@ class TimingRecorder:
         fields = ("batch_size", "time_s", "batch_time_s", "generate_s", "nfe", "generated_tokens", "output_tokens")
         measured = {name: stored[name] for name in ("forward_tokens", "batch_forward_rows") if name in stored}
         self.records.append(
-            RequestTiming(tag.task, tag.doc_id, tag.request_type, tag.repeat, tag.padding, self.rank,
-                          **{name: stored[name] for name in fields}, **measured, from_cache=True)  # fmt: skip
+            RequestTiming(
+                tag.task,
+                tag.doc_id,
+                tag.request_type,
+                tag.repeat,
+                tag.padding,
+                self.rank,
+                **{name: stored[name] for name in fields},
+                **measured,
+                from_cache=True,
+            )
         )
 
     def clear(self) -> None:

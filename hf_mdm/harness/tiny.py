@@ -30,8 +30,14 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-TINY_SIZES = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
-              "max_position_embeddings": 4096, "initializer_range": 0.3}  # fmt: skip
+TINY_SIZES = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.3,
+}
 _VERSION = 2  # bump when the checkpoints change
 
 
@@ -69,11 +75,27 @@ def build_tiny_models(directory: Union[str, os.PathLike], seed: int = 0) -> dict
     ids = {name: tokenizer.convert_tokens_to_ids(token) for name, token in (("eos", EOS), ("pad", PAD), ("mask", MASK))}
     vocab_size = len(tokenizer)
     torch.manual_seed(seed)
-    mdm = MDMForMaskedDiffusion(MDMConfig(vocab_size=vocab_size, mask_token_id=ids["mask"], eos_token_id=ids["eos"],
-                                          bos_token_id=ids["eos"], pad_token_id=ids["pad"], **TINY_SIZES))  # fmt: skip
+    mdm = MDMForMaskedDiffusion(
+        MDMConfig(
+            vocab_size=vocab_size,
+            mask_token_id=ids["mask"],
+            eos_token_id=ids["eos"],
+            bos_token_id=ids["eos"],
+            pad_token_id=ids["pad"],
+            **TINY_SIZES,
+        )
+    )
     torch.manual_seed(seed)
-    llama = LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, eos_token_id=ids["eos"], bos_token_id=ids["eos"],
-                                         pad_token_id=ids["pad"], tie_word_embeddings=False, **TINY_SIZES))  # fmt: skip
+    llama = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=vocab_size,
+            eos_token_id=ids["eos"],
+            bos_token_id=ids["eos"],
+            pad_token_id=ids["pad"],
+            tie_word_embeddings=False,
+            **TINY_SIZES,
+        )
+    )
     for name, model in (("mdm", mdm), ("llama", llama)):
         _speak_text(model, tokenizer)
         _save_atomically(model, tokenizer, paths[name])

@@ -27,7 +27,6 @@ from .hmm import HMMLanguage
 from .ngram import ChainLanguage, NGramLanguage
 from .oracle import IMPOSSIBLE_LOGIT, OracleConfig, OracleDenoiser, OracleOutput
 
-
 __all__ = [
     "ChainLanguage",
     "DEFAULT_CONCENTRATION",

@@ -19,7 +19,6 @@ from typing import Any, ClassVar, Dict, NamedTuple, Optional, Type, Union
 import torch
 from safetensors.torch import load_file, save_file
 
-
 LANGUAGE_CONFIG_NAME = "language_config.json"
 LANGUAGE_WEIGHTS_NAME = "language.safetensors"
 FORMAT_VERSION = 1

@@ -19,7 +19,6 @@ from .base import SyntheticLanguage
 from .hmm import HMMLanguage
 from .ngram import ChainLanguage, NGramLanguage
 
-
 #: The kinds ``build_language`` knows, in the order error messages list them.
 LANGUAGE_KINDS = ("ngram", "hmm", "chain")
 #: The parameters each kind cannot do without.

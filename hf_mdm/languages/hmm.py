@@ -17,7 +17,6 @@ from .base import (
 )
 from .inference import HiddenChain, forward_backward, forward_log_evidence
 
-
 #: ``expected_nll`` enumerates every sequence when there are at most this many, and estimates otherwise.
 MAX_ENUMERATED_SEQUENCES = 1 << 16
 

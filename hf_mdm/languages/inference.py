@@ -21,7 +21,6 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-
 #: Rows of a forward-backward batch are processed in chunks so that the evidence and the stored messages, of
 #: ``rows * (length * evidence_size + 2 * kept positions * states)`` float64 numbers, stay below this many
 #: elements (256 MiB).
@@ -351,7 +350,9 @@ class MarkovBridge:
                 bag=None,
                 normaliser=None,
             )
-        right = torch.where(rows.is_visible.view(1, -1, 1), rows.one_hot, rows.right)  # visible: left + one-hot - evidence
+        right = torch.where(
+            rows.is_visible.view(1, -1, 1), rows.one_hot, rows.right
+        )  # visible: left + one-hot - evidence
         bag = torch.cat(
             [
                 F.pad(rows.left.reshape(-1, vocab), (0, num_columns - vocab), value=float("-inf")),
@@ -373,9 +374,7 @@ def _lookup(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return table.index_select(0, index.reshape(-1)).view(index.shape)
 
 
-def _log_matrix_powers(
-    initial: torch.Tensor, transition: torch.Tensor, max_distance: int
-) -> Tuple[torch.Tensor, bool]:
+def _log_matrix_powers(initial: torch.Tensor, transition: torch.Tensor, max_distance: int) -> Tuple[torch.Tensor, bool]:
     """``log P_ext^d`` for ``d = 1 .. D`` as a ``(D, V+1, V+1)`` float64 tensor, where ``P_ext`` is ``transition``
     extended with a BOS state whose row is ``initial``. ``D = max_distance`` unless the powers converge earlier
     (then ``P_ext^d = P_ext^D`` for all ``d >= D`` to ``MarkovBridge.CONVERGENCE_RTOL``). Returns
@@ -445,13 +444,16 @@ def _row_pieces(log_powers: torch.Tensor, vocab: int) -> _RowPieces:
     return _RowPieces(d, a, e, b, is_visible, is_eos, left, right, one_hot)
 
 
-def _joint_table(rows: _RowPieces, pair: torch.Tensor, cap: int, width: int, vocab: int, num_columns: int,
-                 floor: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+def _joint_table(
+    rows: _RowPieces, pair: torch.Tensor, cap: int, width: int, vocab: int, num_columns: int, floor: Optional[float]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The joint table (sets, num_left, num_right, num_columns) of every (left, right) key, and its evidence."""
     neg_inf = float("-inf")
     num_right = rows.right.shape[1]
     total = (rows.d.view(-1, 1) + rows.e.view(1, -1)).clamp(max=cap)  # (num_left, num_right)
-    pair_index = ((total - 1) * width + rows.a.view(-1, 1)) * width + torch.where(rows.is_eos, vocab, rows.b).view(1, -1)
+    pair_index = ((total - 1) * width + rows.a.view(-1, 1)) * width + torch.where(rows.is_eos, vocab, rows.b).view(
+        1, -1
+    )
     log_norm = pair[:, pair_index]  # (sets, num_left, num_right)
     masked = rows.left.unsqueeze(2) + rows.right.unsqueeze(1) - log_norm.unsqueeze(-1)
     joint = torch.where(rows.is_visible.view(1, 1, -1, 1), rows.one_hot.view(1, 1, num_right, vocab), masked)

@@ -66,7 +66,7 @@ class NGramLanguage(SyntheticLanguage):
             table = torch.as_tensor(table, dtype=torch.float64).cpu().contiguous()
             if table.shape != (vocab**k, vocab):
                 raise ValueError(
-                    f"transitions[{k - 1}] must have shape ({vocab ** k}, {vocab}), got {tuple(table.shape)}."
+                    f"transitions[{k - 1}] must have shape ({vocab**k}, {vocab}), got {tuple(table.shape)}."
                 )
             self.transitions.append(table)
         for name, rows in self.tensors().items():

@@ -13,7 +13,6 @@ from torch import nn
 from .base import DEFAULT_SMOOTHING, SyntheticLanguage, _check_positions
 from .inference import select_positions
 
-
 #: Logit of a token with posterior probability 0. Finite, so that guidance arithmetic (``u + s (c - u)``) and
 #: entropies (``p log p``) stay free of NaN; ``exp`` of it is exactly 0 in float16/32/64.
 IMPOSSIBLE_LOGIT = -1e4
@@ -82,8 +81,8 @@ class OracleDenoiser(nn.Module):
     for n >= 3 n-grams.
     """
 
-
     supports_per_row_logits_to_keep = True  # logits_to_keep may be (B, K) positions per row
+
     def __init__(
         self,
         language: SyntheticLanguage,

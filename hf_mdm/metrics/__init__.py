@@ -18,7 +18,6 @@ from pathlib import Path
 from .ser.ser import SequenceErrorRate
 from .ter.ter import TokenErrorRate
 
-
 #: The folder holding the `ter` and `ser` metric scripts, for `evaluate.load(str(METRICS_DIR / "ter"))`.
 METRICS_DIR = Path(__file__).resolve().parent
 

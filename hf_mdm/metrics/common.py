@@ -14,7 +14,6 @@ import torch
 
 from hf_mdm.languages import PAPER_CITATION, SyntheticLanguage, load_language
 
-
 CITATION = PAPER_CITATION
 
 

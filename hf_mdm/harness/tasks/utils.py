@@ -21,8 +21,11 @@ from ..sandbox import require_code_execution
 # lm-eval's gsm8k task: its strict and flexible answer patterns and its exact_match settings.
 GSM8K_STRICT = RegexFilter(regex_pattern=r"#### (\-?[0-9\.\,]+)", group_select=0)
 GSM8K_FLEXIBLE = RegexFilter(regex_pattern=r"(-?[$0-9.,]{2,})|(-?[0-9]+)", group_select=-1)
-GSM8K_EXACT_MATCH = {"regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"], "ignore_case": True,
-                     "ignore_punctuation": False}  # fmt: skip
+GSM8K_EXACT_MATCH = {
+    "regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"],
+    "ignore_case": True,
+    "ignore_punctuation": False,
+}
 GSM8K_FEWSHOT_POOL = 32  # enough for any --num_fewshot up to 32
 MBPP_FEWSHOT_TASK_IDS = (2, 3, 4)  # the prompt problems of Austin et al. (2021), as in lm-eval's mbpp
 
