@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export TORCH_SPEC
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce venv bench clean sandbox test-newest test-lowest lock lint
+.PHONY: test reproduce venv bench clean system-deps test-newest test-lowest lock lint
 
 venv: $(STAMP)
 
@@ -20,19 +20,22 @@ $(STAMP): pyproject.toml $(LOCK) tools/envs.py
 	$(PYTHON) tools/envs.py create $(VENV) --versions locked
 	touch $(STAMP)
 
-# bubblewrap: the sandbox's operating-system layer for generated code (hf_mdm/harness/bubblewrap.py). Installed with
-# apt-get where that works (root on Debian/Ubuntu), so that the tests exercise it; elsewhere a note, and the tests
-# that need it are skipped with the reason.
-sandbox:
-	@command -v bwrap >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    (apt-get update -qq && apt-get install -y -qq bubblewrap) >/dev/null 2>&1 \
-	      || echo "note: could not install bubblewrap with apt-get; generated code runs without OS isolation and its tests are skipped"; \
-	  else \
-	    echo "note: bubblewrap (bwrap) is not installed and this is not a root Debian machine: install it (apt-get/dnf install bubblewrap) for the sandbox's OS isolation; its tests are skipped"; \
-	  fi; }
+# System set-up, kept out of `make test` (a test command does not change the machine): installs bubblewrap, the
+# sandbox's operating-system layer for generated code (hf_mdm/harness/bubblewrap.py), with apt-get or dnf when run as
+# root, and otherwise says what to run. .ci/run calls it before `make test`. Without bubblewrap the sandbox refuses to
+# run generated code unless HF_MDM_ALLOW_UNISOLATED_EXECUTION=1, and the tests that need it are skipped with the reason.
+system-deps:
+	@if command -v bwrap >/dev/null 2>&1; then echo "bubblewrap is installed: $$(command -v bwrap)"; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  apt-get update -qq && apt-get install -y -qq bubblewrap; \
+	elif [ "$$(id -u)" = 0 ] && command -v dnf >/dev/null 2>&1; then \
+	  dnf install -y bubblewrap; \
+	else \
+	  echo "bubblewrap (bwrap) is missing: run 'sudo apt-get install bubblewrap' (Debian/Ubuntu) or 'sudo dnf install bubblewrap' (Fedora)"; \
+	  exit 1; \
+	fi
 
-test: $(STAMP) sandbox lint
+test: $(STAMP) lint
 	$(OFFLINE) $(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
 # The formatter and the linter (configured in pyproject.toml), run by `make test`.
@@ -44,12 +47,12 @@ reproduce: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce
 
 # The suite on the newest releases the ranges admit, and on the lower bounds of the ranges (fresh environments).
-test-newest: sandbox
+test-newest:
 	$(PYTHON) tools/envs.py create .venv-newest --versions newest --fresh
 	$(OFFLINE) .venv-newest/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
 	@$(PYTHON) tools/envs.py versions .venv-newest
 
-test-lowest: sandbox
+test-lowest:
 	$(PYTHON) tools/envs.py create .venv-lowest --versions lowest --fresh
 	$(OFFLINE) .venv-lowest/bin/python -m pytest -n 2 -q $(PYTEST_ARGS)
 	@$(PYTHON) tools/envs.py versions .venv-lowest

@@ -14,3 +14,17 @@ torch.set_num_threads(1)
 def seed() -> int:
     torch.manual_seed(0)
     return 0
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say once which layer the sandbox's tests ran generated code with (bubblewrap, or why not)."""
+    from hf_mdm.harness.sandbox import bubblewrap_unavailable
+
+    reason = bubblewrap_unavailable()
+    if reason is None:
+        terminalreporter.write_line("sandbox: generated code ran under bubblewrap (the operating-system layer)")
+    else:
+        terminalreporter.write_line(
+            f"sandbox: bubblewrap unavailable, its tests were skipped and the rest used the explicit opt-in to "
+            f"unisolated execution: {reason} (make system-deps installs it)"
+        )
