@@ -42,6 +42,7 @@ signal, a limit or the timeout fail it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -55,19 +56,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
-from . import bubblewrap, sandbox_guard, sandbox_limits
+from . import bubblewrap, plain_data, sandbox_guard, sandbox_limits, verdict
 from .bubblewrap import Bubblewrap
+from .verdict import SplitProgram
 
 __all__ = [
     "ALLOW_ENV",
     "ISOLATION_ENV",
+    "UNISOLATED_ENV",
+    "SplitProgram",
     "SandboxLimits",
     "ExecutionResult",
     "code_execution_allowed",
     "require_code_execution",
     "isolation_layer",
+    "unisolated_execution_allowed",
     "isolation_report",
     "bubblewrap_unavailable",
     "run_program",
@@ -78,6 +83,8 @@ logger = logging.getLogger(__name__)
 
 ALLOW_ENV = "HF_ALLOW_CODE_EVAL"
 ISOLATION_ENV = "HF_MDM_SANDBOX_ISOLATION"
+UNISOLATED_ENV = "HF_MDM_ALLOW_UNISOLATED_EXECUTION"
+Program = Union[str, SplitProgram]
 
 
 @dataclass(frozen=True)
@@ -121,7 +128,10 @@ class SandboxLimits:
 @dataclass(frozen=True)
 class ExecutionResult:
     """Outcome of one program: ``status`` is ``"passed"``, ``"failed"`` or ``"timeout"``; ``reason`` says why;
-    ``layer`` is the isolation it ran under (``"bubblewrap"`` or ``"process"``, see the module docstring)."""
+    ``layer`` is the isolation it ran under (``"bubblewrap"`` or ``"process"``, see the module docstring);
+    ``verdict`` who decided: ``"trusted"`` (the test ran in this process against the sandboxed program,
+    `hf_mdm.harness.verdict`) or ``"program"`` (program and test ran together in the sandbox, and its exit status
+    decided); ``note`` why a benchmark's test ran with the program (set by `hf_mdm.harness.code_eval`)."""
 
     status: str
     reason: str
@@ -130,6 +140,8 @@ class ExecutionResult:
     stderr: str
     elapsed_s: float
     layer: str = "process"
+    verdict: str = "program"
+    note: str = ""
 
     @property
     def passed(self) -> bool:
@@ -154,67 +166,88 @@ def require_code_execution() -> None:
         )
 
 
+def unisolated_execution_allowed(allow: Optional[bool] = None) -> bool:
+    """Whether the user opted in to running generated code without the operating-system layer: ``allow`` when given,
+    else ``HF_MDM_ALLOW_UNISOLATED_EXECUTION=1``."""
+    return allow if allow is not None else os.environ.get(UNISOLATED_ENV, "") == "1"
+
+
 def run_program(
-    program: str, limits: SandboxLimits = SandboxLimits(), *, guard: bool = True, isolation: Optional[str] = None
+    program: Program,
+    limits: SandboxLimits = SandboxLimits(),
+    *,
+    guard: bool = True,
+    isolation: Optional[str] = None,
+    allow_unisolated_execution: Optional[bool] = None,
 ) -> ExecutionResult:
-    """Run one Python program in the sandbox and report whether it ran to its end.
+    """Run one Python program in the sandbox and report whether it passed.
 
     Args:
-        program: Python source (for benchmarks: the solution followed by its tests).
+        program: Python source that passes when it runs to its end (program and test together, ``verdict="program"``),
+            or a `SplitProgram`: the program runs in the sandbox, its test here (``verdict="trusted"``).
         limits: resource limits.
         guard: install the guard of disabled functions (always on for benchmarks; off only to test that the
             operating-system layer and limits hold by themselves).
-        isolation: ``"auto"`` (bubblewrap where it works, else the process layer with a warning),
-            ``"bubblewrap"`` (an error where it does not work) or ``"process"``; default ``HF_MDM_SANDBOX_ISOLATION``
-            or ``"auto"``.
+        isolation: ``"auto"`` (bubblewrap where it works, else a refusal), ``"bubblewrap"`` or ``"process"`` (the
+            process layer alone); default ``HF_MDM_SANDBOX_ISOLATION`` or ``"auto"``.
+        allow_unisolated_execution: opt in to the process layer alone where bubblewrap is unavailable (or with
+            ``isolation="process"``); default ``HF_MDM_ALLOW_UNISOLATED_EXECUTION=1``.
     """
     require_code_execution()
-    return _execute(program, limits, guard, _bubblewrap_for(isolation_layer(isolation)))
+    bwrap = _bubblewrap_for(isolation_layer(isolation, allow_unisolated_execution))
+    return _execute(program, limits, guard, bwrap)
 
 
 def run_programs(
-    programs: Sequence[str],
+    programs: Sequence[Program],
     limits: SandboxLimits = SandboxLimits(),
     max_workers: Optional[int] = None,
     *,
     isolation: Optional[str] = None,
+    allow_unisolated_execution: Optional[bool] = None,
 ) -> list[ExecutionResult]:
-    """Run programs concurrently (each in its own sandboxed process), results in input order.
+    """Run programs concurrently (each in its own sandboxed process), results in input order (see `run_program`).
 
     ``max_workers`` defaults to ``HF_MDM_SANDBOX_WORKERS`` or the number of CPUs (at most 8).
     """
     require_code_execution()
     if not programs:
         return []
-    bwrap = _bubblewrap_for(isolation_layer(isolation))
+    bwrap = _bubblewrap_for(isolation_layer(isolation, allow_unisolated_execution))
     if max_workers is None:
         max_workers = int(os.environ.get("HF_MDM_SANDBOX_WORKERS", 0)) or min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(programs)))) as pool:
         return list(pool.map(lambda p: _execute(p, limits, True, bwrap), programs))
 
 
-def isolation_layer(requested: Optional[str] = None) -> str:
+def isolation_layer(requested: Optional[str] = None, allow_unisolated_execution: Optional[bool] = None) -> str:
     """The layer programs run under here: ``"bubblewrap"`` or ``"process"`` (see the module docstring).
 
-    ``requested`` (default ``HF_MDM_SANDBOX_ISOLATION``, else ``"auto"``): ``"auto"`` falls back to ``"process"``
-    with a warning (once) where bubblewrap does not work; ``"bubblewrap"`` raises a RuntimeError there."""
+    ``requested`` (default ``HF_MDM_SANDBOX_ISOLATION``, else ``"auto"``): ``"auto"`` and ``"bubblewrap"`` raise a
+    RuntimeError naming what is missing where bubblewrap does not work, unless ``"auto"`` comes with the opt-in
+    (`unisolated_execution_allowed`), which falls back to ``"process"`` with a warning; ``"process"`` needs it too."""
     choice = (requested or os.environ.get(ISOLATION_ENV) or "auto").strip().lower()
     if choice not in ("auto", "bubblewrap", "process"):
         raise ValueError(f"{ISOLATION_ENV}={choice!r}: use auto, bubblewrap or process")
-    if choice == "process":
-        return "process"
-    reason = bubblewrap_unavailable()
-    if reason is None:
+    allowed = unisolated_execution_allowed(allow_unisolated_execution)
+    reason = None if choice == "process" else bubblewrap_unavailable()
+    if choice != "process" and reason is None:
         return "bubblewrap"
-    if choice == "bubblewrap":
+    if choice == "bubblewrap" or not allowed:
+        what = "the process layer alone was requested" if choice == "process" else reason
         raise RuntimeError(
-            f"{ISOLATION_ENV}=bubblewrap, but the sandbox's operating-system layer is unavailable: {reason}"
+            "Refusing to run generated code without operating-system isolation: "
+            f"{what}. Install bubblewrap (`make system-deps`), or opt in to unisolated execution with "
+            f"{UNISOLATED_ENV}=1 (allow_unisolated_execution=True in Python) if you accept that the program can "
+            "read what the user it runs as can read and use the network."
         )
     sandbox_limits.warn_once(
         "fallback",
-        "Generated code runs WITHOUT operating-system isolation (only process limits and a Python-level guard, "
-        "which a hostile program can get around: it can read your files and the environment of this process): "
-        f"{reason}. Set {ISOLATION_ENV}=bubblewrap to make this an error.",
+        f"Generated code runs WITHOUT operating-system isolation ({UNISOLATED_ENV}=1): process limits and a "
+        "Python-level guard are a convenience, not a boundary; a hostile program can undo the guard, read anything "
+        "its (unprivileged) user can read, reach the network and local services, and leave files in shared places"
+        + (f" ({reason})" if reason else "")
+        + ".",
     )
     return "process"
 
@@ -225,9 +258,10 @@ def bubblewrap_unavailable() -> Optional[str]:
     return _probe_bubblewrap()[1]
 
 
-def isolation_report(requested: Optional[str] = None) -> dict:
-    """What the results JSON says about the sandbox: the layer, what it isolates, and why not where it fell back."""
-    layer = isolation_layer(requested)
+def isolation_report(requested: Optional[str] = None, allow_unisolated_execution: Optional[bool] = None) -> dict:
+    """What the results JSON says about the sandbox: the layer, what it isolates, and why not where it fell back.
+    (Per program, the samples log says the layer and who decided the verdict: `ExecutionResult`.)"""
+    layer = isolation_layer(requested, allow_unisolated_execution)
     report = {"layer": layer}
     if layer == "bubblewrap":
         bwrap = _probe_bubblewrap()[0]
@@ -237,7 +271,10 @@ def isolation_report(requested: Optional[str] = None) -> dict:
         )
         report["bwrap"] = bwrap.executable
     else:
-        report["isolation"] = "process limits and the Python-level guard only"
+        report["isolation"] = (
+            f"process limits and the Python-level guard only (opted in with {UNISOLATED_ENV}=1): a convenience, "
+            "not a boundary"
+        )
         reason = bubblewrap_unavailable()
         if reason:
             report["why_not_bubblewrap"] = reason
@@ -273,7 +310,7 @@ def _bubblewrap_for(layer: str) -> Optional[Bubblewrap]:
     return _probe_bubblewrap()[0] if layer == "bubblewrap" else None
 
 
-def _execute(program: str, limits: SandboxLimits, guard: bool, bwrap: Optional[Bubblewrap]) -> ExecutionResult:
+def _execute(program: Program, limits: SandboxLimits, guard: bool, bwrap: Optional[Bubblewrap]) -> ExecutionResult:
     """One program under ``bwrap`` (its working directory a private tmpfs) or the process layer alone (an empty
     temporary directory, removed afterwards)."""
     with tempfile.TemporaryDirectory(prefix="hf_mdm_sandbox_io_") as io_dir:
@@ -286,30 +323,27 @@ def _execute(program: str, limits: SandboxLimits, guard: bool, bwrap: Optional[B
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(
-    program: str,
-    limits: SandboxLimits,
-    guard: bool,
-    workdir: Optional[Path],
-    io_dir: Path,
-    bwrap: Optional[Bubblewrap],
-) -> ExecutionResult:
-    root = os.geteuid() == 0
-    if bwrap is None:
-        user = sandbox_limits.unprivileged_user()
-        if user is not None:
-            os.chown(workdir, user, user)
-    else:
-        user = sandbox_limits.NOBODY_UID if bwrap.as_root else None
-    # Under bubblewrap the program never runs as root and its pid namespace ends with it, so RLIMIT_NPROC suffices
-    # (moving a process into a cgroup v1 costs ~25 ms of waiting; bwrap forks at once, so it would have to be
-    # moved before it starts).
-    cgroup = sandbox_limits.PidsCgroup.create(limits.max_processes) if root and bwrap is None else None
-    if root and user is None and cgroup is None:
-        sandbox_limits.warn_unlimited_processes()
+def _process_layer_interpreter() -> tuple[str, Optional[int]]:
+    """The Python and the uid that run programs under the process layer alone: as root, an interpreter that the user
+    ``nobody`` can run, and that user; a RuntimeError when there is none (generated code never runs as root)."""
+    if os.geteuid() != 0:
+        return sys.executable, None
+    found = sandbox_limits.unprivileged_interpreter()
+    if found is None:
+        raise RuntimeError(
+            "Refusing to run generated code as root: no Python interpreter here can be run by the unprivileged user "
+            f"'nobody' (uid {sandbox_limits.NOBODY_UID}); tried {', '.join(sandbox_limits.interpreter_candidates())}. "
+            "Install bubblewrap (`make system-deps`), install a system Python (e.g. `apt-get install python3`), "
+            "or run as an unprivileged user."
+        )
+    return found, sandbox_limits.NOBODY_UID
+
+
+def _settings(limits: SandboxLimits, guard: bool, bwrap: Optional[Bubblewrap], user: Optional[int], serve) -> dict:
+    """What the bootstrap in the child needs (`hf_mdm.harness.sandbox_guard.BOOTSTRAP`)."""
     count_inside = bwrap is not None and not bwrap.as_root and sandbox_limits.user_namespace_counts_own_tasks()
     tasks_now = None if count_inside else sandbox_limits.tasks_of_user(user if user is not None else os.getuid())
-    settings = {
+    return {
         "rlimits": sandbox_limits.rlimits(limits, tasks_now),
         "drop_to": sandbox_limits.NOBODY_UID if bwrap is not None and bwrap.as_root else None,
         "nproc_inside": limits.max_processes if count_inside else None,
@@ -318,23 +352,47 @@ def _run(
         "disabled_shutil": sandbox_guard.DISABLED_SHUTIL,
         "disabled_subprocess": sandbox_guard.DISABLED_SUBPROCESS,
         "blocked_modules": sandbox_guard.BLOCKED_MODULES,
+        "serve": None if serve is None else plain_data.SOURCE + verdict.WORKER,
+        "reply_fd": serve,
+        "max_depth": plain_data.MAX_DEPTH,
     }
+
+
+def _run(
+    program: Program,
+    limits: SandboxLimits,
+    guard: bool,
+    workdir: Optional[Path],
+    io_dir: Path,
+    bwrap: Optional[Bubblewrap],
+) -> ExecutionResult:
+    root = os.geteuid() == 0
+    if bwrap is None:
+        interpreter, user = _process_layer_interpreter()
+        if user is not None:
+            os.chown(workdir, user, user)
+    else:
+        interpreter, user = bwrap.interpreter, (sandbox_limits.NOBODY_UID if bwrap.as_root else None)
+    # Under bubblewrap the program never runs as root and its pid namespace ends with it, so RLIMIT_NPROC suffices
+    # (moving a process into a cgroup v1 costs ~25 ms of waiting; bwrap forks at once, so it would have to be
+    # moved before it starts).
+    cgroup = sandbox_limits.PidsCgroup.create(limits.max_processes) if root and bwrap is None else None
+    split = program if isinstance(program, SplitProgram) else None
+    reply_read, reply_write = os.pipe() if split is not None else (None, None)
+    settings = json.dumps(_settings(limits, guard, bwrap, user, reply_write))
+    argv = [interpreter, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, settings]
     home = bubblewrap.WORKDIR if bwrap is not None else str(workdir)
     env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
     if bwrap is not None:
-        argv = bwrap.command(
-            [bwrap.interpreter, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)],
-            env,
-            limits.max_disk_bytes,
-        )
+        argv = bwrap.command(argv, env, limits.max_disk_bytes)
         extra = {"cwd": "/", "env": {"PATH": os.defpath}}
     else:
-        argv = [sys.executable, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)]
         extra = {"cwd": workdir, "env": env}
         if user is not None:
             extra.update(user=user, group=user, extra_groups=[])
     stdout_path, stderr_path = io_dir / "stdout", io_dir / "stderr"
     start = time.perf_counter()
+    judgement = None
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         process = subprocess.Popen(
             argv,
@@ -343,15 +401,24 @@ def _run(
             stderr=err,
             start_new_session=True,
             close_fds=True,
+            pass_fds=() if split is None else (reply_write,),
             umask=0o077,
             **extra,
         )
         try:
             if cgroup is not None:
                 cgroup.add(process.pid)  # before the program is sent: nothing it starts escapes the limit
-            timed_out = _communicate(process, program, limits.timeout_s)
+            if split is None:
+                timed_out = _communicate(process, program, limits.timeout_s)
+            else:
+                os.close(reply_write)
+                judgement = verdict.judge(split, process, reply_read, limits.timeout_s)
         finally:
             _kill_group(process)
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+            if reply_read is not None:
+                os.close(reply_read)
             if cgroup is not None:
                 cgroup.destroy()
     elapsed = time.perf_counter() - start
@@ -360,7 +427,12 @@ def _run(
     returncode = process.returncode
     if bwrap is not None and returncode is not None and returncode > 128:
         returncode = 128 - returncode  # bwrap exits with 128 + N when its command is killed by signal N
-    result = _result(returncode, timed_out, stdout, stderr, elapsed)
+    if judgement is None:
+        result = _result(returncode, timed_out, stdout, stderr, elapsed)
+    else:
+        result = ExecutionResult(
+            judgement.status, judgement.reason, returncode, stdout, stderr, elapsed, verdict="trusted"
+        )
     return result if bwrap is None else replace(result, layer="bubblewrap")
 
 

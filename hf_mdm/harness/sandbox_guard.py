@@ -1,6 +1,8 @@
 """The sandbox's second layer inside the child: the bootstrap that sets the limits, installs the Python-level guard
-and then reads and runs the program (`hf_mdm.harness.sandbox`). The guard disables destructive and
-process-creating functions and blocks a few modules; it stops the accidents of generated code, not an adversary."""
+and then reads and runs the program (`hf_mdm.harness.sandbox`), or, for a verdict decided on the trusted side, runs
+the worker that executes the program and answers calls (`hf_mdm.harness.verdict`). The guard disables destructive
+and process-creating functions and blocks a few modules: a convenience against the accidents of generated code, not a
+boundary (a program can undo it from inside Python); the operating-system layer is the boundary."""
 
 from __future__ import annotations
 
@@ -22,8 +24,13 @@ if settings["nproc_inside"] is not None:  # a user namespace counts only its own
     settings["rlimits"]["RLIMIT_NPROC"] = [tasks + settings["nproc_inside"]] * 2
 for name, value in settings["rlimits"].items():
     resource.setrlimit(getattr(resource, name), tuple(value))
-source = sys.stdin.read()
-_exit, _stdout, _stderr = os._exit, sys.stdout, sys.stderr
+_exit, _stdout, _stderr, _write = os._exit, sys.stdout, sys.stderr, os.write
+if settings["serve"] is None:
+    source = sys.stdin.read()
+else:  # a worker for the trusted side: requests on a private copy of stdin, the program's own stdin empty
+    _requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    import json
 if settings["guard"]:
     import builtins, faulthandler, posix, shutil, subprocess
     faulthandler.disable()
@@ -60,6 +67,17 @@ if settings["guard"]:
 
     builtins.open = io.open = _guarded_open
     os.open = posix.open = _guarded_os_open
+if settings["serve"] is not None:
+    def _reply(line, fd=settings["reply_fd"]):
+        data = (line + "\n").encode("ascii")
+        while data:
+            data = data[_write(fd, data):]
+
+    _worker = {"requests": _requests, "reply": _reply, "stderr": _stderr, "MAX_DEPTH": settings["max_depth"]}
+    try:
+        exec(settings["serve"], _worker)
+    finally:
+        _stdout.flush(); _stderr.flush(); _exit(0)
 try:
     exec(compile(source, "<program>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 except BaseException:

@@ -1,5 +1,6 @@
-"""Process limits of the sandbox (`hf_mdm.harness.sandbox`): resource limits, the count of a user's tasks, the
-unprivileged user, the pids cgroup for root, and the warnings when a limit cannot be enforced."""
+"""Process limits of the sandbox (`hf_mdm.harness.sandbox`): resource limits, the count of a user's tasks, an
+interpreter the unprivileged user can run (generated code never runs as root), the pids cgroup for root, and the
+warnings."""
 
 from __future__ import annotations
 
@@ -69,25 +70,41 @@ def tasks_of_user(uid: int) -> Optional[int]:
     return total
 
 
+def interpreter_candidates() -> list[str]:
+    """Pythons that may run generated code under the process layer: this one, its base interpreter, and the system's
+    (``python3`` on the default ``PATH``), without repeats."""
+    found = [sys.executable, getattr(sys, "_base_executable", "") or ""]
+    found += [os.path.join(folder, "python3") for folder in os.defpath.split(os.pathsep) if folder]
+    unique: list[str] = []
+    for path in found:
+        if path and os.path.isfile(path) and os.path.realpath(path) not in map(os.path.realpath, unique):
+            unique.append(path)
+    return unique
+
+
 @lru_cache(maxsize=None)
-def unprivileged_user() -> Optional[int]:
-    """Under root: the uid of ``nobody`` if this interpreter runs as that user, else None."""
+def unprivileged_interpreter() -> Optional[str]:
+    """Under root: the first of `interpreter_candidates` that the user ``nobody`` can run (Python 3.8 or newer), else
+    None. The bootstrap needs the standard library only, so any such interpreter will do."""
     if os.geteuid() != 0:
         return None
-    try:
-        probe = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", "pass"],
-            user=NOBODY_UID,
-            group=NOBODY_UID,
-            extra_groups=[],
-            cwd="/",
-            env={"PATH": os.defpath},
-            capture_output=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return NOBODY_UID if probe.returncode == 0 else None
+    for interpreter in interpreter_candidates():
+        try:
+            probe = subprocess.run(
+                [interpreter, "-I", "-S", "-c", "import sys, json, resource; assert sys.version_info >= (3, 8)"],
+                user=NOBODY_UID,
+                group=NOBODY_UID,
+                extra_groups=[],
+                cwd="/",
+                env={"PATH": os.defpath},
+                capture_output=True,
+                timeout=30,
+            )
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if probe.returncode == 0:
+            return interpreter
+    return None
 
 
 _warned: set[str] = set()
@@ -100,15 +117,6 @@ def warn_once(key: str, message: str) -> None:
             return
         _warned.add(key)
     logger.warning(message)
-
-
-def warn_unlimited_processes() -> None:
-    warn_once(
-        "nproc",
-        f"Running generated code as root: the interpreter {sys.executable} is not usable by the user 'nobody' and no "
-        "pids cgroup is writable, so the kernel does not enforce the process limit (RLIMIT_NPROC does not apply to "
-        "root). Install bubblewrap or run as an unprivileged user for full protection.",
-    )
 
 
 class PidsCgroup:
