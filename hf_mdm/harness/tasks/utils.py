@@ -15,7 +15,7 @@ from lm_eval.filters.extraction import RegexFilter
 
 from .. import data
 from ..arithmetic import check_chain
-from ..code_eval import execute, humaneval_program, mbpp_program, pass_at_k_of_outcomes
+from ..code_eval import execute, humaneval_job, mbpp_job, pass_at_k_of_outcomes, unsplit_reason
 from ..sandbox import require_code_execution
 
 # lm-eval's gsm8k task: its strict and flexible answer patterns and its exact_match settings.
@@ -65,13 +65,17 @@ def mbpp_fewshot_docs(dataset: datasets.Dataset) -> list[dict]:
 
 
 def execute_mbpp(resps: Sequence[Sequence[str]], docs: Sequence[dict]) -> list[list[dict]]:
-    """Filter: run each response (solution, then test_setup_code, then the asserts) in the sandbox."""
-    return execute([[mbpp_program(r, doc) for r in rs] for rs, doc in zip(resps, docs)])
+    """Filter: run each response in the sandbox and its asserts on the trusted side (`hf_mdm.harness.verdict`;
+    where a task's test cannot be split, solution, test_setup_code and asserts together, as the outcome notes)."""
+    jobs = [[mbpp_job(r, doc) for r in rs] for rs, doc in zip(resps, docs)]
+    return execute(jobs, notes=[unsplit_reason(doc) for doc in docs])
 
 
 def execute_humaneval(resps: Sequence[Sequence[str]], docs: Sequence[dict]) -> list[list[dict]]:
-    """Filter: run prompt + response, then the tests and ``check(entry_point)``, in the sandbox."""
-    return execute([[humaneval_program(r, doc) for r in rs] for rs, doc in zip(resps, docs)])
+    """Filter: run prompt + response in the sandbox and the tests with ``check(entry_point)`` on the trusted side
+    (where a task's test cannot be split, all together in the sandbox, as the outcome notes)."""
+    jobs = [[humaneval_job(r, doc) for r in rs] for rs, doc in zip(resps, docs)]
+    return execute(jobs, notes=[unsplit_reason(doc) for doc in docs])
 
 
 def pass_at_1(references: Sequence[Any], predictions: Sequence[Sequence[dict]]) -> float:
