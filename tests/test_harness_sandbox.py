@@ -23,9 +23,10 @@ from typing import Callable
 import pytest
 
 from hf_mdm.harness import bubblewrap
-from hf_mdm.harness.code_eval import pass_at_k, reference_programs
+from hf_mdm.harness.code_eval import UNSPLIT_TASKS, pass_at_k, reference_programs
 from hf_mdm.harness.sandbox import (
     ALLOW_ENV,
+    UNISOLATED_ENV,
     ExecutionResult,
     SandboxLimits,
     bubblewrap_unavailable,
@@ -40,8 +41,11 @@ _BOOTSTRAP_MARK = "settings = json.loads(sys.argv[1])"
 
 @pytest.fixture(autouse=True)
 def allow_code(monkeypatch, tmp_path):
-    """Opt in, and put the sandbox's working directories under this test's tmp_path (to find leftovers)."""
+    """Opt in, and put the sandbox's working directories under this test's tmp_path (to find leftovers). Where
+    bubblewrap is unavailable, opt in to the process layer alone explicitly (the tests that need bubblewrap skip)."""
     monkeypatch.setenv(ALLOW_ENV, "1")
+    if bubblewrap_unavailable():
+        monkeypatch.setenv(UNISOLATED_ENV, "1")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
@@ -161,6 +165,9 @@ def test_every_reference_solution_passes():
     failed = {name: r.reason for name, r in zip(programs, results) if not r.passed}
     assert not failed, failed
     assert {r.layer for r in results} == {"process" if bubblewrap_unavailable() else "bubblewrap"}
+    # every test runs on the trusted side but MBPP's two with test_setup_code and the listed ones
+    by_program = {name for name, r in zip(programs, results) if r.verdict == "program"}
+    assert by_program == {"mbpp/367", "mbpp/927", "mbpp/601", *UNSPLIT_TASKS}, by_program
 
 
 @pytest.mark.parametrize("n, c, k", [(1, 0, 1), (1, 1, 1), (5, 2, 1), (10, 3, 2), (10, 9, 5), (20, 0, 10)])
@@ -419,7 +426,10 @@ sys.modules["hf_mdm"] = package
 from hf_mdm.harness.sandbox import SandboxLimits, run_program
 options = json.loads(sys.argv[2])
 limits = SandboxLimits(timeout_s=3.0, cpu_time_s=2, memory_bytes=512 << 20, max_processes=8, max_disk_bytes=16 << 20)
-result = run_program(sys.stdin.read(), limits, guard=options["guard"], isolation=options["isolation"])
+result = run_program(
+    sys.stdin.read(), limits, guard=options["guard"], isolation=options["isolation"],
+    allow_unisolated_execution=options["isolation"] == "process",
+)
 print(json.dumps(result.to_dict()))
 """
 
@@ -459,8 +469,9 @@ def test_hostile_program_under_the_process_layer(hostile, scene):
 
 
 def test_the_layer_is_reported(monkeypatch):
-    result = run_program("print(1)", LIMITS, isolation="process")
-    assert result.layer == "process" and isolation_report("process")["layer"] == "process"
+    result = run_program("print(1)", LIMITS, isolation="process", allow_unisolated_execution=True)
+    assert result.layer == "process" and result.verdict == "program"
+    assert isolation_report("process", allow_unisolated_execution=True)["layer"] == "process"
     monkeypatch.setenv("HF_MDM_SANDBOX_ISOLATION", "nonsense")
     with pytest.raises(ValueError, match="HF_MDM_SANDBOX_ISOLATION"):
         run_program("print(1)", LIMITS)

@@ -26,7 +26,10 @@ import os
 import select
 import subprocess
 import sys
+import threading
 import time
+import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -201,21 +204,42 @@ def judge(split: SplitProgram, process: subprocess.Popen, reply_fd: int, timeout
             detail = f"{raised['type']}: {raised['message']}" if _well_formed(raised) else "no answer"
             return Judgement("failed", f"the program did not run to its end ({detail})"[:300])
         namespace: dict[str, Any] = {"__name__": "__test__", "__builtins__": builtins}
-        exec(compile(split.setup, "<trusted setup>", "exec"), namespace)
+        exec(_compile(split.setup, "<trusted setup>"), namespace)
         for name in split.names():
             namespace[name] = CandidateFunction(name, channel)
         _import_used_modules(split.test, namespace)
-        exec(compile(split.test, "<trusted test>", "exec"), namespace)
+        exec(_compile(split.test, "<trusted test>"), namespace)
     except CandidateFailure:
         pass  # recorded in channel.failure
     except BaseException as error:  # the test failed: an assert, or an exception it did not expect
         if isinstance(error, KeyboardInterrupt):
             raise
-        message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        return Judgement("failed", message[:300], channel.calls)
+        return Judgement("failed", _describe(error, split)[:300], channel.calls)
     if channel.failure:
         return Judgement("timeout" if channel.timed_out else "failed", channel.failure[:300], channel.calls)
     return Judgement("passed", "", channel.calls)
+
+
+def _describe(error: BaseException, split: SplitProgram) -> str:
+    """The exception and the line of the trusted code it came from."""
+    text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    sources = {"<trusted test>": split.test, "<trusted setup>": split.setup}
+    for frame, line in reversed(list(traceback.walk_tb(error.__traceback__))):
+        source = sources.get(frame.f_code.co_filename, "").splitlines()
+        if 0 < line <= len(source):
+            return f"{text} at `{source[line - 1].strip()}`"
+    return text
+
+
+_compile_lock = threading.Lock()
+
+
+def _compile(source: str, filename: str) -> Any:
+    """Compile trusted test code without the warnings about its string escapes (one thread at a time: the warning
+    filters are global)."""
+    with _compile_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile(source, filename, "exec")
 
 
 def _well_formed(raised: Any) -> bool:
