@@ -9,7 +9,7 @@ import pytest
 from lm_eval.api.model import LM
 
 from hf_mdm.harness import simple_evaluate, task_names
-from hf_mdm.harness.sandbox import isolation_layer
+from hf_mdm.harness.sandbox import UNISOLATED_ENV, bubblewrap_unavailable, isolation_layer
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
 LIMIT = 6
@@ -26,6 +26,8 @@ def code_execution(monkeypatch):
     monkeypatch.setenv("HF_ALLOW_CODE_EVAL", "1")
     monkeypatch.setenv("HF_MDM_SANDBOX_TIMEOUT_S", "3")
     monkeypatch.setenv("HF_MDM_SANDBOX_CPU_S", "2")
+    if bubblewrap_unavailable():  # the explicit opt-in to the process layer alone (the default refuses)
+        monkeypatch.setenv(UNISOLATED_ENV, "1")
 
 
 class AnswerLM(LM):
@@ -74,6 +76,7 @@ def test_reference_answers_score_one():
     assert sum("[BEGIN]\ndef similar_elements" in p for p in lm.prompts) == LIMIT  # MBPP prompt problems 2, 3, 4
     outcome = results["samples"]["mdm_mbpp"][0]["filtered_resps"][0][0]
     assert outcome["passed"] and outcome["status"] == "passed"
+    assert outcome["verdict"] == "trusted"  # the asserts ran in this process, the solution in the sandbox
     # the results say which isolation layer ran the code (bubblewrap where it works here)
     assert results["sandbox"]["layer"] == outcome["layer"] == isolation_layer()
 
