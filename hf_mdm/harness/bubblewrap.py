@@ -18,8 +18,8 @@ bubblewrap (https://github.com/containers/bubblewrap; Debian/Ubuntu ``apt-get in
   program; as any other user, a user namespace maps uid 65534 on the caller (unprivileged already).
 
 `locate` finds ``bwrap`` and the Python to run; `Bubblewrap.command` builds the command line. Whether the layer
-works on this machine is probed once by `hf_mdm.harness.sandbox`, which falls back to its process-level limits
-(with a warning that says what is missing) where it does not.
+works on this machine is probed once by `hf_mdm.harness.sandbox`, which refuses to run generated code where it does
+not (saying what is missing), unless the user opts in to its process-level limits alone.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ __all__ = ["NOBODY", "WORKDIR", "INSTALL_HINT", "Bubblewrap", "locate"]
 NOBODY = 65534
 WORKDIR = "/tmp"
 INSTALL_HINT = (
-    "install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`; Fedora: `dnf install bubblewrap`; `make test` "
-    "installs it when run as root on Debian); as a non-root user it also needs unprivileged user namespaces "
+    "install bubblewrap (`make system-deps`, or Debian/Ubuntu: `sudo apt-get install bubblewrap`; Fedora: "
+    "`sudo dnf install bubblewrap`); as a non-root user it also needs unprivileged user namespaces "
     "(Ubuntu 24.04: `sysctl kernel.apparmor_restrict_unprivileged_userns=0` or an AppArmor profile for bwrap)"
 )
 _SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")

@@ -9,10 +9,11 @@ samples log, ``results["sandbox"]`` in the results JSON):
 1. Operating-system isolation, ``layer="bubblewrap"`` (`hf_mdm.harness.bubblewrap`): the program runs under
    bubblewrap with no network, no view of other processes, of the caller's environment or of any file but a
    read-only Python installation and ``/usr``, a private size-limited ``/tmp`` as working directory and home, and
-   the unprivileged uid 65534. Used whenever ``bwrap`` is installed and works here (probed once); otherwise a
-   warning says once what is missing and how to install it, and programs run with layer 2 alone
-   (``layer="process"``, today's behaviour). ``HF_MDM_SANDBOX_ISOLATION=bubblewrap`` makes its absence an error,
-   ``=process`` skips it.
+   the unprivileged uid 65534. Used whenever ``bwrap`` is installed and works here (probed once); otherwise code
+   execution is refused with an error that says what is missing and how to install it (``make system-deps``),
+   unless the user opts in with ``HF_MDM_ALLOW_UNISOLATED_EXECUTION=1`` (``allow_unisolated_execution=True``):
+   then programs run with layer 2 alone (``layer="process"``) and a warning says once what that means.
+   ``HF_MDM_SANDBOX_ISOLATION=process`` asks for layer 2 alone (with the same opt-in).
 2. Process limits and a guard (both layers): each program runs in its own fresh interpreter (``python -I -S``:
    isolated mode, standard library only), started with:
 
@@ -23,10 +24,10 @@ samples log, ``results["sandbox"]`` in the results JSON):
      also caps what the program prints) and an open-files limit, all set with soft = hard so the program cannot
      raise them;
    - a process-count limit: RLIMIT_NPROC (tasks of the user: counted now, plus ``max_processes``; in bubblewrap's
-     user namespace, its own tasks). The kernel does not apply RLIMIT_NPROC to root, so under root the program
-     runs as the unprivileged user ``nobody`` (with layer 1 always; with layer 2 alone when the interpreter is
-     usable by it), and with layer 2 alone inside a pids cgroup (``pids.max = max_processes``) when the cgroup
-     file system is writable; a warning says so when neither is available;
+     user namespace, its own tasks). Generated code never runs as root: under root it runs as the unprivileged
+     user ``nobody`` (with layer 1 always; with layer 2 alone, in the first Python that user can run, e.g.
+     ``/usr/bin/python3``, or not at all), and with layer 2 alone also inside a pids cgroup
+     (``pids.max = max_processes``) when the cgroup file system is writable;
    - a new session (process group); afterwards the whole group, and every process left in the cgroup, is killed;
    - a guard, installed before the program's first line: destructive and process-creating functions of ``os``,
      ``posix``, ``shutil`` and ``subprocess`` are set to None (``os.kill``, ``os.system``, ``os.remove``,
@@ -35,9 +36,14 @@ samples log, ``results["sandbox"]`` in the results JSON):
      ``_posixsubprocess``, ``multiprocessing``, ``pty``, ``resource`` and ``socket`` cannot be imported; ``open``
      and ``os.open`` refuse to write outside the working directory.
 
-The guard stops the accidents of generated code (a stray ``shutil.rmtree``), not an adversary; the operating-system
-layer and limits are what hold against one. A program passes when it runs to its end: an exception, ``exit()``, a
-signal, a limit or the timeout fail it.
+The guard is a convenience against the accidents of generated code (a stray ``shutil.rmtree``), not a boundary: a
+program can undo it from inside Python; the operating-system layer and the limits are what hold against an adversary.
+
+Who decides the verdict (`ExecutionResult.verdict`): for a `SplitProgram` (the benchmarks' tasks,
+`hf_mdm.harness.code_eval`) the program runs here as a worker answering calls with plain data and its test runs in
+this process (``"trusted"``, `hf_mdm.harness.verdict`): nothing the program does to its own process can pass a
+failing test. A program given as one source (program and test together, ``"program"``) passes when it runs to its
+end: an exception, ``exit()``, a signal, a limit or the timeout fail it, but a hostile program can fake that end.
 """
 
 from __future__ import annotations
