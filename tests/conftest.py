@@ -16,6 +16,15 @@ def seed() -> int:
     return 0
 
 
+def pytest_configure(config) -> None:
+    """Where bubblewrap is unavailable, the suite opts in explicitly to the sandbox's process layer alone (the default
+    refuses to run generated code without it); the tests that need bubblewrap skip with the reason."""
+    from hf_mdm.harness.sandbox import UNISOLATED_ENV, bubblewrap_unavailable
+
+    if bubblewrap_unavailable():
+        os.environ[UNISOLATED_ENV] = "1"
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     """Say once which layer the sandbox's tests ran generated code with (bubblewrap, or why not)."""
     from hf_mdm.harness.sandbox import bubblewrap_unavailable

@@ -217,7 +217,7 @@ def test_never_runs_as_root(monkeypatch):
     """Under the process layer alone, generated code runs as an unprivileged user, or not at all."""
     result = run_program("import os\nprint(os.getuid())", isolation="process", allow_unisolated_execution=True)
     assert result.passed and int(result.stdout) != 0
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(sandbox_limits.os, "geteuid", lambda: 0)
     monkeypatch.setattr(sandbox_limits, "unprivileged_interpreter", lambda: None)
     with pytest.raises(RuntimeError, match="Refusing to run generated code as root"):
         run_program("print(1)", isolation="process", allow_unisolated_execution=True)

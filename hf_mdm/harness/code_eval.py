@@ -24,7 +24,7 @@ from typing import Iterable, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from .sandbox import ExecutionResult, SandboxLimits, run_programs
-from .verdict import SplitProgram, free_names
+from .verdict import SplitProgram, free_names, parse
 
 __all__ = [
     "pass_at_k",
@@ -96,13 +96,13 @@ def mbpp_job(completion: str, doc: Mapping) -> Job:
 def _defined_names(code: str, kind: type) -> set[str]:
     """Names of the top-level definitions of ``kind`` (``ast.FunctionDef``, ``ast.ClassDef``) in ``code``."""
     try:
-        return {node.name for node in ast.parse(code).body if isinstance(node, kind)}
+        return {node.name for node in parse(code).body if isinstance(node, kind)}
     except SyntaxError:
         return set()
 
 
 def _used_names(code: str) -> set[str]:
-    return {node.id for node in ast.walk(ast.parse(code)) if isinstance(node, ast.Name)}
+    return {node.id for node in ast.walk(parse(code)) if isinstance(node, ast.Name)}
 
 
 def humaneval_job(completion: str, doc: Mapping) -> Job:

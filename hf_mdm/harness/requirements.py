@@ -1,7 +1,9 @@
 """What an evaluation needs before its first request, checked up front so that a run never fails after doing work.
 
 - tasks that execute generated code (``unsafe_code: true``: ``mdm_mbpp``, ``mdm_humaneval``) need the two opt-ins,
-  ``HF_ALLOW_CODE_EVAL=1`` (`hf_mdm.harness.sandbox`) and ``--confirm_run_unsafe_code`` (lm-eval's);
+  ``HF_ALLOW_CODE_EVAL=1`` (`hf_mdm.harness.sandbox`) and ``--confirm_run_unsafe_code`` (lm-eval's), and the
+  sandbox's operating-system layer (bubblewrap) or the opt-in to running without it
+  (``HF_MDM_ALLOW_UNISOLATED_EXECUTION=1``);
 - offline (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) the benchmarks come from ``HF_MDM_DATA_DIR``, which must
   then be set (`hf_mdm.harness.data`);
 - local checkpoints must exist (`hf_mdm.checkpoints`).
@@ -17,7 +19,7 @@ from typing import Any, Iterable, Optional
 
 from ..checkpoints import check_local_path
 from .data import DATA_DIR_ENV, data_dir
-from .sandbox import ALLOW_ENV, code_execution_allowed
+from .sandbox import ALLOW_ENV, code_execution_allowed, isolation_layer
 
 __all__ = ["unsafe_tasks", "check_requirements"]
 
@@ -48,6 +50,11 @@ def _problems(tasks: list[str], confirm_unsafe_code: bool, checkpoints: Iterable
         problems.append(
             f"tasks {', '.join(unsafe)} run generated code: set {ALLOW_ENV}=1 (it runs in hf_mdm's sandbox)"
         )
+    if unsafe and code_execution_allowed():
+        try:
+            isolation_layer()
+        except (RuntimeError, ValueError) as err:
+            problems.append(f"tasks {', '.join(unsafe)}: {err}")
     if unsafe and not confirm_unsafe_code:
         problems.append(
             f"tasks {', '.join(unsafe)} need lm-eval's --confirm_run_unsafe_code (in a compare config: "

@@ -55,7 +55,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -329,22 +328,6 @@ def _execute(program: Program, limits: SandboxLimits, guard: bool, bwrap: Option
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _process_layer_interpreter() -> tuple[str, Optional[int]]:
-    """The Python and the uid that run programs under the process layer alone: as root, an interpreter that the user
-    ``nobody`` can run, and that user; a RuntimeError when there is none (generated code never runs as root)."""
-    if os.geteuid() != 0:
-        return sys.executable, None
-    found = sandbox_limits.unprivileged_interpreter()
-    if found is None:
-        raise RuntimeError(
-            "Refusing to run generated code as root: no Python interpreter here can be run by the unprivileged user "
-            f"'nobody' (uid {sandbox_limits.NOBODY_UID}); tried {', '.join(sandbox_limits.interpreter_candidates())}. "
-            "Install bubblewrap (`make system-deps`), install a system Python (e.g. `apt-get install python3`), "
-            "or run as an unprivileged user."
-        )
-    return found, sandbox_limits.NOBODY_UID
-
-
 def _settings(limits: SandboxLimits, guard: bool, bwrap: Optional[Bubblewrap], user: Optional[int], serve) -> dict:
     """What the bootstrap in the child needs (`hf_mdm.harness.sandbox_guard.BOOTSTRAP`)."""
     count_inside = bwrap is not None and not bwrap.as_root and sandbox_limits.user_namespace_counts_own_tasks()
@@ -364,6 +347,18 @@ def _settings(limits: SandboxLimits, guard: bool, bwrap: Optional[Bubblewrap], u
     }
 
 
+def _command(
+    interpreter: str, settings: dict, limits: SandboxLimits, workdir: Optional[Path], bwrap: Optional[Bubblewrap]
+) -> tuple[list[str], dict]:
+    """The command line that starts the bootstrap, and the working directory and environment to start it with."""
+    argv = [interpreter, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, json.dumps(settings)]
+    home = bubblewrap.WORKDIR if bwrap is not None else str(workdir)
+    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
+    if bwrap is not None:
+        return bwrap.command(argv, env, limits.max_disk_bytes), {"cwd": "/", "env": {"PATH": os.defpath}}
+    return argv, {"cwd": workdir, "env": env}
+
+
 def _run(
     program: Program,
     limits: SandboxLimits,
@@ -374,9 +369,7 @@ def _run(
 ) -> ExecutionResult:
     root = os.geteuid() == 0
     if bwrap is None:
-        interpreter, user = _process_layer_interpreter()
-        if user is not None:
-            os.chown(workdir, user, user)
+        interpreter, user = sandbox_limits.process_layer_interpreter()
     else:
         interpreter, user = bwrap.interpreter, (sandbox_limits.NOBODY_UID if bwrap.as_root else None)
     # Under bubblewrap the program never runs as root and its pid namespace ends with it, so RLIMIT_NPROC suffices
@@ -385,20 +378,13 @@ def _run(
     cgroup = sandbox_limits.PidsCgroup.create(limits.max_processes) if root and bwrap is None else None
     split = program if isinstance(program, SplitProgram) else None
     reply_read, reply_write = os.pipe() if split is not None else (None, None)
-    settings = json.dumps(_settings(limits, guard, bwrap, user, reply_write))
-    argv = [interpreter, "-I", "-S", "-c", sandbox_guard.BOOTSTRAP, settings]
-    home = bubblewrap.WORKDIR if bwrap is not None else str(workdir)
-    env = {"PATH": os.defpath, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": home, "TMPDIR": home}
-    if bwrap is not None:
-        argv = bwrap.command(argv, env, limits.max_disk_bytes)
-        extra = {"cwd": "/", "env": {"PATH": os.defpath}}
-    else:
-        extra = {"cwd": workdir, "env": env}
-        if user is not None:
-            extra.update(user=user, group=user, extra_groups=[])
+    argv, extra = _command(interpreter, _settings(limits, guard, bwrap, user, reply_write), limits, workdir, bwrap)
+    if bwrap is None and user is not None:
+        os.chown(workdir, user, user)
+        extra.update(user=user, group=user, extra_groups=[])
     stdout_path, stderr_path = io_dir / "stdout", io_dir / "stderr"
     start = time.perf_counter()
-    judgement = None
+    judgement, timed_out = None, False
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
         process = subprocess.Popen(
             argv,
@@ -419,27 +405,35 @@ def _run(
             else:
                 os.close(reply_write)
                 judgement = verdict.judge(split, process, reply_read, limits.timeout_s)
+                if judgement.reason == verdict.PROCESS_ENDED:  # let bwrap report how it ended, before the kill
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(timeout=0.5)
         finally:
-            _kill_group(process)
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-            if reply_read is not None:
-                os.close(reply_read)
-            if cgroup is not None:
-                cgroup.destroy()
+            _end(process, reply_read, cgroup)
     elapsed = time.perf_counter() - start
-    stdout = _read_tail(stdout_path, limits.max_output_chars)
-    stderr = _read_tail(stderr_path, limits.max_output_chars)
+    stdout, stderr = _read_tail(stdout_path, limits.max_output_chars), _read_tail(stderr_path, limits.max_output_chars)
     returncode = process.returncode
     if bwrap is not None and returncode is not None and returncode > 128:
         returncode = 128 - returncode  # bwrap exits with 128 + N when its command is killed by signal N
     if judgement is None:
         result = _result(returncode, timed_out, stdout, stderr, elapsed)
     else:
-        result = ExecutionResult(
-            judgement.status, judgement.reason, returncode, stdout, stderr, elapsed, verdict="trusted"
-        )
+        reason = judgement.reason
+        if reason == verdict.PROCESS_ENDED:  # say how: a limit, a signal, an exit status
+            reason = f"{reason} ({_result(returncode, False, stdout, stderr, elapsed).reason or 'exit status 0'})"
+        result = ExecutionResult(judgement.status, reason, returncode, stdout, stderr, elapsed, verdict="trusted")
     return result if bwrap is None else replace(result, layer="bubblewrap")
+
+
+def _end(process: subprocess.Popen, reply_read: Optional[int], cgroup: Optional[sandbox_limits.PidsCgroup]) -> None:
+    """Kill the program's process group (and cgroup), close the pipes to it."""
+    _kill_group(process)
+    with contextlib.suppress(OSError):
+        process.stdin.close()
+    if reply_read is not None:
+        os.close(reply_read)
+    if cgroup is not None:
+        cgroup.destroy()
 
 
 def _communicate(process: subprocess.Popen, program: str, timeout_s: float) -> bool:

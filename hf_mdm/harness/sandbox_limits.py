@@ -107,6 +107,22 @@ def unprivileged_interpreter() -> Optional[str]:
     return None
 
 
+def process_layer_interpreter() -> tuple[str, Optional[int]]:
+    """The Python and the uid that run programs under the process layer alone: as root, an interpreter that the user
+    ``nobody`` can run, and that user; a RuntimeError when there is none (generated code never runs as root)."""
+    if os.geteuid() != 0:
+        return sys.executable, None
+    found = unprivileged_interpreter()
+    if found is None:
+        raise RuntimeError(
+            "Refusing to run generated code as root: no Python interpreter here can be run by the unprivileged user "
+            f"'nobody' (uid {NOBODY_UID}); tried {', '.join(interpreter_candidates())}. "
+            "Install bubblewrap (`make system-deps`), install a system Python (e.g. `apt-get install python3`), "
+            "or run as an unprivileged user."
+        )
+    return found, NOBODY_UID
+
+
 _warned: set[str] = set()
 _warn_lock = threading.Lock()
 

@@ -7,7 +7,8 @@ lists, tuples, dicts, sets, None, booleans; nothing is pickled). The test runs i
 every name it takes from the program bound to a `CandidateFunction` that sends the call to the worker and returns
 the decoded reply: a value of a built-in type, or the exception the function raised (a built-in exception type is
 raised again as itself, any other as `CandidateError`). The comparisons of the test therefore happen here, on plain
-data, and the verdict is the test's: it passes when the test code runs to its end and no call failed. Whatever the
+data, and the verdict is the test's: it passes when the test code runs to its end and no call failed. Every reply is
+awaited at most until the program's wall-clock limit (`SandboxLimits.timeout_s`, for the program as a whole). Whatever the
 program prints, returns or does to its own process, it can only answer calls: a value that is not plain data, a
 malformed reply, a process that ends, ``SystemExit`` or a call past the time limit fail the test (a `CandidateFailure`,
 a BaseException that the test's own ``except Exception`` cannot swallow, and remembered even if a bare ``except``
@@ -44,9 +45,11 @@ __all__ = [
     "WORKER",
     "judge",
     "free_names",
+    "parse",
 ]
 
 MAX_REPLY_BYTES = 16 << 20
+PROCESS_ENDED = "the program's process ended"
 _BUILTIN_EXCEPTIONS = {
     name: value
     for name, value in vars(builtins).items()
@@ -98,7 +101,7 @@ class CandidateError(Exception):
 
 def free_names(test: str) -> tuple[str, ...]:
     """The names ``test`` uses but neither defines nor imports nor finds among the built-ins: the program's."""
-    tree = ast.parse(test)
+    tree = parse(test)
     used, bound = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name):
@@ -126,12 +129,12 @@ class Channel:
         self.failure = self.failure or reason
         return CandidateFailure(reason)
 
-    def send(self, message: dict) -> None:
+    def send(self, line: str) -> None:
         try:
-            self.process.stdin.write(plain_data.dumps(message).encode("ascii") + b"\n")
+            self.process.stdin.write(line.encode("ascii") + b"\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
-            raise self.fail("the program's process ended") from None
+            raise self.fail(PROCESS_ENDED) from None
 
     def receive(self) -> Any:
         while b"\n" not in self.buffer:
@@ -142,7 +145,7 @@ class Channel:
             ready, _, _ = select.select([self.reply_fd], [], [], remaining)
             chunk = os.read(self.reply_fd, 1 << 16) if ready else b""
             if ready and not chunk:
-                raise self.fail("the program's process ended")
+                raise self.fail(PROCESS_ENDED)
             self.buffer += chunk
             if len(self.buffer) > MAX_REPLY_BYTES:
                 raise self.fail(f"a reply longer than {MAX_REPLY_BYTES} bytes")
@@ -157,11 +160,10 @@ class Channel:
             raise CandidateFailure(self.failure)
         self.calls += 1
         try:
-            request = {"id": self.calls, "name": name, "args": list(args), "kwargs": kwargs}
-            plain_data.dumps(request)
+            line = plain_data.dumps({"id": self.calls, "name": name, "args": list(args), "kwargs": kwargs})
         except plain_data.PlainDataError as error:
             raise self.fail(f"the test passes {name} an argument that is not plain data ({error})") from None
-        self.send(request)
+        self.send(line)
         reply = self.receive()
         if type(reply) is not dict or reply.get("id") != self.calls:
             raise self.fail("a malformed reply")
@@ -197,7 +199,7 @@ def judge(split: SplitProgram, process: subprocess.Popen, reply_fd: int, timeout
     """Send the program to the worker, run the test here against it, and decide the verdict."""
     channel = Channel(process, reply_fd, time.monotonic() + timeout_s)
     try:
-        channel.send({"program": split.program})
+        channel.send(plain_data.dumps({"program": split.program}))
         ready = channel.receive()
         if type(ready) is not dict or ready.get("ready") is not True:
             raised = ready.get("raised") if type(ready) is dict else None
@@ -242,13 +244,20 @@ def _compile(source: str, filename: str) -> Any:
         return compile(source, filename, "exec")
 
 
+def parse(source: str) -> ast.Module:
+    """`ast.parse` without the warnings about string escapes of the benchmarks' code."""
+    with _compile_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ast.parse(source)
+
+
 def _well_formed(raised: Any) -> bool:
     return type(raised) is dict and type(raised.get("type")) is str and type(raised.get("message")) is str
 
 
 def _import_used_modules(test: str, namespace: dict) -> None:
     """Import the standard-library modules that ``test`` uses without importing them (e.g. ``math.isclose``)."""
-    used = {node.id for node in ast.walk(ast.parse(test)) if isinstance(node, ast.Name)}
+    used = {node.id for node in ast.walk(parse(test)) if isinstance(node, ast.Name)}
     for name in sorted(used & set(sys.stdlib_module_names) - _UNSAFE_MODULES):
         if name not in namespace:
             namespace[name] = __import__(name)
