@@ -35,5 +35,5 @@ def pytest_terminal_summary(terminalreporter) -> None:
     else:
         terminalreporter.write_line(
             f"sandbox: bubblewrap unavailable, its tests were skipped and the rest used the explicit opt-in to "
-            f"unisolated execution: {reason} (make system-deps installs it)"
+            f"unisolated execution: {reason}"
         )
