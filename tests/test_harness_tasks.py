@@ -79,6 +79,11 @@ def test_reference_answers_score_one():
     assert outcome["verdict"] == "trusted"  # the asserts ran in this process, the solution in the sandbox
     # the results say which isolation layer ran the code (bubblewrap where it works here)
     assert results["sandbox"]["layer"] == outcome["layer"] == isolation_layer()
+    layer = isolation_layer()
+    assert results["sandbox"]["programs"] == {
+        "mdm_mbpp": {f"{layer}/trusted": LIMIT},
+        "mdm_humaneval": {f"{layer}/trusted": LIMIT},
+    }
 
 
 def test_empty_answers_score_zero():

@@ -126,7 +126,9 @@ def simple_evaluate(
     Returns lm-eval's results dict on the main process (None on the others) with ``results["timing"]`` (totals
     per task and overall), ``<field>,timing`` entries in ``results["results"][task]``, with ``log_samples``
     ``sample["timing"]`` for every logged sample, and, when a task executed generated code, ``results["sandbox"]``
-    (the isolation layer it ran under, `hf_mdm.harness.sandbox.isolation_report`).
+    (the isolation layer it ran under, `hf_mdm.harness.sandbox.isolation_report`, and with ``log_samples`` under
+    ``"programs"`` the count of programs per task by layer and by who decided the verdict; each logged outcome says
+    both for its program).
     """
     args_dict = simple_parse_args_string(model_args) if isinstance(model_args, str) else dict(model_args or {})
     if task_manager is None:
@@ -161,7 +163,24 @@ def simple_evaluate(
         attach_timing(results, records, kwargs.get("samples"))
     if any(config.get("unsafe_code") for config in (results.get("configs") or {}).values()):
         results["sandbox"] = isolation_report()  # which isolation layer ran the generated code
+        results["sandbox"]["programs"] = _program_verdicts(results.get("samples") or {})
     return results
+
+
+def _program_verdicts(samples: dict) -> dict[str, dict[str, int]]:
+    """Per task, how many programs ran under each layer with their verdict decided on the trusted side or by the
+    program (``"bubblewrap/trusted"``, ...; from the logged samples' outcomes, `hf_mdm.harness.code_eval.outcome`)."""
+    counts: dict[str, dict[str, int]] = {}
+    for task, rows in samples.items():
+        stack = [row.get("filtered_resps") for row in rows]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict) and "verdict" in item and "layer" in item:
+                key = f"{item['layer']}/{item['verdict']}"
+                counts.setdefault(task, {})[key] = counts.setdefault(task, {}).get(key, 0) + 1
+    return counts
 
 
 def _gather_records(lm: LM) -> Optional[list[RequestTiming]]:
