@@ -4,6 +4,7 @@ passing; values cross between the trusted side and the sandbox as plain data onl
 layer, and as root without an interpreter the unprivileged user can run, code execution is refused."""
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -221,3 +222,15 @@ def test_never_runs_as_root(monkeypatch):
     monkeypatch.setattr(sandbox_limits, "unprivileged_interpreter", lambda: None)
     with pytest.raises(RuntimeError, match="Refusing to run generated code as root"):
         run_program("print(1)", isolation="process", allow_unisolated_execution=True)
+
+
+def test_a_run_is_refused_before_it_starts_without_the_operating_system_layer(monkeypatch):
+    from hf_mdm.harness.requirements import check_requirements
+
+    monkeypatch.delenv(UNISOLATED_ENV, raising=False)
+    monkeypatch.setattr(sandbox, "_probed", [None, "bubblewrap is not installed (no `bwrap` on PATH)"])
+    with pytest.raises(ValueError, match="mdm_mbpp: Refusing to run generated code without operating-system"):
+        check_requirements(["mdm_mbpp"], confirm_unsafe_code=True)
+    monkeypatch.setenv(UNISOLATED_ENV, "1")
+    monkeypatch.setenv("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
+    assert check_requirements(["mdm_mbpp"], confirm_unsafe_code=True) is None  # with the opt-in, nothing is missing
