@@ -234,3 +234,14 @@ def test_a_run_is_refused_before_it_starts_without_the_operating_system_layer(mo
     monkeypatch.setenv(UNISOLATED_ENV, "1")
     monkeypatch.setenv("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     assert check_requirements(["mdm_mbpp"], confirm_unsafe_code=True) is None  # with the opt-in, nothing is missing
+
+
+def test_a_test_looping_over_a_returned_value_stops_at_the_limit():
+    loops = SplitProgram("def n(x):\n    return 10**18\n", "for _ in range(n(1)):\n    pass\n")
+    result = run_program(loops, SandboxLimits(timeout_s=1))
+    assert result.status == "timeout" and result.reason == "wall-clock limit reached in the test"
+    assert result.elapsed_s < 3
+    counts = SplitProgram(
+        "def n(x):\n    return 3\n", "total = 0\nfor i in range(n(1)):\n    total += i\nassert total == 3\n"
+    )
+    assert run_program(counts, SandboxLimits(timeout_s=1)).passed

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import os
 import select
 import subprocess
@@ -50,6 +51,7 @@ __all__ = [
 
 MAX_REPLY_BYTES = 16 << 20
 PROCESS_ENDED = "the program's process ended"
+TRUSTED_FILES = ("<trusted test>", "<trusted setup>")
 _BUILTIN_EXCEPTIONS = {
     name: value
     for name, value in vars(builtins).items()
@@ -210,7 +212,8 @@ def judge(split: SplitProgram, process: subprocess.Popen, reply_fd: int, timeout
         for name in split.names():
             namespace[name] = CandidateFunction(name, channel)
         _import_used_modules(split.test, namespace)
-        exec(_compile(split.test, "<trusted test>"), namespace)
+        with _deadline(channel):
+            exec(_compile(split.test, "<trusted test>"), namespace)
     except CandidateFailure:
         pass  # recorded in channel.failure
     except BaseException as error:  # the test failed: an assert, or an exception it did not expect
@@ -222,10 +225,32 @@ def judge(split: SplitProgram, process: subprocess.Popen, reply_fd: int, timeout
     return Judgement("passed", "", channel.calls)
 
 
+@contextlib.contextmanager
+def _deadline(channel: Channel):
+    """Stop the trusted code at the program's wall-clock limit too (a test looping over a value the program
+    returned, ``for _ in range(candidate(x))``): its lines are traced in this thread, and past the limit the next
+    one raises a `CandidateFailure`. Library code it calls is not traced (nor stopped)."""
+
+    def trace(frame, event, arg):
+        if frame.f_code.co_filename not in TRUSTED_FILES:
+            return None
+        if event == "line" and time.monotonic() > channel.deadline:
+            channel.timed_out = True
+            raise channel.fail("wall-clock limit reached in the test")
+        return trace
+
+    previous = sys.gettrace()
+    sys.settrace(trace)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
 def _describe(error: BaseException, split: SplitProgram) -> str:
     """The exception and the line of the trusted code it came from."""
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    sources = {"<trusted test>": split.test, "<trusted setup>": split.setup}
+    sources = dict(zip(TRUSTED_FILES, (split.test, split.setup)))
     for frame, line in reversed(list(traceback.walk_tb(error.__traceback__))):
         source = sources.get(frame.f_code.co_filename, "").splitlines()
         if 0 < line <= len(source):
