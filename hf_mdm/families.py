@@ -37,3 +37,11 @@ def facts_of(model_or_config: Any) -> Optional[DiffusionFacts]:
         return facts
     config = getattr(model_or_config, "config", model_or_config)
     return _FAMILIES.get(getattr(config, "model_type", None))
+
+
+def attention_block_size(model_or_config: Any) -> Optional[int]:
+    """The attention block of a block-causal model (``config.block_size``: bidirectional inside each block of that
+    many positions, causal across blocks), None for a bidirectional one."""
+    config = getattr(model_or_config, "config", model_or_config)
+    size = getattr(config, "block_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None

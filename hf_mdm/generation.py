@@ -155,7 +155,13 @@ def diffusion_generate(
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
     # 3. the pieces: the model call (guidance, cache, logits shift), proposals, transfer rule, strategy, records
     denoiser = Denoiser.for_model(
-        model, mask_id, config.cfg_scale, logits_shift_of(model, config), config.kv_cache, config.kv_cache_refresh
+        model,
+        mask_id,
+        config.cfg_scale,
+        logits_shift_of(model, config),
+        config.kv_cache,
+        config.kv_cache_refresh,
+        config.block_length,
     )
     sampler = _default_sampler(config, denoiser, logits_processor, generator, canvas, input_ids.shape[1])
     remasking = Remasking.from_config(config, streamer)  # None without remdm

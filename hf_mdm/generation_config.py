@@ -82,7 +82,9 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         steps (`int`, *optional*): denoising steps in total (default: one per masked token). Split over blocks in
             proportion to their masked counts, each block at least one, so fewer steps than blocks runs one step
             per block. More steps than masked tokens is allowed: steps that would reveal nothing are skipped.
-        block_length (`int`, *optional*): semi-autoregressive block size in columns (default: one block). It need
+        block_length (`int`, *optional*): semi-autoregressive block size in columns (default: one block; for a
+            block-causal model its ``config.block_size``, with blocks counted in positions from 0 and attention
+            blocks following the decoding blocks). It need
             not divide the generation length (the last block is shorter).
         schedule (`str` or schedule object), schedule_kwargs (`dict`): alpha(t), see `hf_mdm.schedules`; default:
             the schedule the model was trained with (its config's ``schedule``), else ``"linear"``.
@@ -112,6 +114,9 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             runs the whole canvas and keeps every layer's keys/values; the block's later forwards run the block and
             what follows it (prefix) or the block alone (dual) against them. Counts, strategy, threshold,
             temperature, EOS, history and streamer are unchanged; the cache is dropped at the end of the call.
+            For a block-causal model (``config.block_size``) the cache is exact and ``"prefix"`` is the default:
+            completed blocks' keys/values are computed once and a block's forwards compute only the block; the
+            tokens equal ``kv_cache="none"`` (no cache) exactly.
         kv_cache_refresh (`int`, *optional*): a full forward (cache refresh) every ``k`` forwards inside a block
             (default: only at the block's start); ``1`` gives the tokens of ``kv_cache=None``.
         remdm (`str`, *optional*): ReMDM remasking, ``"cap"``, ``"rescale"``, ``"conf"`` or ``"loop"``
@@ -205,8 +210,11 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             raise ValueError("transfer='entropy_bound' needs entropy_bound > 0 (nats per step), e.g. entropy_bound=0.5")
         if self.entropy_bound is not None and not float(self.entropy_bound) > 0:
             raise ValueError(f"entropy_bound must be > 0 (nats per step), got {self.entropy_bound!r}")
-        if self.kv_cache not in (None,) + KV_CACHES:
-            raise ValueError(f"unknown kv_cache {self.kv_cache!r}: use None, {' or '.join(map(repr, KV_CACHES))}")
+        if self.kv_cache not in (None, "none") + KV_CACHES:
+            raise ValueError(
+                f"unknown kv_cache {self.kv_cache!r}: use None, 'none' (no cache, even for a block-causal model) or "
+                f"{' or '.join(map(repr, KV_CACHES))}"
+            )
         refresh = self.kv_cache_refresh
         if refresh is not None and (isinstance(refresh, bool) or not isinstance(refresh, int) or refresh < 1):
             raise ValueError(f"kv_cache_refresh must be an integer >= 1 (a full forward every k), got {refresh!r}")

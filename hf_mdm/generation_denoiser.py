@@ -16,7 +16,14 @@ exact-posterior oracle) and is the only place that calls it:
   `hf_mdm.kv_cache`): the first forward of a block (and every ``kv_cache_refresh``-th) runs the whole canvas and
   keeps every layer's keys/values; the block's other forwards run only the block and what follows it
   (``"prefix"``) or the block alone (``"dual"``) against them. With a logits shift the span starts one column
-  before the block, so the logits predicting the block's first position come from a fresh hidden state.
+  before the block, so the logits predicting the block's first position come from a fresh hidden state;
+- block-causal models (`attention_block_size`: ``config.block_size`` set): every forward takes ``block_size`` = the
+  decoding block length, so attention blocks are the decoding blocks (as LLaDA2's generate builds its mask), and
+  the rows' positions when they are padded (a row's blocks count from its first token). Under such attention a
+  block never sees later columns and completed blocks never change, so ``kv_cache`` is exact (``"prefix"`` and
+  ``"dual"`` alike): one full forward fills the cache, and every later forward computes only the columns whose
+  keys/values are not final yet, the current block (on a block's first forward, also what changed since the
+  last one: the block before it). Tokens equal ``kv_cache=None`` exactly.
 
 Transfers and strategies never see the model nor the cache; the denoiser knows nothing of them: the loop only says
 where a block starts (`Denoiser.begin_block`). Exported with the model as remote code (imports torch and `hf_mdm.kv_cache`).
@@ -30,7 +37,7 @@ from typing import Any, Optional
 
 import torch
 
-from .families import facts_of
+from .families import attention_block_size, facts_of
 from .kv_cache import output_cache
 from .modeling_blocks import shift_logits
 
@@ -53,6 +60,15 @@ def logits_shift_of(model: Any, config: Any = None) -> int:
         facts = facts_of(model)
         shift = facts.logits_shift if facts is not None else 0
     return int(shift)
+
+
+def _attention_block(model: Any, block_length: Optional[int]) -> Optional[int]:
+    """The attention block of a block-causal model's forwards: the decoding ``block_length``, else the model's own
+    (`attention_block_size`); None for a bidirectional model."""
+    own = attention_block_size(model)
+    if own is None:
+        return None
+    return int(block_length) if block_length is not None else own
 
 
 def classifier_free_guidance(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
@@ -101,6 +117,17 @@ class BlockCache:
 
 
 @dataclass
+class ExactCache:
+    """The exact cache of a block-causal model, kept across blocks: the keys/values, the canvas rows they hold
+    (a forward on fewer rows, once some finished, starts a new one) and ``final``, the column before which every
+    cached key/value is final."""
+
+    cache: Any = None
+    rows: int = 0
+    final: int = 0
+
+
+@dataclass
 class Denoiser:
     """Logits of a model at the positions a step needs (see the module docstring); counts its forward passes."""
 
@@ -112,10 +139,13 @@ class Denoiser:
     per_row_logits: bool = False  # the model takes logits_to_keep as (B, K) positions per row
     kv_cache: Optional[str] = None
     kv_cache_refresh: Optional[int] = None
+    block_size: Optional[int] = None  # block-causal models: the attention block of every forward (block_length)
+    pass_block_size: bool = False
     nfe: int = 0
     forward_rows: int = 0
     forward_tokens: int = 0
     block: Optional[BlockCache] = None
+    exact: Optional[ExactCache] = None
 
     @classmethod
     def for_model(
@@ -126,9 +156,11 @@ class Denoiser:
         shift: Optional[int] = None,
         kv_cache: Optional[str] = None,
         kv_cache_refresh: Optional[int] = None,
+        block_length: Optional[int] = None,
     ) -> "Denoiser":
-        """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model. A ValueError when
-        ``kv_cache`` is asked of a model that cannot keep keys/values."""
+        """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model; ``block_length`` is the
+        attention block of a block-causal model's forwards (default its own). A ValueError when ``kv_cache`` is
+        asked of a model that cannot keep keys/values."""
         if kv_cache is not None and not supports_kv_cache(model):
             raise ValueError(
                 f"kv_cache={kv_cache!r} needs a model whose forward keeps keys/values across steps (cache "
@@ -144,7 +176,15 @@ class Denoiser:
             per_row_logits=bool(getattr(model, "supports_per_row_logits_to_keep", False)),
             kv_cache=kv_cache,
             kv_cache_refresh=kv_cache_refresh,
+            block_size=_attention_block(model, block_length),
+            pass_block_size=accepts(model, "block_size"),
+            exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
         )
+
+    @property
+    def block_causal(self) -> bool:
+        """Whether the model attends block-causally (its decoding blocks are then aligned to attention blocks)."""
+        return self.block_size is not None
 
     @property
     def guided(self) -> bool:
@@ -171,6 +211,7 @@ class Denoiser:
         kwargs: dict[str, Any] = {}
         if mask is not None:
             kwargs["attention_mask"] = mask
+        self._block_arguments(mask, kwargs)
         start = self._cache_arguments(inputs, kwargs)
         if start is not None:
             inputs, query = inputs[:, start : start + kwargs["cache_position"].numel()], (query - start).clamp(min=0)
@@ -193,12 +234,24 @@ class Denoiser:
         logits = self.logits(rows, columns)
         return logits.gather(1, index[..., None].expand(-1, -1, logits.shape[-1]))
 
+    def _block_arguments(self, mask: Optional[torch.Tensor], kwargs: dict[str, Any]) -> None:
+        """A block-causal model's attention block and, for padded rows, positions counted from each row's first
+        token (so the blocks of a padded row are those it has alone)."""
+        if not self.block_causal:
+            return
+        if self.pass_block_size:
+            kwargs["block_size"] = self.block_size
+        if mask is not None:
+            kwargs["position_ids"] = (mask.long().cumsum(1) - 1).clamp(min=0)
+
     def _cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:
         """Adds the cache arguments of this forward to ``kwargs``: a full forward that keeps keys/values at a
         refresh, else the span against the cache. Returns the span's first column (None for a full forward)."""
         block = self.block
         if block is None:
             return None
+        if self.exact is not None:
+            return self._exact_cache_arguments(inputs, kwargs)
         refresh = block.cache is None or (
             self.kv_cache_refresh is not None and block.forwards % self.kv_cache_refresh == 0
         )
@@ -210,6 +263,21 @@ class Denoiser:
         start = max(block.start - self.shift, 0)
         end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
         kwargs.update(cache=block.cache, cache_position=torch.arange(start, end, device=inputs.device))
+        return start
+
+    def _exact_cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:
+        """The exact block cache: a full forward when there is no cache of these rows (or at a refresh), else the
+        columns from the first whose keys/values are not final to the block's end."""
+        block, exact = self.block, self.exact
+        refresh = self.kv_cache_refresh is not None and block.forwards % self.kv_cache_refresh == 0
+        block.forwards += 1
+        if exact.cache is None or exact.rows != inputs.shape[0] or refresh:
+            exact.cache, exact.rows, exact.final = None, inputs.shape[0], block.start
+            kwargs["use_cache"] = True
+            return None
+        start = max(min(exact.final, block.start) - self.shift, 0)
+        exact.final = block.start  # every block before this one is complete: this forward makes it final
+        kwargs.update(cache=exact.cache, cache_position=torch.arange(start, block.end, device=inputs.device))
         return start
 
     def full_logits(
@@ -227,7 +295,10 @@ class Denoiser:
     def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         output = self.model(inputs, **kwargs)
         if kwargs.get("use_cache"):
-            self.block.cache = output_cache(output)
+            if self.exact is not None:
+                self.exact.cache = output_cache(output)
+            else:
+                self.block.cache = output_cache(output)
         self.nfe += 2 if self.guided else 1
         self.forward_rows += inputs.shape[0]
         self.forward_tokens += inputs.shape[0] * inputs.shape[1]

@@ -7,7 +7,8 @@ field of the config a call runs with comes from the highest level that sets it (
 2. the generation config given to the call;
 3. the model's generation config (a checkpoint's ``generation_config.json``);
 4. the model config: ``schedule`` (the one the model was trained with), ``mask_token_id``, ``logits_shift``,
-   ``eos_token_id``, ``pad_token_id``;
+   ``eos_token_id``, ``pad_token_id``; for a block-causal model (``config.block_size`` b) ``block_length`` b and
+   ``kv_cache="prefix"`` (exact under block-causal attention; not with speculative decoding, which keeps none);
 5. the caller's fallback for token ids (e.g. a tokenizer) and the entry point's own defaults (e.g. ``hf-mdm
    sample``'s paper sampler);
 6. the field defaults (`hf_mdm.generation_config`).
@@ -23,10 +24,12 @@ from typing import Any, Optional
 
 from transformers import GenerationConfig
 
+from .families import attention_block_size
 from .generation_config import DIFFUSION_FIELDS, MaskedDiffusionGenerationConfig
-from .generation_denoiser import logits_shift_of
+from .generation_denoiser import logits_shift_of, supports_kv_cache
 from .generation_processors import apply_do_sample, check_generation_fields
 from .generation_reference import REFERENCES
+from .generation_speculative import SPECULATIVE
 
 TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
 MODEL_FIELDS = TOKEN_ID_FIELDS + ("logits_shift",)  # the model's own: every level gives them, to any config
@@ -53,11 +56,13 @@ def resolve_config(
     saved = getattr(model, "generation_config", None)
     if saved is not None:
         _fill(config, MaskedDiffusionGenerationConfig.from_any(saved).explicit_values())
-    _fill(config, _model_config_values(model))
+    _fill(config, _model_config_values(model, config))
     _fill(config, {name: getattr(fallback, name, None) for name in TOKEN_ID_FIELDS})
     _fill(config, defaults or {})
     if config.reference == "none":
         config.reference = None
+    if config.kv_cache == "none":  # set explicitly: no cache, even where the model's default is one
+        config.kv_cache = None
     if config.mask_token_id is None:
         raise ValueError(
             "no mask token id: pass mask_token_id=... (to generate, or in --model_args) or set config.mask_token_id "
@@ -78,9 +83,15 @@ def _fill(config: MaskedDiffusionGenerationConfig, values: dict[str, Any]) -> No
             setattr(config, name, value)
 
 
-def _model_config_values(model: Any) -> dict[str, Any]:
-    """What the model config says about sampling: the schedule it was trained with, its ids and logits shift."""
+def _model_config_values(model: Any, config: MaskedDiffusionGenerationConfig) -> dict[str, Any]:
+    """What the model config says about sampling: the schedule it was trained with, its ids and logits shift, and
+    for a block-causal model its block length and exact cache (unless ``config``'s sampler keeps no cache)."""
     model_config = getattr(model, "config", None)
     values = {name: getattr(model_config, name, None) for name in TOKEN_ID_FIELDS}
     values.update(schedule=getattr(model_config, "schedule", None), logits_shift=logits_shift_of(model))
+    block = attention_block_size(model)
+    if block is not None:
+        values["block_length"] = block
+        if supports_kv_cache(model) and config.transfer != SPECULATIVE:
+            values["kv_cache"] = "prefix"
     return values

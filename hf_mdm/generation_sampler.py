@@ -4,8 +4,9 @@
    generated too (infilling). Padding (2-D ``attention_mask``, left or right) is never attended to nor generated
    (`prepare_canvas`);
 2. the generation region (from the first masked column to the end) is cut into blocks of ``block_length``
-   columns, denoised left to right; ``steps`` are split over the blocks in proportion to their masked counts
-   (`block_spans`, `hf_mdm.generation_transfer.split_steps`). Between blocks, rows that finished skip the rest
+   columns, denoised left to right; for a block-causal model the blocks are its attention blocks, counted in
+   positions from 0 (`plan_blocks`); ``steps`` are split over the blocks in proportion to their masked counts
+   (`hf_mdm.generation_transfer.split_steps`). Between blocks, rows that finished skip the rest
    (`hf_mdm.generation_stopping`);
 3. a step asks the `Denoiser` for logits at the block's masked positions, proposes tokens (`Proposer`), and
    reveals as many positions per row as the transfer rule says, chosen by the strategy (`denoise_block`).
@@ -48,6 +49,13 @@ class Canvas:
     def prompt_mask(self) -> torch.Tensor:
         """(B, L) True at every position not generated (prompt and padding)."""
         return ~self.gen_mask0
+
+    def positions(self) -> torch.Tensor:
+        """(B, L) the position of each column: ``cumsum(attn) - 1`` (a row's first token is position 0, whatever
+        its padding), else ``0..L-1``."""
+        if self.attn is None:
+            return torch.arange(self.x.shape[1], device=self.x.device).expand_as(self.x)
+        return (self.attn.long().cumsum(1) - 1).clamp(min=0)
 
     def rows(self) -> Rows:
         return Rows(self.x, self.attn, self.prompt_mask)
@@ -158,6 +166,16 @@ def _checked_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: 
     return attention_mask
 
 
+@dataclass
+class Block:
+    """One block of the reverse process: ``region`` (B, L) its positions to generate, ``start``/``end`` the columns
+    it spans in any row (rows padded on the left differently may place an aligned block at other columns)."""
+
+    start: int
+    end: int
+    region: torch.Tensor
+
+
 def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tuple[int, int]]:
     """(start, end) columns of the blocks, from the first masked column to the end."""
     columns = gen_mask.any(0).nonzero().flatten()
@@ -166,6 +184,27 @@ def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tup
     start, end = int(columns[0]), gen_mask.shape[1]
     size = end - start if block_length is None else block_length
     return [(b, min(b + size, end)) for b in range(start, end, size)]
+
+
+def plan_blocks(canvas: Canvas, block_length: Optional[int], aligned: bool = False) -> list[Block]:
+    """The blocks of a call. Unaligned: ``block_length`` columns each from the first masked column (`block_spans`).
+    Aligned (block-causal models): the attention blocks, ``block_length`` positions each counted from each row's
+    position 0 (`Canvas.positions`), so a prompt may end inside a block, as LLaDA2's and BD3-LM's generate."""
+    gen_mask0 = canvas.gen_mask0
+    if not aligned or block_length is None:
+        blocks = []
+        for start, end in block_spans(gen_mask0, block_length):
+            region = torch.zeros_like(gen_mask0)
+            region[:, start:end] = gen_mask0[:, start:end]
+            blocks.append(Block(start, end, region))
+        return blocks
+    block_of = canvas.positions() // block_length
+    real = canvas.attn if canvas.attn is not None else torch.ones_like(gen_mask0)
+    blocks = []
+    for k in torch.unique(block_of[gen_mask0]).tolist():
+        columns = ((block_of == k) & real).any(0).nonzero().flatten()
+        blocks.append(Block(int(columns[0]), int(columns[-1]) + 1, gen_mask0 & (block_of == k)))
+    return blocks
 
 
 def sample_blocks(
@@ -179,18 +218,18 @@ def sample_blocks(
     denoise: Optional[BlockDenoiser] = None,
 ) -> torch.Tensor:
     """Denoise the canvas block by block, in place, each block with ``denoise`` (default `denoise_block`); returns
-    the (B,) rows that finished early."""
+    the (B,) rows that finished early. Blocks are aligned to the model's attention blocks when it has them."""
     gen_mask0 = canvas.gen_mask0
-    spans = block_spans(gen_mask0, block_length)
-    steps_per_block = split_steps(steps, [int(gen_mask0[:, s:e].sum(1).max()) for s, e in spans])
+    blocks = plan_blocks(canvas, block_length, sampler.denoiser.block_causal)
+    steps_per_block = split_steps(steps, [int(block.region.sum(1).max()) for block in blocks])
     finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
-    for (start, end), num_steps in zip(spans, steps_per_block):
+    for block, num_steps in zip(blocks, steps_per_block):
         if num_steps == 0:
             continue
         active = (~finished).nonzero().flatten()
-        _denoise_active_rows(sampler, canvas, active, (start, end), num_steps, trace, denoise or denoise_block)
+        _denoise_active_rows(sampler, canvas, active, block, num_steps, trace, denoise or denoise_block)
         x = canvas.x
-        finished |= finished_rows(x, gen_mask0, end, eos_ids, stopping_criteria, x == sampler.mask_id)
+        finished |= finished_rows(x, gen_mask0, block.end, eos_ids, stopping_criteria, x == sampler.mask_id)
         if bool(finished.all()):
             break
     return finished
@@ -200,7 +239,7 @@ def _denoise_active_rows(
     sampler: Sampler,
     canvas: Canvas,
     active: torch.Tensor,
-    span: tuple[int, int],
+    block: Block,
     num_steps: int,
     trace: Trace,
     denoise: BlockDenoiser,
@@ -208,10 +247,8 @@ def _denoise_active_rows(
     """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
     all_rows = active.numel() == canvas.x.shape[0]
     rows = canvas.rows() if all_rows else canvas.rows().select(active)
-    sampler.denoiser.begin_block(*span)
-    region = torch.zeros_like(canvas.gen_mask0[:1])
-    region[:, span[0] : span[1]] = True
-    region = region & (canvas.gen_mask0 if all_rows else canvas.gen_mask0[active])
+    sampler.denoiser.begin_block(block.start, block.end)
+    region = block.region if all_rows else block.region[active]
 
     def on_step() -> None:
         if not all_rows and trace.needs_canvas:

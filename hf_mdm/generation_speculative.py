@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 from .generation_denoiser import KV_CACHES, Rows
-from .generation_sampler import Canvas, Sampler, Trace, block_spans
+from .generation_sampler import Canvas, Sampler, Trace, plan_blocks
 from .generation_stopping import finished_rows
 from .generation_strategy import canonical_strategy
 
@@ -112,8 +112,10 @@ def speculative_sample(
     finished early and records each row's mean accepted drafts per round in ``trace.accepted_per_round``."""
     state = Rounds.start(canvas.gen_mask0)
     finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
-    for _, end in block_spans(canvas.gen_mask0, block_length):
-        limit = canvas.gen_mask0[:, :end].sum(1)  # generated positions of each row before the block's end
+    done_mask = torch.zeros_like(canvas.gen_mask0)
+    for block in plan_blocks(canvas, block_length, sampler.denoiser.block_causal):
+        done_mask |= block.region
+        limit, end = done_mask.sum(1), block.end  # generated positions of each row up to the block's end
         while True:
             active = ((state.done < limit) & ~finished).nonzero().flatten()
             if active.numel() == 0:

@@ -5,8 +5,9 @@
   ``config._attn_implementation`` names no other entry of transformers' ``ALL_ATTENTION_FUNCTIONS`` (sdpa,
   flex_attention, kernels); each class looks its implementation up itself, as transformers' models do;
 - the attention mask through transformers' masking utilities (`diffusion_attention_mask`): bidirectional with
-  padding, or block-causal (``block_size`` b: bidirectional inside each block of b canvas columns, causal across
-  blocks, as BD3-LM and LLaDA2 use), also for a span of columns run against a cache (`hf_mdm.kv_cache`);
+  padding, or block-causal (``block_size`` b: bidirectional inside each block of b positions, causal across
+  blocks, as BD3-LM and LLaDA2 use), also for a span of columns run against a cache (`hf_mdm.kv_cache`), with the
+  RoPE positions of the input (`attention_inputs`);
 - the LM head's positions (`keep_positions`), the logits shift (`shift_logits`) and the masked-token loss.
 
 Exported with ``modeling_mdm.py`` as remote code: it imports only torch and transformers.
@@ -27,7 +28,7 @@ __all__ = [
     "RMSNorm",
     "apply_rotary",
     "block_causal_mask_function",
-    "canvas_positions",
+    "attention_inputs",
     "diffusion_attention_mask",
     "eager_attention_forward",
     "keep_positions",
@@ -124,16 +125,16 @@ def eager_attention_forward(
     return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
-def block_causal_mask_function(block_of_column: torch.Tensor, query_columns: Optional[torch.Tensor] = None) -> Callable:
+def block_causal_mask_function(block_of: torch.Tensor, query_columns: Optional[torch.Tensor] = None) -> Callable:
     """The mask function (transformers' ``(batch, head, q_idx, kv_idx) -> bool`` form) of block-causal attention:
-    query column q may attend to key column k iff ``block_of_column[k] <= block_of_column[q]`` (the block of each
-    canvas column, ``column // block_size``, looked up rather than divided, which every backend compiles).
-    ``query_columns`` maps the query index to its canvas column for a span of columns (None: the index is the
-    column)."""
+    in row r, query column q may attend to key column k iff ``block_of[r, k] <= block_of[r, q]``, with ``block_of``
+    (B, L) the block of each canvas column's position (``position // block_size``, looked up rather than divided,
+    which every backend compiles). ``query_columns`` maps the query index to its canvas column for a span of columns
+    (None: the index is the column)."""
 
     def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
         column = q_idx if query_columns is None else query_columns[q_idx]
-        return block_of_column[kv_idx] <= block_of_column[column]
+        return block_of[batch_idx, kv_idx] <= block_of[batch_idx, column]
 
     return inner
 
@@ -145,6 +146,7 @@ def diffusion_attention_mask(
     query_columns: Optional[torch.Tensor] = None,
     canvas_length: Optional[int] = None,
     block_size: Optional[int] = None,
+    position_ids: Optional[torch.Tensor] = None,
 ) -> Any:
     """The attention mask of a forward, in the form ``config._attn_implementation`` takes (None where nothing is
     masked and the implementation allows it), built by `transformers.masking_utils.create_bidirectional_mask`.
@@ -152,10 +154,12 @@ def diffusion_attention_mask(
     Args:
         inputs_embeds: (B, l, hidden) of the queries (the whole canvas, or the span at ``query_columns``).
         attention_mask: (B, L) over the whole canvas, 1 = token, 0 = padding (never attended to); a 4-D mask
-            (B, 1, l, L) is used as given.
+            (B, 1, l, L) (additive or boolean) is used as given.
         query_columns: (l,) canvas columns of the queries for a span forward against a cache (of
             ``canvas_length`` columns); None: the queries are the canvas.
-        block_size: None for bidirectional attention, else block-causal attention over canvas columns.
+        block_size: None for bidirectional attention, else block-causal attention: blocks of ``block_size``
+            positions, counted from position 0 of each row (so a left-padded row has the blocks it has alone).
+        position_ids: (B, L) positions of the whole canvas (default ``0..L-1``), which place the blocks.
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask
@@ -166,27 +170,38 @@ def diffusion_attention_mask(
     overlay = None
     if block_size is not None:
         length = attention_mask.shape[-1] if attention_mask is not None else inputs_embeds.shape[1]
-        block_of_column = torch.arange(length, device=inputs_embeds.device) // block_size
-        overlay = block_causal_mask_function(block_of_column, query_columns)
+        if position_ids is None:
+            position_ids = torch.arange(length, device=inputs_embeds.device).expand(inputs_embeds.shape[0], length)
+        overlay = block_causal_mask_function(position_ids // block_size, query_columns)
     return create_bidirectional_mask(
         config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, and_mask_function=overlay
     )
 
 
-def canvas_positions(
+def attention_inputs(
+    config: Any,
+    inputs_embeds: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
     position_ids: Optional[torch.LongTensor],
-    canvas_shape: tuple[int, int],
-    device: torch.device,
     cache: Any,
     cache_position: Optional[torch.LongTensor],
-    attention_mask: Optional[torch.Tensor],
-) -> torch.LongTensor:
-    """The (B, l) RoPE positions of a forward's input: ``position_ids`` (B, L) of the canvas (default 0..L-1 in
-    every row, as LLaDA's and Dream's published code), at the columns ``cache_position`` for a span forward."""
+    block_size: Optional[int] = None,
+) -> tuple[Any, torch.LongTensor]:
+    """The attention mask (`diffusion_attention_mask`) and the (B, l) RoPE positions of a forward's input.
+
+    ``position_ids`` (B, L) are the whole canvas' (default ``0..L-1`` in every row, as LLaDA's and Dream's published
+    code), taken at the columns ``cache_position`` for a span forward. ``block_size`` (a forward's argument)
+    overrides ``config.block_size``: None in both is bidirectional attention."""
+    batch = inputs_embeds.shape[0]
+    length = cache.get_seq_length() if cache_position is not None else inputs_embeds.shape[1]
     if position_ids is None:
-        batch, length = canvas_shape
-        position_ids = torch.arange(length, device=device).expand(batch, length)
-    return span_position_ids(cache, cache_position, attention_mask, position_ids)
+        position_ids = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
+    if block_size is None:
+        block_size = getattr(config, "block_size", None)
+    mask = diffusion_attention_mask(
+        config, inputs_embeds, attention_mask, cache_position, length, block_size, position_ids
+    )
+    return mask, span_position_ids(cache, cache_position, attention_mask, position_ids)
 
 
 def keep_positions(hidden_states: torch.Tensor, logits_to_keep: Union[int, torch.Tensor]) -> torch.Tensor:

@@ -30,12 +30,11 @@ from .kv_cache import (
     masked_lm_output,
     model_output_with_cache,
     new_cache,
-    span_position_ids,
 )
 from .modeling_blocks import (
     RMSNorm,
     apply_rotary,
-    diffusion_attention_mask,
+    attention_inputs,
     eager_attention_forward,
     keep_positions,
     rotary_cos_sin,
@@ -163,6 +162,7 @@ class MDMModel(MDMPreTrainedModel):
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
+        block_size: Optional[int] = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
         """
@@ -179,6 +179,8 @@ class MDMModel(MDMPreTrainedModel):
                 keys/values of a full forward in a new cache (returned); with ``cache`` and ``cache_position`` (l,)
                 the input is those canvas columns, their keys/values replace the cached ones and attention reads the
                 whole cache.
+            block_size: block-causal attention over blocks of this many positions for this call (overrides
+                ``config.block_size``; None: the config's, where None is bidirectional attention).
             output_hidden_states, output_attentions, return_dict: as in transformers' models (keyword or config).
         """
         if (input_ids is None) == (inputs_embeds is None):
@@ -194,9 +196,8 @@ class MDMModel(MDMPreTrainedModel):
                 "shorten the prompt or max_new_tokens"
             )
         position_ids = self._positions(attention_mask, position_ids, bsz, canvas, inputs_embeds.device)
-        position_ids = span_position_ids(cache, cache_position, attention_mask, position_ids)
-        mask = diffusion_attention_mask(
-            self.config, inputs_embeds, attention_mask, cache_position, canvas, self.config.block_size
+        mask, position_ids = attention_inputs(
+            self.config, inputs_embeds, attention_mask, position_ids, cache, cache_position, block_size
         )
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         hidden_states = inputs_embeds
@@ -268,6 +269,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
+        block_size: Optional[int] = None,
         **kwargs: Any,
     ) -> MaskedLMOutputWithPast:
         r"""
@@ -285,6 +287,8 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
                 Indices count in the input (with ``cache_position``: in the span).
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
                 older name of ``cache``), see `MDMModel.forward` and `hf_mdm.kv_cache`.
+            block_size: block-causal attention over blocks of this many positions for this call (overrides
+                ``config.block_size``; None: the config's, where None is bidirectional attention).
             output_hidden_states, output_attentions, return_dict: as in transformers' models.
 
         Returns:
@@ -302,6 +306,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
+            block_size=block_size,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state

@@ -80,13 +80,15 @@ def model_class(request):
     return request.param
 
 
-def brute_force_mask(padding: torch.Tensor, block_size) -> torch.Tensor:
-    """(B, 1, L, L) True where query i may attend to key j: j is a token and, block-causally, in a block <= i's."""
+def brute_force_mask(padding: torch.Tensor, block_size, positions=None) -> torch.Tensor:
+    """(B, 1, L, L) True where query i may attend to key j: j is a token and, block-causally, in a block <= i's
+    (blocks of ``block_size`` positions; default positions 0..L-1)."""
     length = padding.shape[1]
     allowed = padding.bool()[:, None, None, :].expand(-1, 1, length, length)
     if block_size is not None:
-        blocks = torch.arange(length) // block_size
-        allowed = allowed & (blocks[None, :] <= blocks[:, None])
+        positions = torch.arange(length).expand(padding.shape[0], length) if positions is None else positions
+        blocks = positions // block_size
+        allowed = allowed & (blocks[:, None, None, :] <= blocks[:, None, :, None])
     return allowed
 
 
@@ -115,10 +117,12 @@ def test_implementations_agree_with_a_brute_force_mask(model_class, block_size):
     """Every attention implementation, with the mask the masking utilities build (padding, block-causal), gives the
     logits of sdpa with a hand-built boolean mask (a 4-D mask is used as given)."""
     reference = build(model_class, None, "sdpa")
-    expected = reference(IDS, attention_mask=brute_force_mask(PADDING, block_size)).logits
+    positions = (PADDING.cumsum(1) - 1).clamp(min=0)  # a left-padded row's blocks start at its first token
+    mask = brute_force_mask(PADDING, block_size, positions)
+    expected = reference(IDS, attention_mask=mask, position_ids=positions).logits
     for implementation in IMPLEMENTATIONS:
         model = build(model_class, block_size, implementation)
-        got = model(IDS, attention_mask=PADDING).logits
+        got = model(IDS, attention_mask=PADDING, position_ids=positions).logits
         real = PADDING.bool()  # padding queries attend like the others; compare the tokens' rows
         torch.testing.assert_close(got[real], expected[real], atol=2e-5, rtol=2e-5, msg=implementation)
 
@@ -137,13 +141,14 @@ def test_block_causal_logits_ignore_later_blocks(model_class):
 
 def test_attentions_and_hidden_states_as_outputs(model_class):
     model = build(model_class, 3, "eager")
-    out = model(IDS, attention_mask=PADDING, output_attentions=True, output_hidden_states=True)
+    positions = (PADDING.cumsum(1) - 1).clamp(min=0)
+    out = model(IDS, attention_mask=PADDING, position_ids=positions, output_attentions=True, output_hidden_states=True)
     layers = model.config.num_hidden_layers
     assert len(out.attentions) == layers and len(out.hidden_states) == layers + 1
     for weights in out.attentions:
         assert weights.shape == (2, 4, 9, 9)
         torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 9))
-        assert torch.all(weights.masked_select(~brute_force_mask(PADDING, 3)) == 0)
+        assert torch.all(weights.masked_select(~brute_force_mask(PADDING, 3, positions)) == 0)
     assert model(IDS).hidden_states is None and model(IDS).attentions is None
     model.config.output_hidden_states = True  # the config's setting, as in transformers
     assert len(model(IDS).hidden_states) == layers + 1

@@ -44,8 +44,7 @@ from ...kv_cache import (
 from ...modeling_blocks import (
     RMSNorm,
     apply_rotary,
-    canvas_positions,
-    diffusion_attention_mask,
+    attention_inputs,
     eager_attention_forward,
     keep_positions,
     masked_token_loss,
@@ -179,6 +178,7 @@ class DreamBaseModel(DreamPreTrainedModel):
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
+        block_size: Optional[int] = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
         """
@@ -192,6 +192,8 @@ class DreamBaseModel(DreamPreTrainedModel):
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
                 older name of ``cache``; see `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those
                 canvas columns, while ``attention_mask`` and ``position_ids`` still describe the whole canvas.
+            block_size: block-causal attention over blocks of this many positions for this call (overrides
+                ``config.block_size``; None: the config's, where None is bidirectional attention).
             output_hidden_states, output_attentions, return_dict: as in transformers' models (keyword or config);
                 the hidden states are the input of every layer and the final normalised state.
 
@@ -203,10 +205,8 @@ class DreamBaseModel(DreamPreTrainedModel):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         cache = new_cache(cache, use_cache, cache_position, past_key_values)
-        canvas = (x.shape[0], cache.get_seq_length() if cache_position is not None else x.shape[1])
-        position_ids = canvas_positions(position_ids, canvas, x.device, cache, cache_position, attention_mask)
-        mask = diffusion_attention_mask(
-            self.config, x, attention_mask, cache_position, canvas[1], getattr(self.config, "block_size", None)
+        mask, position_ids = attention_inputs(
+            self.config, x, attention_mask, position_ids, cache, cache_position, block_size
         )
         head_dim = self.config.hidden_size // self.config.num_attention_heads
         cos, sin = rotary_cos_sin(position_ids, head_dim, self.config.rope_theta)
@@ -275,6 +275,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
+        block_size: Optional[int] = None,
         **kwargs: Any,
     ) -> MaskedLMOutputWithPast:
         r"""
@@ -292,6 +293,8 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
                 older name of ``cache``), see
                 `DreamBaseModel.forward`; ``logits_to_keep`` then counts in the input span.
+            block_size: block-causal attention over blocks of this many positions for this call (overrides
+                ``config.block_size``; None: the config's, where None is bidirectional attention).
             output_hidden_states, output_attentions, return_dict: as in transformers' models.
 
         Returns:
@@ -307,6 +310,7 @@ class DreamModel(DreamPreTrainedModel, MaskedDiffusionGenerationMixin):
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
+            block_size=block_size,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state

@@ -47,8 +47,7 @@ from ...kv_cache import (
 from ...modeling_blocks import (
     RMSNorm,
     apply_rotary,
-    canvas_positions,
-    diffusion_attention_mask,
+    attention_inputs,
     eager_attention_forward,
     keep_positions,
     masked_token_loss,
@@ -221,6 +220,7 @@ class LLaDAModel(LLaDAPreTrainedModel):
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
+        block_size: Optional[int] = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
         """
@@ -234,6 +234,8 @@ class LLaDAModel(LLaDAPreTrainedModel):
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
                 older name of ``cache``; see `hf_mdm.kv_cache`): with ``cache_position`` (l,) the input is those
                 canvas columns, while ``attention_mask`` and ``position_ids`` still describe the whole canvas.
+            block_size: block-causal attention over blocks of this many positions for this call (overrides
+                ``config.block_size``; None: the config's, where None is bidirectional attention).
             output_hidden_states, output_attentions, return_dict: as in transformers' models (keyword or config);
                 the hidden states are the input of every block and the final normalised state.
 
@@ -247,10 +249,8 @@ class LLaDAModel(LLaDAPreTrainedModel):
             x = x * (self.config.d_model**0.5)
         x = self.embedding_dropout(x)
         cache = new_cache(cache, use_cache, cache_position, past_key_values)
-        canvas = (x.shape[0], cache.get_seq_length() if cache_position is not None else x.shape[1])
-        position_ids = canvas_positions(position_ids, canvas, x.device, cache, cache_position, attention_mask)
-        mask = diffusion_attention_mask(
-            self.config, x, attention_mask, cache_position, canvas[1], getattr(self.config, "block_size", None)
+        mask, position_ids = attention_inputs(
+            self.config, x, attention_mask, position_ids, cache, cache_position, block_size
         )
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         for block in self.transformer["blocks"]:
@@ -330,6 +330,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
         past_key_values: Optional[Cache] = None,
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
+        block_size: Optional[int] = None,
         **kwargs: Any,
     ) -> MaskedLMOutputWithPast:
         r"""
@@ -340,6 +341,8 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             cache, use_cache, cache_position: keys/values kept across denoising steps (``past_key_values``: the
                 older name of ``cache``), see
                 `LLaDAModel.forward`; ``logits_to_keep`` then counts in the input span.
+            block_size: block-causal attention over blocks of this many positions for this call (overrides
+                ``config.block_size``; None: the config's, where None is bidirectional attention).
             logits_to_keep: 0 = logits at every position; an int k = the last k positions; a 1-D LongTensor of
                 positions = those positions; a (B, K) tensor = K positions per row. The output layer runs only there.
             labels: (B, L) target ids at the positions to score and -100 elsewhere; the loss is their mean
@@ -361,6 +364,7 @@ class LLaDAModelLM(LLaDAPreTrainedModel, MaskedDiffusionGenerationMixin):
             past_key_values=past_key_values,
             use_cache=use_cache,
             cache_position=cache_position,
+            block_size=block_size,
             **kwargs,
         )
         hidden_states = outputs.last_hidden_state
