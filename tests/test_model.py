@@ -190,7 +190,10 @@ def test_exported_modules_import_only_torch_transformers_and_siblings():
         assert imports - stdlib <= EXPORT_ALLOWED_IMPORTS, (name, imports - stdlib)
 
 
-def test_remote_code_export_loads_without_hf_mdm(model, tmp_path):
+@pytest.mark.parametrize("block_size", [None, 3], ids=["bidirectional", "block-causal"])
+def test_remote_code_export_loads_without_hf_mdm(block_size, tmp_path):
+    torch.manual_seed(0)
+    model = MDMForMaskedDiffusion(tiny_config(block_size=block_size)).eval()
     model.generation_config = MaskedDiffusionGenerationConfig(steps=4, max_new_tokens=6)
     model.save_pretrained(tmp_path)
     for name in exported_files("modeling_mdm.py", "configuration_mdm.py"):

@@ -1,0 +1,141 @@
+"""Block-causal models in the sampler: decoding blocks aligned to the attention blocks (positions from 0), the
+block length and the exact block cache as defaults, the cache's tokens equal to no cache for every sampler, its
+positions computed counted by hand, padded rows as alone."""
+
+import pytest
+import torch
+from test_model_conformance import build
+
+from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+from hf_mdm.generation import diffusion_generate, resolve_config
+from hf_mdm.models import DreamModel, LLaDAModelLM
+
+VOCAB, MASK = 17, 16
+PROMPTS = torch.tensor([[0, 0, 1, 2, 3], [6, 7, 8, 9, 10]])
+PADDING = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+
+
+def mdm(block_size=4, **kw):
+    torch.manual_seed(0)
+    config = MDMConfig(
+        vocab_size=VOCAB,
+        mask_token_id=MASK,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        block_size=block_size,
+        **kw,
+    )
+    return MDMForMaskedDiffusion(config).eval()
+
+
+def test_a_block_causal_model_defaults_to_its_blocks_and_the_exact_cache():
+    config = resolve_config(mdm(block_size=4), None, {})
+    assert (config.block_length, config.kv_cache) == (4, "prefix")
+    bidirectional = resolve_config(mdm(block_size=None), None, {})
+    assert (bidirectional.block_length, bidirectional.kv_cache) == (None, None)
+    assert resolve_config(mdm(), None, {"kv_cache": "none"}).kv_cache is None
+    assert resolve_config(mdm(), None, {"block_length": 8}).block_length == 8
+    speculative = resolve_config(mdm(), None, {"transfer": "speculative", "draft_length": 2})
+    assert speculative.kv_cache is None and speculative.block_length == 4
+
+
+SAMPLERS = {
+    "paper (stochastic, random)": dict(transfer="stochastic", strategy="random", temperature=1.0),
+    "deterministic confidence": dict(strategy="confidence", temperature=0.0),
+    "deterministic margin, sampled": dict(strategy="margin", temperature=1.0),
+    "deterministic entropy": dict(strategy="entropy", temperature=0.0),
+    "left to right": dict(strategy="left_to_right", temperature=0.0),
+    "threshold": dict(transfer="threshold", threshold=0.15, strategy="confidence", temperature=0.0),
+    "entropy bound": dict(transfer="entropy_bound", entropy_bound=0.5, strategy="confidence", temperature=0.0),
+    "remdm cap": dict(remdm="cap", remdm_eta=0.2, temperature=1.0),
+    "remdm loop": dict(remdm="loop", remdm_eta=0.2, remdm_t_on=0.55, remdm_t_off=0.05, temperature=1.0),
+    "guidance": dict(strategy="confidence", cfg_scale=1.0, temperature=0.0),
+    "block 8 over attention blocks of 4": dict(strategy="confidence", block_length=8, temperature=0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(SAMPLERS))
+def test_the_exact_cache_gives_the_tokens_of_no_cache(name):
+    model = mdm()
+    runs = {
+        kv: diffusion_generate(
+            model,
+            PROMPTS,
+            attention_mask=PADDING,
+            max_new_tokens=11,
+            steps=9,
+            seed=3,
+            kv_cache=kv,
+            return_dict_in_generate=True,
+            **SAMPLERS[name],
+        )
+        for kv in ("none", "prefix", "dual")
+    }
+    for kv in ("prefix", "dual"):
+        assert torch.equal(runs[kv].sequences, runs["none"].sequences), kv
+        assert runs[kv].nfe == runs["none"].nfe
+        assert runs[kv].forward_tokens < runs["none"].forward_tokens
+    assert not bool((runs["none"].sequences == MASK).any())
+
+
+@pytest.mark.parametrize("model_class", [LLaDAModelLM, DreamModel], ids=["LLaDA", "Dream (logits shift)"])
+def test_the_exact_cache_on_the_native_families(model_class):
+    model = build(model_class, block_size=4)
+    runs = [
+        diffusion_generate(model, PROMPTS[1:], max_new_tokens=10, steps=10, kv_cache=kv, temperature=0.0)
+        for kv in ("none", "prefix")
+    ]
+    assert torch.equal(*runs)
+
+
+def test_positions_computed_by_the_exact_cache_counted_by_hand():
+    """Prompt of 5, 11 new tokens, attention blocks of 4: blocks of positions [4, 8) (3 to generate), [8, 12) and
+    [12, 16) (4 each), one token a step. Without a cache every forward computes the 16 columns; with it: one full
+    forward (16), then block [4, 8) (4) twice; each later block's first forward computes it and the block before it
+    (8), its others the block (4)."""
+    model = mdm()
+    prompt = PROMPTS[1:]
+    runs = {
+        kv: diffusion_generate(
+            model, prompt, max_new_tokens=11, steps=11, kv_cache=kv, temperature=0.0, return_dict_in_generate=True
+        )
+        for kv in ("none", "prefix")
+    }
+    assert runs["none"].nfe == runs["prefix"].nfe == 11
+    assert runs["none"].forward_tokens == 11 * 16
+    assert runs["prefix"].forward_tokens == 16 + 2 * 4 + (8 + 3 * 4) + (8 + 3 * 4)
+
+
+@pytest.mark.parametrize("kv_cache", ["none", "prefix"])
+def test_a_padded_row_decodes_as_it_does_alone(kv_cache):
+    """Blocks count from a row's first token: the left-padded row keeps its own blocks (one token a step, so the
+    other row's blocks cannot change how its steps are spent)."""
+    model = mdm()
+    kw = dict(max_new_tokens=9, temperature=0.0, strategy="confidence", kv_cache=kv_cache)
+    batch = diffusion_generate(model, PROMPTS, attention_mask=PADDING, steps=11, **kw)
+    alone = [
+        diffusion_generate(model, PROMPTS[:1, 2:], steps=9, **kw),
+        diffusion_generate(model, PROMPTS[1:], steps=9, **kw),
+    ]
+    assert torch.equal(batch[0, 2:], alone[0][0]) and torch.equal(batch[1], alone[1][0])
+
+
+def test_speculative_decoding_keeps_the_left_to_right_tokens():
+    model = mdm()
+    greedy = diffusion_generate(
+        model, PROMPTS[1:], max_new_tokens=11, steps=11, strategy="left_to_right", temperature=0.0
+    )
+    speculative = diffusion_generate(
+        model, PROMPTS[1:], max_new_tokens=11, transfer="speculative", draft_length=3, temperature=0.0
+    )
+    assert torch.equal(speculative, greedy)
+
+
+def test_a_block_never_sees_later_blocks_through_the_sampler():
+    """Decoding the first block with anything after it gives the same tokens: the model is block-causal."""
+    model = mdm()
+    short = diffusion_generate(model, PROMPTS[1:], max_new_tokens=3, steps=3, temperature=0.0)
+    long = diffusion_generate(model, PROMPTS[1:], max_new_tokens=11, steps=11, temperature=0.0)
+    assert torch.equal(long[:, :8], short)
