@@ -111,6 +111,8 @@ def _train(args: argparse.Namespace) -> int:
 
     from .training import build_trainer, train_save_evaluate
 
+    if args.block_size is not None and args.kind != "mdm":
+        return _fail("--block-size makes a block diffusion model: use it with --kind mdm")
     dataset, language = _load_split_data(args.data)
     length = len(dataset["train"][0]["input_ids"])
     entropy = language.expected_nll(length).value / length
@@ -141,6 +143,7 @@ def _train(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         entropy_per_token=entropy,
         seed=args.seed,
+        block_size=args.block_size,
     )
     final = Path(args.output_dir) / "final"
     print(f"training; then the model is saved to {final} and evaluated on {len(validation)} validation sequences")
@@ -440,6 +443,12 @@ def _add_train_command(commands: Any) -> None:
         type=at_least(1),
         default=512,
         help="validation sequences evaluated every --save-steps and at the end (default 512)",
+    )
+    train.add_argument(
+        "--block-size",
+        type=at_least(1),
+        default=None,
+        help="--kind mdm: a block diffusion model (block-causal attention, BD3-LM's objective) with blocks of this size",
     )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--no-resume", action="store_true", help="start over even if checkpoints exist")

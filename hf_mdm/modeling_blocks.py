@@ -33,6 +33,7 @@ __all__ = [
     "eager_attention_forward",
     "keep_positions",
     "masked_token_loss",
+    "noisy_clean_mask_function",
     "rotary_cos_sin",
     "shift_logits",
     "split_heads",
@@ -139,6 +140,23 @@ def block_causal_mask_function(block_of: torch.Tensor, query_columns: Optional[t
     return inner
 
 
+def noisy_clean_mask_function(block_of: torch.Tensor, noisy: torch.Tensor) -> Callable:
+    """The mask function of block diffusion's training input (BD3-LM), a noisy copy of the sequence followed by the
+    clean sequence, each column with its block ``block_of`` (B, 2L) and ``noisy`` (2L,) True in the first copy: a
+    noisy query attends to the noisy keys of its own block and to the clean keys of earlier blocks (what it sees at
+    sampling time); a clean query attends block-causally to clean keys."""
+
+    def inner(batch_idx: Any, head_idx: Any, q_idx: Any, kv_idx: Any) -> Any:
+        q_block, kv_block = block_of[batch_idx, q_idx], block_of[batch_idx, kv_idx]
+        q_noisy, kv_noisy = noisy[q_idx], noisy[kv_idx]
+        same_noisy_block = q_noisy & kv_noisy & (kv_block == q_block)
+        earlier_clean = q_noisy & ~kv_noisy & (kv_block < q_block)
+        clean_causal = ~q_noisy & ~kv_noisy & (kv_block <= q_block)
+        return same_noisy_block | earlier_clean | clean_causal
+
+    return inner
+
+
 def diffusion_attention_mask(
     config: Any,
     inputs_embeds: torch.Tensor,
@@ -147,6 +165,7 @@ def diffusion_attention_mask(
     canvas_length: Optional[int] = None,
     block_size: Optional[int] = None,
     position_ids: Optional[torch.Tensor] = None,
+    noisy_length: Optional[int] = None,
 ) -> Any:
     """The attention mask of a forward, in the form ``config._attn_implementation`` takes (None where nothing is
     masked and the implementation allows it), built by `transformers.masking_utils.create_bidirectional_mask`.
@@ -160,6 +179,8 @@ def diffusion_attention_mask(
         block_size: None for bidirectional attention, else block-causal attention: blocks of ``block_size``
             positions, counted from position 0 of each row (so a left-padded row has the blocks it has alone).
         position_ids: (B, L) positions of the whole canvas (default ``0..L-1``), which place the blocks.
+        noisy_length: block diffusion's training input (`noisy_clean_mask_function`): the first ``noisy_length``
+            columns are the noisy copy of the last ones; needs ``block_size``.
     """
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask
@@ -172,7 +193,11 @@ def diffusion_attention_mask(
         length = attention_mask.shape[-1] if attention_mask is not None else inputs_embeds.shape[1]
         if position_ids is None:
             position_ids = torch.arange(length, device=inputs_embeds.device).expand(inputs_embeds.shape[0], length)
-        overlay = block_causal_mask_function(position_ids // block_size, query_columns)
+        if noisy_length is not None:
+            noisy = torch.arange(length, device=inputs_embeds.device) < noisy_length
+            overlay = noisy_clean_mask_function(position_ids // block_size, noisy)
+        else:
+            overlay = block_causal_mask_function(position_ids // block_size, query_columns)
     return create_bidirectional_mask(
         config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, and_mask_function=overlay
     )
@@ -186,20 +211,24 @@ def attention_inputs(
     cache: Any,
     cache_position: Optional[torch.LongTensor],
     block_size: Optional[int] = None,
+    noisy_length: Optional[int] = None,
 ) -> tuple[Any, torch.LongTensor]:
     """The attention mask (`diffusion_attention_mask`) and the (B, l) RoPE positions of a forward's input.
 
     ``position_ids`` (B, L) are the whole canvas' (default ``0..L-1`` in every row, as LLaDA's and Dream's published
     code), taken at the columns ``cache_position`` for a span forward. ``block_size`` (a forward's argument)
-    overrides ``config.block_size``: None in both is bidirectional attention."""
+    overrides ``config.block_size``: None in both is bidirectional attention. ``noisy_length``: block diffusion's
+    training input (`noisy_clean_mask_function`)."""
     batch = inputs_embeds.shape[0]
     length = cache.get_seq_length() if cache_position is not None else inputs_embeds.shape[1]
     if position_ids is None:
         position_ids = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
     if block_size is None:
         block_size = getattr(config, "block_size", None)
+    if noisy_length is not None and block_size is None:
+        raise ValueError("block diffusion's training input (noisy_length) needs block_size (config.block_size)")
     mask = diffusion_attention_mask(
-        config, inputs_embeds, attention_mask, cache_position, length, block_size, position_ids
+        config, inputs_embeds, attention_mask, cache_position, length, block_size, position_ids, noisy_length
     )
     return mask, span_position_ids(cache, cache_position, attention_mask, position_ids)
 

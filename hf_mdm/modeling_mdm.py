@@ -163,6 +163,7 @@ class MDMModel(MDMPreTrainedModel):
         use_cache: Optional[bool] = None,
         cache_position: Optional[torch.LongTensor] = None,
         block_size: Optional[int] = None,
+        noisy_length: Optional[int] = None,
         **kwargs: Any,
     ) -> BaseModelOutputWithPast:
         """
@@ -181,6 +182,9 @@ class MDMModel(MDMPreTrainedModel):
                 whole cache.
             block_size: block-causal attention over blocks of this many positions for this call (overrides
                 ``config.block_size``; None: the config's, where None is bidirectional attention).
+            noisy_length: block diffusion's training input (BD3-LM): ``input_ids`` is a noisy copy of the sequence
+                (its first ``noisy_length`` columns) followed by the clean sequence, with ``position_ids`` of both
+                (`hf_mdm.modeling_blocks.noisy_clean_mask_function`); needs a block size.
             output_hidden_states, output_attentions, return_dict: as in transformers' models (keyword or config).
         """
         if (input_ids is None) == (inputs_embeds is None):
@@ -190,14 +194,14 @@ class MDMModel(MDMPreTrainedModel):
         cache = new_cache(cache, use_cache, cache_position, past_key_values)
         bsz, length = inputs_embeds.shape[:2]
         canvas = cache.get_seq_length() if cache_position is not None else length
-        if canvas > self.config.max_position_embeddings:
+        if canvas - (noisy_length or 0) > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence length {canvas} exceeds max_position_embeddings={self.config.max_position_embeddings}: "
                 "shorten the prompt or max_new_tokens"
             )
         position_ids = self._positions(attention_mask, position_ids, bsz, canvas, inputs_embeds.device)
         mask, position_ids = attention_inputs(
-            self.config, inputs_embeds, attention_mask, position_ids, cache, cache_position, block_size
+            self.config, inputs_embeds, attention_mask, position_ids, cache, cache_position, block_size, noisy_length
         )
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
         hidden_states = inputs_embeds
@@ -263,6 +267,7 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
         position_ids: Optional[torch.LongTensor] = None,
         labels: Optional[torch.LongTensor] = None,
         t: Optional[torch.Tensor] = None,
+        clean_ids: Optional[torch.LongTensor] = None,
         logits_to_keep: Union[int, torch.Tensor] = 0,
         inputs_embeds: Optional[torch.FloatTensor] = None,
         cache: Optional[Cache] = None,
@@ -282,6 +287,9 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
                 cross-entropy at masked positions weighted by ``-alpha'(t) / (1 - alpha(t))`` (``1/t`` for the linear
                 schedule), summed and divided by the number of tokens (non-padding positions). Without ``t`` the
                 loss is the plain mean cross-entropy over labelled positions.
+            clean_ids: (B, L) the clean sequence x_0 of block diffusion's training (BD3-LM): ``input_ids`` is then x_t
+                with each block of ``block_size`` positions noised at its own time, ``t`` (B, L / block_size) those
+                times, and the loss the block diffusion ELBO in one forward (`block_diffusion_forward`).
             logits_to_keep: ``0`` = logits at every position; an int ``k`` = the last ``k`` positions; a 1-D index
                 tensor = those positions; a 2-D (B, K) tensor = K positions per row (the LM head runs only there).
                 Indices count in the input (with ``cache_position``: in the span).
@@ -297,6 +305,8 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             With ``config.logits_shift == 1`` the logits at index i are those computed from hidden state i, which
             predict token i+1; the sampler and the loss apply the shift.
         """
+        if clean_ids is not None:
+            return self.block_diffusion_forward(input_ids, clean_ids, labels, t, attention_mask, block_size)
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -318,6 +328,43 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
             logits = self.lm_head(keep_positions(hidden_states, logits_to_keep))
         return masked_lm_output(outputs, logits, loss)
 
+    def block_diffusion_forward(
+        self,
+        noisy_ids: torch.LongTensor,
+        clean_ids: torch.LongTensor,
+        labels: Optional[torch.LongTensor],
+        t: Optional[torch.Tensor],
+        attention_mask: Optional[torch.Tensor] = None,
+        block_size: Optional[int] = None,
+    ) -> MaskedLMOutputWithPast:
+        """Block diffusion's training forward (BD3-LM, arXiv 2503.09573): x_t (``noisy_ids``) and x_0 (``clean_ids``)
+        side by side in one forward, each noisy block seeing itself and the clean blocks before it, as at sampling
+        time. Logits (B, L, V) of the noisy copy; with ``labels`` the loss is the ELBO with each block's own time
+        ``t`` (B, number of blocks): the weighted cross-entropy at masked positions per token (`elbo_loss`)."""
+        block_size = block_size if block_size is not None else self.config.block_size
+        if block_size is None:
+            raise ValueError("clean_ids (block diffusion training) needs block_size, e.g. MDMConfig(block_size=4)")
+        if clean_ids.shape != noisy_ids.shape:
+            raise ValueError(
+                f"clean_ids {tuple(clean_ids.shape)} must have the shape of input_ids {tuple(noisy_ids.shape)}"
+            )
+        bsz, length = noisy_ids.shape
+        positions = self.model._positions(attention_mask, None, bsz, length, noisy_ids.device)
+        outputs = self.model(
+            input_ids=torch.cat([noisy_ids, clean_ids], 1),
+            attention_mask=None if attention_mask is None else torch.cat([attention_mask, attention_mask], 1),
+            position_ids=torch.cat([positions, positions], 1),
+            block_size=block_size,
+            noisy_length=length,
+        )
+        logits = self.lm_head(outputs.last_hidden_state[:, :length])
+        loss = None
+        if labels is not None:
+            if t is not None:
+                t = torch.as_tensor(t, device=logits.device).reshape(bsz, -1).gather(1, positions // block_size)
+            loss = self.elbo_loss(logits, labels, t, attention_mask)
+        return masked_lm_output(outputs, logits, loss)
+
     def elbo_loss(
         self,
         logits: torch.Tensor,
@@ -325,17 +372,22 @@ class MDMForMaskedDiffusion(MDMPreTrainedModel, MaskedDiffusionGenerationMixin):
         t: Optional[torch.Tensor],
         attention_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """MDM ELBO (per token) from full logits (B, L, V), labels (B, L) and times t (B,)."""
+        """MDM ELBO (per token) from full logits (B, L, V), labels (B, L) and times t: (B,) one per sequence, or
+        (B, L) one per position (block diffusion's blocks)."""
         logits = shift_logits(logits, self.config.logits_shift)
         ce = F.cross_entropy(logits.float().transpose(1, 2), labels, ignore_index=-100, reduction="none")
         if t is None:
             return ce.sum() / (labels != -100).sum().clamp(min=1)
-        t = torch.as_tensor(t, device=logits.device, dtype=torch.float32).reshape(-1)
+        t = torch.as_tensor(t, device=logits.device, dtype=torch.float32)
+        t = t if t.dim() == 2 and t.shape == labels.shape else t.reshape(-1, 1)
         if t.shape[0] != labels.shape[0] or bool((t <= 0).any()) or bool((t > 1).any()):
-            raise ValueError(f"t must hold one time in (0, 1] per sequence ({labels.shape[0]}), got {tuple(t.shape)}")
+            raise ValueError(
+                f"t must hold one time in (0, 1] per sequence ({labels.shape[0]}) or per position "
+                f"{tuple(labels.shape)}, got {tuple(t.shape)}"
+            )
         weight = get_schedule(self.config.schedule).weight(t).float()
         num_tokens = attention_mask.sum() if attention_mask is not None else labels.numel()
-        return (weight[:, None] * ce).sum() / num_tokens
+        return (weight * ce).sum() / num_tokens
 
 
 MDMConfig.register_for_auto_class()

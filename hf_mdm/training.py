@@ -5,6 +5,9 @@ gets a time t, each token is masked with probability 1 - alpha(t), and the loss 
 masked positions, per token. The AR baseline is a standard transformers causal LM (``LlamaForCausalLM``) of the
 same width, depth and MLP size, reading a BOS token first so that it also predicts the first token.
 
+With ``block_size`` the MDM is a block diffusion model (BD3-LM): block-causal attention, each block of a sequence
+noised at its own time, x_t and x_0 read side by side in one forward (`BlockDiffusionCollator`).
+
 Both eval losses are per-token negative log-likelihoods in nats (the MDM's an upper bound, the ELBO), so they are
 directly comparable with the language's exact entropy per token ``expected_nll(L) / L``:
 `EntropyGapCallback` adds ``eval_entropy_per_token`` and ``eval_nll_gap`` (= eval_loss / entropy - 1) to every
@@ -118,6 +121,59 @@ class MaskedDiffusionCollator:
 
 
 @dataclass
+class BlockDiffusionCollator(MaskedDiffusionCollator):
+    """Block diffusion's forward process (BD3-LM, arXiv 2503.09573): each block of ``block_size`` positions of a
+    sequence gets its own time t and is masked with probability 1 - alpha(t); the model reads x_t and x_0 side by
+    side in one forward (`MDMForMaskedDiffusion.block_diffusion_forward`).
+
+    Args (besides `MaskedDiffusionCollator`'s):
+        block_size: the model's attention block (``MDMConfig(block_size=...)``).
+        t_range: BD3-LM's clipped schedule: times drawn in ``[low, high]`` instead of ``[eps, 1]`` (a narrower range
+            lowers the variance of the loss, at the price of a biased estimate of the ELBO).
+
+    Returns ``input_ids`` (B, L) x_t, ``clean_ids`` (B, L) x_0, ``labels`` (x_0 at masked positions, -100 elsewhere),
+    ``t`` (B, number of blocks) and, with padding, ``attention_mask``.
+    """
+
+    block_size: int = 16
+    t_range: Optional[tuple[float, float]] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1, got {self.block_size!r}")
+        if self.t_range is not None and not 0 < self.t_range[0] <= self.t_range[1] <= 1:
+            raise ValueError(f"t_range must be (low, high) with 0 < low <= high <= 1, got {self.t_range!r}")
+
+    def __call__(self, features: Sequence[Any]) -> dict[str, torch.Tensor]:
+        x0, attention_mask = _pad(_ids(features), self.pad_token_id)
+        if bool((x0 == self.mask_token_id).any()):
+            raise ValueError(
+                f"the data contains the mask token id {self.mask_token_id}: pick an id outside the vocabulary"
+            )
+        bsz, length = x0.shape
+        num_blocks = -(-length // self.block_size)
+        t = self.sample_times(bsz * num_blocks).view(bsz, num_blocks)
+        if self.t_range is not None:
+            low, high = self.t_range
+            t = low + (high - low) * (t - self.eps) / (1.0 - self.eps)
+        block_of = torch.arange(length) // self.block_size
+        p_mask = 1.0 - self.schedule.alpha(t.double()).float()[:, block_of]
+        masked = torch.rand(x0.shape, generator=self._generator) < p_mask
+        if attention_mask is not None:
+            masked &= attention_mask.bool()
+        batch = {
+            "input_ids": x0.masked_fill(masked, self.mask_token_id),
+            "clean_ids": x0,
+            "labels": x0.masked_fill(~masked, -100),
+            "t": t,
+        }
+        if attention_mask is not None:
+            batch["attention_mask"] = attention_mask
+        return batch
+
+
+@dataclass
 class CausalLMCollator:
     """For the AR baseline: prepend BOS, labels = inputs (padding -> -100); the model shifts internally."""
 
@@ -145,14 +201,18 @@ def model_dims(size: Any) -> dict[str, int]:
     return dict(MODEL_SIZES[size])
 
 
-def mdm_config_for(vocab_size: int, length: int, size: Any = "tiny", schedule: Any = "linear") -> MDMConfig:
-    """An MDM for a language of ``vocab_size`` tokens: [MASK] = ``vocab_size`` (one extra id)."""
+def mdm_config_for(
+    vocab_size: int, length: int, size: Any = "tiny", schedule: Any = "linear", block_size: Optional[int] = None
+) -> MDMConfig:
+    """An MDM for a language of ``vocab_size`` tokens: [MASK] = ``vocab_size`` (one extra id); block-causal with
+    ``block_size`` (a block diffusion model), else bidirectional."""
     schedule = get_schedule(schedule)
     return MDMConfig(
         vocab_size=vocab_size + 1,
         mask_token_id=vocab_size,
         max_position_embeddings=length,
         schedule=schedule.to_dict() if schedule.kwargs() else schedule.name,
+        block_size=block_size,
         **model_dims(size),
     )
 
@@ -195,8 +255,10 @@ def build_trainer(
     entropy_per_token: Optional[float] = None,
     seed: int = 0,
     model: Optional[torch.nn.Module] = None,
+    block_size: Optional[int] = None,
 ) -> Trainer:
-    """A `transformers.Trainer` for ``kind="mdm"`` (MDMForMaskedDiffusion, ELBO) or ``kind="ar"`` (LlamaForCausalLM).
+    """A `transformers.Trainer` for ``kind="mdm"`` (MDMForMaskedDiffusion, ELBO; with ``block_size`` a block
+    diffusion model trained on BD3-LM's objective) or ``kind="ar"`` (LlamaForCausalLM).
 
     ``train_dataset`` / ``eval_dataset`` have an ``input_ids`` column of sequences over ``range(vocab_size)``.
     """
@@ -204,14 +266,19 @@ def build_trainer(
         raise ValueError(f"kind must be 'mdm' or 'ar', got {kind!r}")
     torch.manual_seed(seed)
     if kind == "mdm":
-        config = mdm_config_for(vocab_size, length, size, schedule)
+        config = mdm_config_for(vocab_size, length, size, schedule, block_size)
         if model is not None and get_schedule(model.config.schedule) != get_schedule(schedule):
             raise ValueError(
                 f"schedule {schedule!r} differs from the model's config.schedule {model.config.schedule!r}: "
                 "train with the schedule the model was built with"
             )
         model = model if model is not None else MDMForMaskedDiffusion(config)
-        collator = MaskedDiffusionCollator(mask_token_id=config.mask_token_id, schedule=schedule, seed=seed)
+        block_size = model.config.block_size if model is not None else block_size
+        collator = (
+            BlockDiffusionCollator(config.mask_token_id, schedule, seed=seed, block_size=block_size)
+            if block_size is not None
+            else MaskedDiffusionCollator(mask_token_id=config.mask_token_id, schedule=schedule, seed=seed)
+        )
     else:
         config = ar_config_for(vocab_size, length, size)
         model = model if model is not None else LlamaForCausalLM(config)
