@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 CONFIG_DIR = Path("evaluation") / "configs"
-EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "wallclock")
+EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "block_diffusion", "wallclock")
 #: Experiments that reuse another's trained models start when it has finished (never train the same model twice).
 AFTER = {"samplers": ("ter_vs_steps", "ser_vs_steps")}
 

@@ -2,6 +2,8 @@
 block length and the exact block cache as defaults, the cache's tokens equal to no cache for every sampler, its
 positions computed counted by hand, padded rows as alone."""
 
+import math
+
 import pytest
 import torch
 from test_model_conformance import build
@@ -204,3 +206,72 @@ def test_block_diffusion_training_lowers_the_loss(tmp_path):
     before = trainer.evaluate()["eval_loss"]
     trainer.train()
     assert trainer.evaluate()["eval_loss"] < 0.5 * before
+
+
+def _exact_block_ser(length: int, block: int, steps: int) -> float:
+    """The SER of the paper's sampler run block by block on the chain language, by enumeration: every assignment of
+    reveal steps (uniform on 1..s in each block), and at each step every outcome of the positions it reveals, each
+    drawn from its exact posterior marginal given the visible tokens (computed from all 16**L sequences)."""
+    import itertools
+
+    from hf_mdm.languages import ChainLanguage
+
+    everything = torch.cartesian_prod(*[torch.arange(16)] * length).reshape(-1, length)
+    prob = ChainLanguage().log_prob(everything).double().exp()
+    support = {tuple(row) for row in everything[prob > 0].tolist()}
+    memo: dict = {}
+
+    def marginal(visible: tuple, i: int) -> list[tuple[int, float]] | None:
+        """The posterior of position i given the visible tokens; None when they are already impossible."""
+        if (visible, i) not in memo:
+            keep = torch.ones(len(everything), dtype=torch.bool)
+            for j, token in visible:
+                keep &= everything[:, j] == token
+            weights = torch.zeros(16, dtype=torch.float64).index_add_(0, everything[keep, i], prob[keep])
+            total = float(weights.sum())
+            memo[visible, i] = (
+                None if total == 0 else [(t, float(weights[t]) / total) for t in weights.nonzero().flatten().tolist()]
+            )
+        return memo[visible, i]
+
+    def valid(schedule: list, visible: dict) -> float:
+        if not schedule:
+            return float(tuple(visible[j] for j in range(length)) in support)
+        revealed, total = schedule[0], 0.0
+        marginals = [marginal(tuple(sorted(visible.items())), i) for i in revealed]
+        if any(m is None for m in marginals):
+            return 0.0  # an impossible pair is already visible: the sequence is invalid whatever comes next
+        for outcome in itertools.product(*marginals):
+            p = math.prod(weight for _, weight in outcome)
+            total += p * valid(schedule[1:], {**visible, **dict(zip(revealed, (t for t, _ in outcome)))})
+        return total
+
+    ser, patterns = 0.0, list(itertools.product(range(steps), repeat=length))
+    for pattern in patterns:
+        schedule = [
+            [i for i in range(start, min(start + block, length)) if pattern[i] == step]
+            for start in range(0, length, block)
+            for step in range(steps)
+        ]
+        ser += (1.0 - valid([group for group in schedule if group], {})) / len(patterns)
+    return ser
+
+
+@pytest.mark.parametrize(
+    ("length", "block", "steps"), [(4, 2, 2), (4, 4, 2), (3, 2, 1), (4, 1, 1), (3, 3, 3), (3, 2, 2)]
+)
+def test_the_chain_closed_form_equals_enumeration(length, block, steps):
+    from hf_mdm.languages import ChainLanguage
+
+    predicted = ChainLanguage.predicted_block_ser(length, block, steps)
+    assert predicted == pytest.approx(_exact_block_ser(length, block, steps), abs=1e-12)
+    if block == length:
+        assert predicted == pytest.approx(ChainLanguage.predicted_ser(length, steps))
+
+
+def test_positions_computed_with_the_exact_cache_by_hand():
+    from hf_mdm.experiments.blocks import positions_per_token
+
+    # L = 8 in blocks of 2, 3 forwards each: 4 blocks x 3 canvases x 2 positions, plus 3 recomputed blocks of 2
+    assert positions_per_token(8, 2, canvases=12) == (24 + 6) / 8
+    assert positions_per_token(8, 8, canvases=5) == 5  # one block: the bidirectional model's forwards

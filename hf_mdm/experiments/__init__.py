@@ -16,6 +16,9 @@ seconds-long run with the same keys (``presets.py``).
 - ``samplers`` (``samplers.py``): beyond Theorem 4.4, SER and TER against sequential forwards per token for the
   paper's sampler and the others (confidence, threshold, entropy bound, remasking, speculative decoding,
   left-to-right), oracle everywhere and trained MDMs where the other experiments train them, with a verdict.
+- ``block_diffusion`` (``blocks.py``): block diffusion between AR (b = 1) and the paper's MDM (b = L): SER and TER
+  of block-wise sampling with the oracle against sequential forwards and positions computed per token (with the
+  exact block cache), the chain language's closed form beside it.
 - ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at fixed step counts (the paper's 512, and
   the steps where its TER matched AR's in ``ter_vs_steps``) and with the same-size AR model decoding with its KV
   cache, as L grows, with the forwards of each and the cost of one (timed with ``hf_mdm.timer.Stopwatch``).
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..languages import LANGUAGE_KINDS
+from .blocks import block_diffusion
 from .common import (
     PAPER_SAMPLER,
     CellCache,
@@ -61,6 +65,7 @@ EXPERIMENTS: dict[str, Callable[[dict, Path], dict]] = {
     "ser_vs_steps": ser_vs_steps,
     "samplers": compare_samplers,
     "wallclock": wallclock,
+    "block_diffusion": block_diffusion,
 }
 
 
@@ -75,6 +80,7 @@ __all__ = [
     "EXPERIMENTS",
     "LANGUAGE_KINDS",
     "CellCache",
+    "block_diffusion",
     "experiment_result",
     "language_name",
     "language_rows",

@@ -22,6 +22,8 @@ MINIATURE = {
     "mdm_steps": [4],
     "repeats": 1,
     "dual_cache_blocks": 2,
+    "block_sizes": [1, 4, 16],
+    "steps_per_block": [1, 4],
 }
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {

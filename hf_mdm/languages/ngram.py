@@ -352,5 +352,26 @@ class ChainLanguage(NGramLanguage):
             raise ValueError(f"steps must be >= 1, got {steps}.")
         return 1.0 - (1.0 - 3.0 / (4.0 * steps)) ** max(length - 1, 0)
 
+    @staticmethod
+    def predicted_block_ser(length: int, block_size: int, steps_per_block: int) -> float:
+        """SER of the paper's sampler run block by block (block diffusion) with the exact denoiser on this language:
+        blocks of ``block_size`` positions decoded left to right, each in ``steps_per_block`` steps.
+
+        The oracle is a perfect block diffusion model: the masked blocks after the current one carry no information,
+        so its conditionals are those the block sees under block-causal attention. Inside a block the argument of
+        `predicted_ser` holds with ``N = steps_per_block``: two neighbours of the block disagree with probability
+        3/4 when they share their step (probability 1/s); a block's first position sits next to the completed block
+        before it, with which it always agrees. The events are independent, one per pair of neighbours inside a
+        block (``length`` minus the number of blocks of them), hence
+
+            SER = 1 - (1 - 3 / (4 s)) ** (L - ceil(L / b))
+
+        (0 for b = 1, an autoregressive order; `predicted_ser` for b = L).
+        """
+        if block_size < 1 or steps_per_block < 1:
+            raise ValueError(f"block_size and steps_per_block must be >= 1, got {block_size}, {steps_per_block}.")
+        pairs = length - -(-length // block_size)
+        return 1.0 - (1.0 - 3.0 / (4.0 * steps_per_block)) ** pairs
+
 
 __all__ = ["NGramLanguage", "ChainLanguage", "ContextChain"]

@@ -1,0 +1,266 @@
+"""Block diffusion between AR and the paper's MDM: what the block size does to Theorem 4.4, measured exactly.
+
+A block diffusion model attends bidirectionally inside blocks of b positions and causally across them: b = 1 is an
+AR order, b = L the paper's MDM. Its blocks are decoded left to right, each in s steps. The exact-posterior oracle
+is already a perfect block diffusion model (the masked blocks after the current one carry no information), so the
+sequence error of block-wise sampling is measured here free of learning error, against two costs:
+
+- *sequential forwards per token*: the forwards a row needs on its own (the steps in which it revealed something,
+  over L), the latency;
+- *positions computed per token*: what the forwards compute with the exact block cache of a block-causal model
+  (completed blocks are never recomputed; a block's forwards compute the block, its first forward also the block
+  before it, whose keys/values change once it completes), over L: ``(b * canvases + L - b) / L`` for blocks of
+  equal size, with ``canvases`` the row's forwards (speculative decoding: every canvas it verifies). For b = L this
+  is the forwards of the bidirectional model without a cache.
+
+For the chain language of Theorem 4.4 the paper's sampler has a closed form at every block size
+(`hf_mdm.languages.ChainLanguage.predicted_block_ser`), printed beside the measurement. A preset
+(``evaluation/configs/block_diffusion.yaml``) lists languages with their lengths, block sizes, the paper's steps
+per block, and other samplers run at every block size (threshold, speculative, remasking, as
+`MaskedDiffusionGenerationConfig` fields). Writes ``block_diffusion.{json,md,png}``; cells are cached in
+``<out>/cache/block_diffusion.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from ..languages import ChainLanguage, OracleDenoiser
+from .common import CellCache, experiment_result, language_name, language_parameters, make_language, write_outputs
+from .fast import active_steps, generate_batches
+from .plotting import pyplot, save_figure
+from .ser import ser_cell
+from .ter import ter_cell
+
+#: The paper's sampler, run block by block.
+PAPER = "paper (stochastic, random)"
+COSTS = {"forwards_per_token": "sequential forwards / token", "positions_per_token": "positions computed / token"}
+
+
+def block_diffusion(preset: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the experiment with ``preset`` and write ``block_diffusion.{json,md,png}`` into ``out``."""
+    cache = CellCache(out / "cache" / "block_diffusion.json")
+    rows: list[dict] = []
+    for entry in preset["languages"]:
+        spec = _spec(entry)
+        language, name = make_language(spec), language_name(spec)
+        oracle = OracleDenoiser(language, mask_token_id=language.vocab_size)
+        for length in entry["lengths"]:
+            points = block_points(preset, length)
+            for sampler, block, settings in tqdm(points, desc=f"block diffusion {name} L={length}", leave=False):
+                key = _cell_key(name, length, preset, block, settings)
+                cell = cache.get(key, lambda: measure(oracle, language, length, block, settings, preset))
+                row = {"language": name, "length": length, "model": "oracle", "sampler": sampler, **cell}
+                if name == "chain" and sampler == PAPER:
+                    row["predicted"] = ChainLanguage.predicted_block_ser(length, block, settings["steps_per_block"])
+                rows.append(row)
+    frontiers = {f"{r[0]}|{r[1]}|{cost}": pareto(rows, r, cost) for r in _panels(rows) for cost in COSTS}
+    result = experiment_result("block_diffusion", preset, rows, frontiers=frontiers)
+    text = "\n".join(setup_lines(preset)) + "\n" + blocks_table(rows) + "\n" + findings(rows) + "\n"
+    write_outputs(out, "block_diffusion", result, text, lambda p: plot_blocks(rows, p))
+    return result
+
+
+def block_points(preset: dict, length: int) -> list[tuple[str, int, dict]]:
+    """``(sampler, block size, settings)`` of every point at ``length``: the paper's sampler at each block size
+    dividing L and each steps-per-block value up to the block size, then every other sampler at each block size
+    (``min_block``: the smallest it runs at)."""
+    blocks = [b for b in preset["block_sizes"] if b <= length and length % b == 0]
+    if length not in blocks:
+        blocks.append(length)  # the paper's MDM
+    points = []
+    for b in blocks:
+        for s in sorted({min(s, b) for s in preset["steps_per_block"]}):
+            points.append((PAPER, b, {"transfer": "stochastic", "strategy": "random", "steps_per_block": s}))
+    for sampler in preset.get("samplers", []):
+        fields = {k: v for k, v in sampler.items() if k not in ("name", "min_block")}
+        for b in blocks:
+            if b >= sampler.get("min_block", 1):
+                points.append((sampler["name"], b, fields))
+    return points
+
+
+def _cell_key(language: str, length: int, preset: dict, block: int, settings: dict) -> str:
+    described = json.dumps([preset["num_samples"], preset.get("seed", 0), block, settings], sort_keys=True)
+    return f"oracle|{language}|{length}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
+
+
+def generate_settings(block: int, length: int, settings: dict) -> dict:
+    """The `diffusion_generate` fields of a point: blocks of ``block``, ``steps_per_block`` (or ``steps_over_block``,
+    a fraction of the block) times the number of blocks as ``steps``."""
+    fields = dict(settings)
+    per_block = fields.pop("steps_per_block", None)
+    ratio = fields.pop("steps_over_block", None)
+    if ratio is not None:
+        per_block = max(1, int(round(ratio * block)))
+    if per_block is not None:
+        fields["steps"] = per_block * (length // block)
+    return {**fields, "block_length": block}
+
+
+def measure(model: Any, language: Any, length: int, block: int, settings: dict, preset: dict) -> dict:
+    """One point: ``preset["num_samples"]`` samples at temperature 1, their SER and TER with 95% intervals, the
+    sequential forwards per token and the positions computed per token with the exact block cache."""
+    num, fields = preset["num_samples"], generate_settings(block, length, settings)
+    samples, forwards, canvases = [], [], 0.0
+    for out in generate_batches(model, num, length, preset.get("seed", 0), fields, preset.get("batch_size", 256)):
+        samples.append(out.sequences.cpu())
+        forwards.append(active_steps(out.history, int(model.config.mask_token_id)).double())
+        if fields.get("transfer") == "speculative":
+            canvases += float(out.forward_rows)  # every canvas a round verifies
+    samples, forwards = torch.cat(samples), torch.cat(forwards)
+    per_row = canvases / num if canvases else float(forwards.mean())
+    ser = ser_cell(language, samples)
+    ter = ter_cell(language, samples)
+    return {
+        "block_size": block,
+        "steps": fields.get("steps"),
+        **ser,
+        "ter_relative_increase": ter["relative_increase"],
+        "ter_ci_low": ter["ci_low"],
+        "ter_ci_high": ter["ci_high"],
+        "forwards_per_token": float(forwards.mean()) / length,
+        "positions_per_token": positions_per_token(length, block, per_row),
+        "num_samples": num,
+    }
+
+
+def positions_per_token(length: int, block: int, canvases: float) -> float:
+    """Positions computed per token with the exact block cache: every canvas of a row computes its block
+    (``block`` positions), and each block but the first recomputes the completed block before it once
+    (``length - block`` positions in all), over ``length``. Blocks of equal size."""
+    return (block * canvases + (length - block)) / length
+
+
+def pareto(rows: list[dict], panel: tuple, cost: str) -> list[dict]:
+    """The points of ``panel`` (language, length) that no other point beats on both ``cost`` and SER (lower or equal
+    on both, lower on one), by increasing cost."""
+    pts = [r for r in rows if (r["language"], r["length"]) == panel]
+    front = [
+        r
+        for r in pts
+        if not any(
+            o[cost] <= r[cost] and o["ser"] <= r["ser"] and (o[cost] < r[cost] or o["ser"] < r["ser"]) for o in pts
+        )
+    ]
+    keep = ("sampler", "block_size", "steps", cost, "ser", "ser_ci_low", "ser_ci_high")
+    return [{k: r[k] for k in keep} for r in sorted(front, key=lambda r: r[cost])]
+
+
+def _spec(entry: dict) -> dict:
+    """A language entry without this experiment's own key (``lengths``)."""
+    return {k: v for k, v in entry.items() if k != "lengths"}
+
+
+def _panels(rows: list[dict]) -> list[tuple]:
+    return list(dict.fromkeys((r["language"], r["length"]) for r in rows))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text and plot
+
+
+def setup_lines(preset: dict) -> list[str]:
+    languages = "; ".join(
+        f"{language_name(entry)} ({entry['kind']}: {language_parameters(_spec(entry))}) at L = "
+        f"{', '.join(map(str, entry['lengths']))}"
+        for entry in preset["languages"]
+    )
+    return [
+        "",
+        f"Languages: {languages}. Model: the exact-posterior oracle (a perfect block diffusion model). Every point: "
+        f"{preset['num_samples']} sequences drawn at temperature 1 from the empty prompt, seeded, in blocks of b "
+        "positions decoded left to right; SER and TER relative increase with 95% intervals (Wilson for SER). "
+        "Costs: sequential forwards per token (a row's own forwards, over L) and positions computed per token "
+        "with the exact block cache of a block-causal model.",
+        "",
+    ]
+
+
+def blocks_table(rows: list[dict]) -> str:
+    """Markdown: one line per point."""
+    lines = [
+        "| language | L | sampler | b | steps (all blocks) | SER | 95% CI | predicted | TER rel. increase | 95% CI "
+        "| sequential forwards / token | positions / token |",
+        "| --- " * 12 + "|",
+    ]
+    for r in rows:
+        predicted = f"{r['predicted']:.3f}" if "predicted" in r else ""
+        lines.append(
+            f"| {r['language']} | {r['length']} | {r['sampler']} | {r['block_size']} | {r['steps'] or ''} | "
+            f"{r['ser']:.3f} | [{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}] | {predicted} | "
+            f"{r['ter_relative_increase']:+.4f} | [{r['ter_ci_low']:+.4f}, {r['ter_ci_high']:+.4f}] | "
+            f"{r['forwards_per_token']:.3f} | {r['positions_per_token']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def findings(rows: list[dict]) -> str:
+    """Sentences computed from the rows: the closed form's agreement on the chain, then per language and length
+    the points no other beats on each cost and SER (the frontier), with their intervals."""
+    lines = []
+    checked = [r for r in rows if "predicted" in r]
+    if checked:
+        inside = sum(r["ser_ci_low"] <= r["predicted"] <= r["ser_ci_high"] for r in checked)
+        worst = max(abs(r["ser"] - r["predicted"]) for r in checked)
+        lines.append(
+            f"Chain language, the paper's sampler: the closed form lies inside the 95% interval of {inside} of "
+            f"{len(checked)} measured points (largest difference {worst:.3f})."
+        )
+    for panel in _panels(rows):
+        for cost, label in COSTS.items():
+            front = pareto(rows, panel, cost)
+            described = "; ".join(
+                f"{p['sampler']}, b = {p['block_size']}"
+                + (f", {p['steps']} steps in all" if p["steps"] else "")
+                + f": {p[cost]:.2f} -> SER {p['ser']:.3f} [{p['ser_ci_low']:.3f}, {p['ser_ci_high']:.3f}]"
+                for p in front
+            )
+            lines.append(f"- {panel[0]}, L = {panel[1]}, against {label}, the frontier: {described}.")
+    return "\n".join(lines) + "\n"
+
+
+def plot_blocks(rows: list[dict], path: Path) -> None:
+    """Per language and length, SER against each cost (log x): the paper's sampler one line per block size over its
+    steps per block, the other samplers as markers coloured by block size; the chain's closed form dotted."""
+    plt = pyplot()
+    panels = _panels(rows)
+    fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.8 * len(panels)), squeeze=False)
+    blocks = sorted({r["block_size"] for r in rows})
+    colours = {b: plt.cm.viridis(i / max(1, len(blocks) - 1)) for i, b in enumerate(blocks)}
+    markers = {name: m for name, m in zip(dict.fromkeys(r["sampler"] for r in rows if r["sampler"] != PAPER), "s^vD*P")}
+    for (language, length), pair in zip(panels, axes):
+        here = [r for r in rows if (r["language"], r["length"]) == (language, length)]
+        for ax, cost in zip(pair, COSTS):
+            _draw(ax, here, cost, colours, markers)
+            ax.set(
+                xscale="log", xlabel=COSTS[cost], ylabel="SER", ylim=(-0.02, 1.02), title=f"{language}, L = {length}"
+            )
+            ax.grid(alpha=0.3)
+    handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=5, fontsize=7, frameon=False)
+    save_figure(
+        fig, path, "Block diffusion: SER against latency and compute (oracle)", bottom=0.05 + 0.02 * len(handles) / 5
+    )
+
+
+def _draw(ax: Any, rows: list[dict], cost: str, colours: dict, markers: dict) -> None:
+    for b in sorted({r["block_size"] for r in rows}):
+        paper = sorted(
+            (r[cost], r["ser"], r.get("predicted")) for r in rows if r["sampler"] == PAPER and r["block_size"] == b
+        )
+        if paper:
+            xs, ys, predicted = zip(*paper)
+            ax.plot(xs, ys, "-o", color=colours[b], ms=3, label=f"paper's sampler, b = {b}")
+            if all(p is not None for p in predicted):
+                ax.plot(xs, predicted, ":", color=colours[b], lw=1)
+        for r in rows:
+            if r["sampler"] != PAPER and r["block_size"] == b and math.isfinite(r["ser"]):
+                ax.plot(r[cost], r["ser"], markers[r["sampler"]], color=colours[b], ms=5, label=r["sampler"])
