@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Union
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers.masking_utils import create_bidirectional_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_bidirectional_mask
 
 from .kv_cache import span_position_ids
 
@@ -198,8 +198,38 @@ def diffusion_attention_mask(
             overlay = noisy_clean_mask_function(position_ids // block_size, noisy)
         else:
             overlay = block_causal_mask_function(position_ids // block_size, query_columns)
+    if overlay is not None and config._attn_implementation in BROADCAST_MASKS:
+        return broadcast_mask(config, inputs_embeds, attention_mask, overlay)
     return create_bidirectional_mask(
         config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask, and_mask_function=overlay
+    )
+
+
+#: Attention implementations whose mask transformers builds by broadcasting an index-based mask function.
+BROADCAST_MASKS = ("sdpa", "eager")
+
+
+def broadcast_mask(
+    config: Any, inputs_embeds: torch.Tensor, attention_mask: Optional[torch.Tensor], mask_function: Callable
+) -> torch.Tensor:
+    """The mask `create_bidirectional_mask` builds with ``and_mask_function=mask_function``, from the same mask
+    interface of transformers, but by broadcasting the index tensors through ``mask_function`` (``use_vmap=False``)
+    rather than with ``torch.vmap``, which transformers uses for every custom mask function and which costs about
+    100 ms a forward on a CPU. hf_mdm's mask functions are index-based (tensor lookups that broadcast)."""
+    batch, q_length = inputs_embeds.shape[:2]
+    padding = attention_mask.to(device=inputs_embeds.device, dtype=torch.bool) if attention_mask is not None else None
+    return ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation](
+        batch_size=batch,
+        q_length=q_length,
+        kv_length=padding.shape[-1] if padding is not None else q_length,
+        mask_function=mask_function,
+        attention_mask=padding,
+        allow_is_causal_skip=False,
+        allow_is_bidirectional_skip=False,
+        dtype=inputs_embeds.dtype,
+        config=config,
+        use_vmap=False,
+        device=inputs_embeds.device,
     )
 
 

@@ -17,12 +17,13 @@ This module is exported with the model as remote code (``generation.py`` imports
 
 from __future__ import annotations
 
+import statistics
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["synchronize", "Stopwatch"]
+__all__ = ["synchronize", "Stopwatch", "interleaved_medians"]
 
 
 def synchronize(device: Any) -> None:
@@ -51,3 +52,20 @@ class Stopwatch:
     def __exit__(self, *exc: Any) -> None:
         synchronize(self.device)
         self.seconds = time.perf_counter() - self._start
+
+
+def interleaved_medians(
+    runs: dict[str, Callable[[], Any]], repeats: int, device: Any, warmup: int = 1
+) -> dict[str, float]:
+    """The median seconds of each of ``runs``, timed in rounds that call every run once in turn (drift and other
+    load hit them alike), after ``warmup`` untimed rounds (allocator, kernels, caches)."""
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for round_ in range(warmup + repeats):
+        for name, fn in runs.items():
+            with Stopwatch(device) as watch:
+                fn()
+            if round_ >= warmup:
+                times[name].append(watch.seconds)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}

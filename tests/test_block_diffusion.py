@@ -275,3 +275,93 @@ def test_positions_computed_with_the_exact_cache_by_hand():
     # L = 8 in blocks of 2, 3 forwards each: 4 blocks x 3 canvases x 2 positions, plus 3 recomputed blocks of 2
     assert positions_per_token(8, 2, canvases=12) == (24 + 6) / 8
     assert positions_per_token(8, 8, canvases=5) == 5  # one block: the bidirectional model's forwards
+
+
+def test_interleaved_medians_alternate_the_runs_and_drop_the_warm_up(monkeypatch):
+    from hf_mdm import timer
+
+    order, clock = [], iter(range(1000))
+    monkeypatch.setattr(timer.time, "perf_counter", lambda: float(next(clock)))
+    runs = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    seconds = timer.interleaved_medians(runs, repeats=3, device="cpu", warmup=2)
+    assert order == ["a", "b"] * 5  # two warm-up rounds, then three timed ones, a and b in turn
+    assert seconds == {"a": 1.0, "b": 1.0}  # each call spans one tick of the fake clock
+    with pytest.raises(ValueError, match="repeats"):
+        timer.interleaved_medians(runs, repeats=0, device="cpu")
+
+
+def _point(model, ser, low, high, forwards, language="hmm"):
+    return {
+        "language": language,
+        "length": 16,
+        "model": model,
+        "block_size": 4,
+        "steps": 16,
+        "ser": ser,
+        "ser_ci_low": low,
+        "ser_ci_high": high,
+        "forwards_per_token": forwards,
+        "positions_per_token": 2 * forwards,
+        "num_samples": 256,
+        "ter_relative_increase": 0.0,
+        "ter_ci_low": 0.0,
+        "ter_ci_high": 0.0,
+    }
+
+
+def test_trained_findings_claim_only_what_the_intervals_support():
+    from hf_mdm.experiments.blocks_trained import AR, trained_findings
+
+    ar = _point(AR, 0.10, 0.07, 0.14, 1.0)
+    overlapping = [
+        _point("block diffusion (b = 4)", s, lo, hi, f)
+        for s, lo, hi, f in [(0.5, 0.4, 0.6, 0.25), (0.12, 0.09, 0.16, 0.5)]
+    ]
+    text = trained_findings([ar, *overlapping], [])
+    assert "its interval overlapping AR's, from 0.500 sequential forwards / token" in text
+    apart = [
+        _point("block diffusion (b = 4)", s, lo, hi, f)
+        for s, lo, hi, f in [(0.5, 0.4, 0.6, 0.25), (0.3, 0.2, 0.4, 1.0)]
+    ]
+    text = trained_findings([ar, *apart], [])
+    assert "overlapping" not in text and "no setting measured reaches AR's SER; the lowest is 0.300" in text
+
+
+def test_the_time_verdict_needs_every_longer_length_faster():
+    from hf_mdm.experiments.blocks_trained import AR, trained_findings
+
+    def timing(ratios):
+        rows = []
+        for length, ratio in ratios.items():
+            rows += [
+                {"length": length, "model": AR, "seconds": 1.0},
+                {"length": length, "model": "bd", "seconds": 1 / ratio},
+            ]
+        return rows
+
+    assert "faster than AR from L = 128 on" in trained_findings([], timing({32: 0.5, 128: 1.5, 512: 3.0}))
+    assert "not faster than AR at the longest L" in trained_findings([], timing({32: 2.0, 128: 1.5, 512: 0.9}))
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("span", [False, True])
+def test_the_broadcast_mask_equals_transformers_vmap_mask(implementation, span):
+    from transformers.masking_utils import create_bidirectional_mask
+
+    from hf_mdm import MDMConfig
+    from hf_mdm.modeling_blocks import block_causal_mask_function, broadcast_mask
+
+    config = MDMConfig(
+        vocab_size=8, hidden_size=8, num_attention_heads=2, num_key_value_heads=2, mask_token_id=7, block_size=3
+    )
+    config._attn_implementation = implementation
+    padding = torch.ones(2, 10, dtype=torch.long)
+    padding[1, :3] = 0
+    positions = (padding.cumsum(-1) - 1).clamp(min=0)
+    columns = torch.tensor([4, 5, 6, 7]) if span else None
+    embeds = torch.zeros(2, 4 if span else 10, 8)
+    overlay = block_causal_mask_function(positions // 3, columns)
+    expected = create_bidirectional_mask(
+        config=config, inputs_embeds=embeds, attention_mask=padding, and_mask_function=overlay
+    )
+    assert torch.equal(broadcast_mask(config, embeds, padding, overlay), expected)

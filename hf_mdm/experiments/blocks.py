@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..languages import ChainLanguage, OracleDenoiser
+from .blocks_trained import plot_trained, timing_rows, trained_rows, trained_text
 from .common import CellCache, experiment_result, language_name, language_parameters, make_language, write_outputs
 from .fast import active_steps, generate_batches
 from .plotting import pyplot, save_figure
@@ -62,10 +63,22 @@ def block_diffusion(preset: dict, out: Path) -> dict[str, Any]:
                     row["predicted"] = ChainLanguage.predicted_block_ser(length, block, settings["steps_per_block"])
                 rows.append(row)
     frontiers = {f"{r[0]}|{r[1]}|{cost}": pareto(rows, r, cost) for r in _panels(rows) for cost in COSTS}
-    result = experiment_result("block_diffusion", preset, rows, frontiers=frontiers)
+    trained, timing = _trained_parts(preset, out, cache)
+    result = experiment_result("block_diffusion", preset, rows, frontiers=frontiers, trained=trained, timing=timing)
     text = "\n".join(setup_lines(preset)) + "\n" + blocks_table(rows) + "\n" + findings(rows) + "\n"
+    if trained or timing:
+        text += "\n" + trained_text(preset, trained, timing)
+        plot_trained(trained, timing, out / "block_diffusion_trained.png")
     write_outputs(out, "block_diffusion", result, text, lambda p: plot_blocks(rows, p))
     return result
+
+
+def _trained_parts(preset: dict, out: Path, cache: CellCache) -> tuple[list[dict], list[dict]]:
+    """The trained models' rows and the timing rows, where the preset asks for them."""
+    section = preset.get("trained")
+    trained = trained_rows(section, out, cache) if section else []
+    timing = timing_rows(section["timing"], cache) if section and section.get("timing") else []
+    return trained, timing
 
 
 def block_points(preset: dict, length: int) -> list[tuple[str, int, dict]]:

@@ -152,24 +152,35 @@ def _device(model: Any) -> torch.device:
 def trained_pair(
     language: Any, length: int, preset: dict, out: Path, tag: str, overrides: Optional[dict] = None
 ) -> dict[str, Any]:
-    """Train (or reload) the tiny MDM and AR baseline of a language; returns models and validation NLL vs entropy.
+    """Train (or reload) the tiny MDM and AR baseline of a language; returns models and validation NLL vs entropy
+    (`trained_model` of each kind)."""
+    result: dict[str, Any] = {"entropy_per_token": language.expected_nll(length).value / length}
+    for kind in ("mdm", "ar"):
+        result.update(trained_model(kind, language, length, preset, out, tag, overrides))
+    return result
 
-    ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``);
-    ``training_steps`` gives each model's steps.
-    Models live in ``<out>/models/<tag>-L<length>-<hash of the settings and the language>-<mdm|ar>/final``."""
+
+def trained_model(
+    kind: str, language: Any, length: int, preset: dict, out: Path, tag: str, overrides: Optional[dict] = None
+) -> dict[str, Any]:
+    """Train (or reload) one model of ``kind`` ("mdm" or "ar"): ``{kind: model, kind_nll, kind_gap}``.
+
+    ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``; a
+    ``block_size`` there trains a block diffusion MDM); ``training_steps`` gives the steps. Every model is trained on
+    the same seeded sample of the language. Models live in
+    ``<out>/models/<tag>-L<length>-<hash of the settings and the language>-<kind>/final``."""
     entropy = language.expected_nll(length).value / length
     train_cfg = {**preset["training"], **(overrides or {})}
-    datasets = _lazy_datasets(language, length, train_cfg)
-    settings = _settings_hash(train_cfg, language)
-    result: dict[str, Any] = {"entropy_per_token": entropy}
-    for kind in ("mdm", "ar"):
-        folder = out / "models" / f"{tag}-L{length}-{settings}-{kind}"  # new settings never reuse stale models
-        if not (folder / "final" / "metrics.json").exists():
-            kind_cfg = {**train_cfg, "max_steps": training_steps(train_cfg, kind)}
-            print(f"training the {kind.upper()} for {tag} at L={length}: {kind_cfg['max_steps']} steps", flush=True)
-            _train_model(kind, folder, datasets(), language.vocab_size, length, kind_cfg, entropy)
-        result.update(_load_trained(kind, folder, entropy))
-    return result
+    folder = out / "models" / f"{tag}-L{length}-{_settings_hash(train_cfg, language)}-{kind}"  # never stale
+    if not (folder / "final" / "metrics.json").exists():
+        kind_cfg = {**train_cfg, "max_steps": training_steps(train_cfg, kind)}
+        what = (
+            kind.upper() if train_cfg.get("block_size") is None else f"block diffusion (b = {train_cfg['block_size']})"
+        )
+        print(f"training the {what} for {tag} at L={length}: {kind_cfg['max_steps']} steps", flush=True)
+        datasets = _datasets(language, length, train_cfg)
+        _train_model(kind, folder, datasets, language.vocab_size, length, kind_cfg, entropy)
+    return _load_trained(kind, folder, entropy)
 
 
 def training_steps(train_cfg: dict, kind: str) -> int:
@@ -184,19 +195,14 @@ def _settings_hash(train_cfg: dict, language: Any) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:8]
 
 
-def _lazy_datasets(language: Any, length: int, train_cfg: dict) -> Callable[[], tuple]:
-    """``(train, validation)`` Datasets sampled from the language on first call (none when both models exist)."""
+def _datasets(language: Any, length: int, train_cfg: dict) -> tuple:
+    """``(train, validation)`` Datasets sampled from the language with the training seed (the same for every model)."""
+    from datasets import Dataset
+
     generator = torch.Generator().manual_seed(train_cfg.get("seed", 0))
-
-    @functools.cache
-    def sample() -> tuple:
-        from datasets import Dataset
-
-        train_rows = language.sample(train_cfg["num_train"], length, generator=generator)
-        val_rows = language.sample(train_cfg["num_validation"], length, generator=generator)
-        return tuple(Dataset.from_dict({"input_ids": rows.tolist()}) for rows in (train_rows, val_rows))
-
-    return sample
+    train_rows = language.sample(train_cfg["num_train"], length, generator=generator)
+    val_rows = language.sample(train_cfg["num_validation"], length, generator=generator)
+    return tuple(Dataset.from_dict({"input_ids": rows.tolist()}) for rows in (train_rows, val_rows))
 
 
 def _train_model(
@@ -215,6 +221,7 @@ def _train_model(
         size=train_cfg["size"],
         entropy_per_token=entropy,
         seed=train_cfg.get("seed", 0),
+        block_size=train_cfg.get("block_size"),
     )
     train(trainer)
     metrics = trainer.evaluate()

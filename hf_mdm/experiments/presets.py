@@ -2,7 +2,7 @@
 
 A miniature keeps every key of a preset and its languages, samplers and code path, and swaps the sizes for tiny
 ones (``MINIATURE`` for the experiment's own keys, ``MINIATURE_TRAINING`` for its training settings and a language
-entry's overrides, ``MINIATURE_FAST`` for its ``fast_samplers`` section): the paper-scale ``--full`` presets run
+entry's overrides, ``MINIATURE_FAST`` for its ``fast_samplers`` section; nested ``trained`` and ``timing`` sections alike): the paper-scale ``--full`` presets run
 end to end in seconds this way (``tests/test_experiments.py``).
 """
 
@@ -24,6 +24,7 @@ MINIATURE = {
     "dual_cache_blocks": 2,
     "block_sizes": [1, 4, 16],
     "steps_per_block": [1, 4],
+    "length": 8,
 }
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {
@@ -60,6 +61,9 @@ def miniature(preset: dict) -> dict:
         _replace(spec, {"lengths": MINIATURE["lengths"]})  # a language's own lengths (the sampler comparison's)
         _replace(spec.get("training", {}), MINIATURE_TRAINING)
     _replace(small.get("fast_samplers", {}), MINIATURE_FAST)
+    for part in ("trained", "timing"):  # nested sections (the block diffusion experiment's)
+        if part in small:
+            small[part] = miniature(small[part])
     return small
 
 

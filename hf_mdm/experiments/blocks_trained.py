@@ -1,0 +1,334 @@
+"""Trained block diffusion beside the paper's MDM and the AR baseline: quality against steps, time against L.
+
+Part of the ``block_diffusion`` experiment (`hf_mdm.experiments.blocks` measures the exact oracle). Its preset's
+``trained`` section:
+
+- quality: per language, an AR model, the bidirectional MDM (b = L) and one block diffusion model per entry of
+  ``block_sizes`` (block-causal attention, BD3-LM's objective), all of one size, trained on the same seeded sample
+  of the language at ``length``; each diffusion model sampled with the paper's sampler block by block (its own
+  block size, the exact block cache) at each of ``steps_per_block``; SER and TER with 95% intervals and the costs of
+  `hf_mdm.experiments.blocks` (sequential forwards and positions computed per token).
+- time (``timing``): untrained models of one size at each length of ``lengths``, one sequence from the empty prompt:
+  AR with its KV cache (one forward per token), the MDM and each block size revealing each of ``tokens_per_forward``
+  tokens a forward, median seconds of
+  interleaved repeats after a warm-up, with the forwards counted.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from ..generation import diffusion_generate
+from ..timer import interleaved_medians
+from .common import CellCache, language_name, make_language, sample_ar, trained_model
+from .ser import ser_cell
+from .speed import untrained_models
+from .ter import ter_cell
+
+AR = "AR (KV cache)"
+PAPER_SAMPLER = {"transfer": "stochastic", "strategy": "random"}
+
+
+def model_label(block: int, length: int) -> str:
+    return f"MDM (b = L = {length})" if block == length else f"block diffusion (b = {block})"
+
+
+def block_sizes(section: dict) -> list[int]:
+    """L (the MDM), then every block size of ``section`` below L that divides it."""
+    length = section["length"]
+    return [length, *[b for b in section["block_sizes"] if b < length and length % b == 0]]
+
+
+def trained_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
+    """Rows of the trained models on every language of ``section`` (see the module's docstring)."""
+    from .blocks import measure  # the oracle's measurement, applied to a trained model
+
+    length, rows = section["length"], []
+    for entry in section["languages"]:
+        spec = {k: v for k, v in entry.items() if k != "training"}
+        language, name = make_language(spec), language_name(spec)
+        models = _models(language, name, section, out, entry.get("training"))
+        ar = cache.get(_key("ar", name, section, entry), lambda: _ar_cell(models(None)["ar"], language, section))
+        rows.append({"language": name, "length": length, "model": AR, "block_size": 1, "steps": length, **ar})
+        for block in block_sizes(section):
+            for per_block in sorted({min(s, block) for s in section["steps_per_block"]}):
+                settings = {**PAPER_SAMPLER, "steps_per_block": per_block}
+                cell = cache.get(
+                    _key(f"b{block}|{per_block}", name, section, entry),
+                    lambda: measure(models(block)["mdm"], language, length, block, settings, section),
+                )
+                rows.append({"language": name, "length": length, "model": model_label(block, length), **cell})
+        rows += _validation(models, name, section, cache, entry)
+    return rows
+
+
+def _models(language: Any, name: str, section: dict, out: Path, overrides: dict | None) -> Callable:
+    """``models(block)``: the trained AR (block None), MDM (block L) or block diffusion model, trained on first use."""
+    length, loaded = section["length"], {}
+
+    def models(block: int | None) -> dict:
+        if block not in loaded:
+            kind = "ar" if block is None else "mdm"
+            extra = {} if block in (None, length) else {"block_size": block}
+            loaded[block] = trained_model(kind, language, length, section, out, name, {**(overrides or {}), **extra})
+        return loaded[block]
+
+    return models
+
+
+def _key(what: str, language: str, section: dict, entry: dict) -> str:
+    """A cell's cache key: what it measures, the language, and a hash of the settings it depends on."""
+    settings = [section["length"], section["num_samples"], section.get("seed", 0), section["training"], entry]
+    described = json.dumps(settings, sort_keys=True, default=dict)
+    return f"trained|{what}|{language}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
+
+
+def _ar_cell(model: Any, language: Any, section: dict) -> dict:
+    samples = sample_ar(model, section["num_samples"], section["length"], seed=section.get("seed", 0))
+    ter = ter_cell(language, samples)
+    return {
+        **ser_cell(language, samples),
+        "ter_relative_increase": ter["relative_increase"],
+        "ter_ci_low": ter["ci_low"],
+        "ter_ci_high": ter["ci_high"],
+        "forwards_per_token": 1.0,
+        "positions_per_token": 1.0,  # the KV cache: each forward computes the new token only
+        "num_samples": section["num_samples"],
+    }
+
+
+def _validation(models: Callable, name: str, section: dict, cache: CellCache, entry: dict) -> list[dict]:
+    """Per model, the validation NLL per token (the ELBO's bound for diffusion models) over the entropy, minus 1."""
+    rows = []
+    for block in [None, *block_sizes(section)]:
+        kind = "ar" if block is None else "mdm"
+        label = AR if block is None else model_label(block, section["length"])
+        cell = cache.get(
+            _key(f"validation|{block}", name, section, entry),
+            lambda: {"nll": float(models(block)[f"{kind}_nll"]), "gap": float(models(block)[f"{kind}_gap"])},
+        )
+        rows.append({"language": name, "length": section["length"], "model": label, "validation": True, **cell})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Time against L
+
+
+def timing_rows(timing: dict, cache: CellCache) -> list[dict]:
+    """Median seconds and forwards of one sequence per model at each length (see the module's docstring)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    preset = {"vocab_size": timing["vocab_size"], "lengths": timing["lengths"], "size": timing["size"]}
+    mdm, ar = untrained_models(preset, device)
+    rows = []
+    for length in tqdm(timing["lengths"], desc="block diffusion wall-clock", leave=False):
+        described = hashlib.sha1(json.dumps(timing, sort_keys=True, default=dict).encode()).hexdigest()[:12]
+        rows += cache.get(
+            f"timing|{length}|{device.type}|{described}", lambda: _time_length(mdm, ar, length, timing, device)
+        )
+    return rows
+
+
+def _time_length(mdm: Any, ar: Any, length: int, timing: dict, device: torch.device) -> list[dict]:
+    """Every model at ``length``, timed together: AR, then the MDM and each block size at each number of tokens
+    revealed per forward (``tokens_per_forward``: ``b / k`` steps per block)."""
+    runs, counted = {AR: _ar_run(ar, length, timing["vocab_size"], device)}, {AR: ar}
+    for block in block_sizes({**timing, "length": length}):
+        model = copy.deepcopy(mdm)  # the same weights, block-causal attention over blocks of b (b = L: the MDM)
+        model.config.block_size = None if block == length else block
+        for k in timing["tokens_per_forward"]:
+            name = f"{model_label(block, length)}, {k} tokens / forward"
+            steps = max(1, block // k) * (length // block)
+            runs[name], counted[name] = _mdm_run(model, length, block, steps, device), model
+    calls = {name: 0 for name in runs}
+    current = {"name": AR}
+    models = {id(m): m for m in counted.values()}.values()
+    hooks = [
+        m.register_forward_hook(lambda *_: calls.__setitem__(current["name"], calls[current["name"]] + 1))
+        for m in models
+    ]
+    try:
+        seconds = interleaved_medians({n: _tagged(fn, n, current) for n, fn in runs.items()}, timing["repeats"], device)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    rounds = timing["repeats"] + 1  # the warm-up round counts too
+    return [
+        {"length": length, "model": name, "seconds": seconds[name], "forwards": calls[name] / rounds} for name in runs
+    ]
+
+
+def _tagged(fn: Callable[[], Any], name: str, current: dict) -> Callable[[], Any]:
+    """``fn`` that first names itself as the run whose forwards are being counted."""
+
+    def run() -> Any:
+        current["name"] = name
+        return fn()
+
+    return run
+
+
+def _ar_run(ar: Any, length: int, vocab: int, device: torch.device) -> Callable[[], Any]:
+    bos = torch.full((1, 1), vocab, dtype=torch.long, device=device)
+    return lambda: ar.generate(
+        bos,
+        attention_mask=torch.ones_like(bos),
+        max_new_tokens=length,
+        min_new_tokens=length,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=vocab,
+        eos_token_id=None,
+    )
+
+
+def _mdm_run(model: Any, length: int, block: int, steps: int, device: torch.device) -> Callable[[], Any]:
+    prompt = torch.zeros(1, 0, dtype=torch.long, device=device)
+    return lambda: diffusion_generate(
+        model,
+        prompt,
+        max_new_tokens=length,
+        steps=steps,
+        block_length=block,
+        transfer="deterministic",
+        strategy="confidence",
+        stop_at_eos=False,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Text and plot
+
+
+def trained_table(rows: list[dict]) -> str:
+    """Markdown: the trained models' points, then their validation NLL."""
+    lines = [
+        "| language | L | model | steps per block | SER | 95% CI | TER rel. increase | 95% CI "
+        "| sequential forwards / token | positions / token |",
+        "| --- " * 10 + "|",
+    ]
+    for r in (r for r in rows if not r.get("validation")):
+        per_block = r["steps"] * r["block_size"] // r["length"] if r["model"] != AR else 1
+        lines.append(
+            f"| {r['language']} | {r['length']} | {r['model']} | {per_block} | {r['ser']:.3f} | "
+            f"[{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}] | {r['ter_relative_increase']:+.4f} | "
+            f"[{r['ter_ci_low']:+.4f}, {r['ter_ci_high']:+.4f}] | {r['forwards_per_token']:.3f} | "
+            f"{r['positions_per_token']:.2f} |"
+        )
+    lines += [
+        "",
+        "| language | model | validation NLL / token (nats; diffusion models: the ELBO bound) | NLL / entropy - 1 |",
+    ]
+    lines.append("| --- | --- | --- | --- |")
+    lines += [
+        f"| {r['language']} | {r['model']} | {r['nll']:.4f} | {r['gap']:+.4f} |" for r in rows if r.get("validation")
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def timing_table(rows: list[dict]) -> str:
+    """Markdown: seconds per sequence and AR's seconds over each model's, per length."""
+    ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR}
+    lines = ["| L | model | forwards | seconds | AR seconds / seconds |", "| --- " * 5 + "|"]
+    lines += [
+        f"| {r['length']} | {r['model']} | {r['forwards']:.0f} | {r['seconds']:.4f} | {ar[r['length']] / r['seconds']:.2f} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def trained_findings(rows: list[dict], timing: list[dict]) -> str:
+    """Sentences computed from the rows: per language, the cheapest diffusion point whose SER interval overlaps
+    AR's (or that none does), and per model the lengths from which it is faster than AR."""
+    lines = []
+    for language in dict.fromkeys(r["language"] for r in rows):
+        here = [r for r in rows if r["language"] == language and not r.get("validation")]
+        ar = next(r for r in here if r["model"] == AR)
+        lines.append(
+            f"- {language}: AR's SER {ar['ser']:.3f} [{ar['ser_ci_low']:.3f}, {ar['ser_ci_high']:.3f}] "
+            f"({ar['num_samples']} samples)."
+        )
+        for model in dict.fromkeys(r["model"] for r in here if r["model"] != AR):
+            lines.append(f"  - {model}: {_as_good_as(ar, [r for r in here if r['model'] == model])}")
+    for model in dict.fromkeys(r["model"] for r in timing if r["model"] != AR):
+        lines.append(f"- Time, {model}: {_faster_than_ar(timing, model)}")
+    return "\n".join(lines) + "\n"
+
+
+def _as_good_as(ar: dict, points: list[dict]) -> str:
+    matched = sorted((p for p in points if p["ser_ci_low"] <= ar["ser_ci_high"]), key=lambda p: p["forwards_per_token"])
+    if not matched:
+        best = min(points, key=lambda p: p["ser"])
+        return (
+            f"no setting measured reaches AR's SER; the lowest is {best['ser']:.3f} "
+            f"[{best['ser_ci_low']:.3f}, {best['ser_ci_high']:.3f}] at {best['forwards_per_token']:.3f} forwards / token."
+        )
+    p = matched[0]
+    return (
+        f"SER {p['ser']:.3f} [{p['ser_ci_low']:.3f}, {p['ser_ci_high']:.3f}], its interval overlapping AR's, from "
+        f"{p['forwards_per_token']:.3f} sequential forwards / token ({p['positions_per_token']:.2f} positions / token)."
+    )
+
+
+def _faster_than_ar(timing: list[dict], model: str) -> str:
+    ar = {r["length"]: r["seconds"] for r in timing if r["model"] == AR}
+    ratios = sorted((r["length"], ar[r["length"]] / r["seconds"]) for r in timing if r["model"] == model)
+    from_length = None
+    for length, ratio in ratios:
+        from_length = (from_length or length) if ratio > 1 else None
+    described = ", ".join(f"{ratio:.2f}x at L = {length}" for length, ratio in ratios)
+    verdict = f"faster than AR from L = {from_length} on" if from_length else "not faster than AR at the longest L"
+    return f"{verdict} (AR seconds / its seconds: {described})."
+
+
+def plot_trained(rows: list[dict], timing: list[dict], path: Path) -> None:
+    """Per language, SER against sequential forwards per token for each trained model (AR a star); then seconds
+    against L for every timed model (log-log)."""
+    from .plotting import pyplot, save_figure
+
+    plt = pyplot()
+    languages = list(dict.fromkeys(r["language"] for r in rows))
+    fig, axes = plt.subplots(1, len(languages) + 1, figsize=(4.5 * (len(languages) + 1), 3.8), squeeze=False)
+    for ax, language in zip(axes[0], languages):
+        here = [r for r in rows if r["language"] == language and not r.get("validation")]
+        for model in dict.fromkeys(r["model"] for r in here):
+            pts = sorted((r["forwards_per_token"], r["ser"]) for r in here if r["model"] == model)
+            ax.plot(*zip(*pts), "*" if model == AR else "-o", ms=8 if model == AR else 3, label=model)
+        ax.set(xscale="log", xlabel="sequential forwards / token", ylabel="SER", ylim=(-0.02, 1.02), title=language)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[0][-1]
+    for model in dict.fromkeys(r["model"] for r in timing):
+        pts = sorted((r["length"], r["seconds"]) for r in timing if r["model"] == model)
+        ax.plot(*zip(*pts), "-o", ms=3, label=model)
+    ax.set(xscale="log", yscale="log", xlabel="L", ylabel="seconds per sequence", title="wall-clock (untrained)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    save_figure(fig, path, "Trained block diffusion against the MDM and AR")
+
+
+def trained_text(preset: dict, trained: list[dict], timing: list[dict]) -> str:
+    """The markdown of the trained part: set-up, tables, findings, the plot."""
+    section = preset["trained"]
+    training = section["training"]
+    text = (
+        f"Trained models (L = {section['length']}): AR, the MDM and block diffusion models with b in "
+        f"{section['block_sizes']}, size {training['size']!r}, each trained {training['max_steps']} steps on the same "
+        f"{training['num_train']} sequences; the paper's sampler block by block with the exact block cache, "
+        f"{section['num_samples']} samples per point.\n\n" + trained_table(trained)
+    )
+    if timing:
+        t = section["timing"]
+        text += (
+            f"\nWall-clock, untrained models of size {t['size']!r}, one sequence, median of {t['repeats']} "
+            "interleaved repeats after a warm-up; AR with its KV cache, block diffusion with the exact block cache, "
+            "the MDM without a cache:\n\n" + timing_table(timing)
+        )
+    return text + "\n" + trained_findings(trained, timing) + "\n![trained](block_diffusion_trained.png)\n"
