@@ -616,6 +616,6 @@ def test_full_presets_run_end_to_end_in_miniature(tmp_path):
     assert "| 2-gram | 8 | trained MDM |" in (tmp_path / "ter_vs_steps.md").read_text()
     assert "| hmm | 8 | trained MDM | 1 | 0.125 |" in (tmp_path / "ser_vs_steps.md").read_text()
     blocks = (tmp_path / "block_diffusion.md").read_text()
-    assert "| chain | 8 | block diffusion (b = 4) | 1 |" in blocks and "| hmm | 8 | MDM (b = L = 8) | 4 |" in blocks
-    assert "| 16 | block diffusion (b = 4), 1 tokens / forward | 16 |" in blocks  # 4 blocks of 4 steps
+    assert "| 2-gram | 8 | block diffusion (b = 4) | 1 |" in blocks and "| hmm | 8 | MDM (b = L = 8) | 4 |" in blocks
+    assert "| 16 | block diffusion (b = 4), 1 token / forward | 16 |" in blocks  # 4 blocks of 4 steps
     assert (tmp_path / "block_diffusion_trained.png").stat().st_size > 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -127,12 +128,16 @@ def timing_rows(timing: dict, cache: CellCache) -> list[dict]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     preset = {"vocab_size": timing["vocab_size"], "lengths": timing["lengths"], "size": timing["size"]}
     mdm, ar = untrained_models(preset, device)
-    rows = []
-    for length in tqdm(timing["lengths"], desc="block diffusion wall-clock", leave=False):
-        described = hashlib.sha1(json.dumps(timing, sort_keys=True, default=dict).encode()).hexdigest()[:12]
-        rows += cache.get(
-            f"timing|{length}|{device.type}|{described}", lambda: _time_length(mdm, ar, length, timing, device)
-        )
+    described = hashlib.sha1(json.dumps(timing, sort_keys=True, default=dict).encode()).hexdigest()[:12]
+    rows, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread on a CPU: on a shared machine more threads time their contention
+    try:
+        for length in tqdm(timing["lengths"], desc="block diffusion wall-clock", leave=False):
+            rows += cache.get(
+                f"timing|{length}|{device.type}|{described}", lambda: _time_length(mdm, ar, length, timing, device)
+            )
+    finally:
+        torch.set_num_threads(threads)
     return rows
 
 
@@ -144,7 +149,8 @@ def _time_length(mdm: Any, ar: Any, length: int, timing: dict, device: torch.dev
         model = copy.deepcopy(mdm)  # the same weights, block-causal attention over blocks of b (b = L: the MDM)
         model.config.block_size = None if block == length else block
         for k in timing["tokens_per_forward"]:
-            name = f"{model_label(block, length)}, {k} tokens / forward"
+            label = "MDM (b = L)" if block == length else model_label(block, length)
+            name = f"{label}, {k} token{'s' if k > 1 else ''} / forward"
             steps = max(1, block // k) * (length // block)
             runs[name], counted[name] = _mdm_run(model, length, block, steps, device), model
     calls = {name: 0 for name in runs}
@@ -244,35 +250,50 @@ def timing_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The quality metrics of the findings: (row key, interval keys, name).
+METRICS = (
+    ("ser", ("ser_ci_low", "ser_ci_high"), "SER"),
+    ("ter_relative_increase", ("ter_ci_low", "ter_ci_high"), "TER"),
+)
+
+
 def trained_findings(rows: list[dict], timing: list[dict]) -> str:
-    """Sentences computed from the rows: per language, the cheapest diffusion point whose SER interval overlaps
-    AR's (or that none does), and per model the lengths from which it is faster than AR."""
+    """Sentences computed from the rows: per language and metric (SER; TER where AR's is finite), AR's value and per
+    model the cheapest point whose interval overlaps AR's (or that none does); per timed model the lengths from
+    which it is faster than AR."""
     lines = []
     for language in dict.fromkeys(r["language"] for r in rows):
         here = [r for r in rows if r["language"] == language and not r.get("validation")]
         ar = next(r for r in here if r["model"] == AR)
-        lines.append(
-            f"- {language}: AR's SER {ar['ser']:.3f} [{ar['ser_ci_low']:.3f}, {ar['ser_ci_high']:.3f}] "
-            f"({ar['num_samples']} samples)."
-        )
-        for model in dict.fromkeys(r["model"] for r in here if r["model"] != AR):
-            lines.append(f"  - {model}: {_as_good_as(ar, [r for r in here if r['model'] == model])}")
+        for key, (low, high), name in METRICS:
+            if key == "ser" and not any(r["ser"] for r in here):
+                lines.append(f"- {language}: every sequence is valid, SER is 0 for every model and setting.")
+                continue
+            if not math.isfinite(ar[key]):
+                continue  # TER of samples outside the language's support
+            lines.append(
+                f"- {language}, {name}: AR's {ar[key]:.3f} [{ar[low]:.3f}, {ar[high]:.3f}] ({ar['num_samples']} samples)."
+            )
+            for model in dict.fromkeys(r["model"] for r in here if r["model"] != AR):
+                points = [r for r in here if r["model"] == model]
+                lines.append(f"  - {model}: {_as_good_as(ar, points, key, (low, high), name)}")
     for model in dict.fromkeys(r["model"] for r in timing if r["model"] != AR):
         lines.append(f"- Time, {model}: {_faster_than_ar(timing, model)}")
     return "\n".join(lines) + "\n"
 
 
-def _as_good_as(ar: dict, points: list[dict]) -> str:
-    matched = sorted((p for p in points if p["ser_ci_low"] <= ar["ser_ci_high"]), key=lambda p: p["forwards_per_token"])
+def _as_good_as(ar: dict, points: list[dict], key: str, interval: tuple[str, str], name: str) -> str:
+    low, high = interval
+    matched = sorted((p for p in points if p[low] <= ar[high]), key=lambda p: p["forwards_per_token"])
     if not matched:
-        best = min(points, key=lambda p: p["ser"])
+        best = min(points, key=lambda p: p[key])
         return (
-            f"no setting measured reaches AR's SER; the lowest is {best['ser']:.3f} "
-            f"[{best['ser_ci_low']:.3f}, {best['ser_ci_high']:.3f}] at {best['forwards_per_token']:.3f} forwards / token."
+            f"no setting measured reaches AR's {name}; the lowest is {best[key]:.3f} [{best[low]:.3f}, "
+            f"{best[high]:.3f}] at {best['forwards_per_token']:.3f} forwards / token."
         )
     p = matched[0]
     return (
-        f"SER {p['ser']:.3f} [{p['ser_ci_low']:.3f}, {p['ser_ci_high']:.3f}], its interval overlapping AR's, from "
+        f"{name} {p[key]:.3f} [{p[low]:.3f}, {p[high]:.3f}], its interval overlapping AR's, from "
         f"{p['forwards_per_token']:.3f} sequential forwards / token ({p['positions_per_token']:.2f} positions / token)."
     )
 
@@ -327,7 +348,7 @@ def trained_text(preset: dict, trained: list[dict], timing: list[dict]) -> str:
     if timing:
         t = section["timing"]
         text += (
-            f"\nWall-clock, untrained models of size {t['size']!r}, one sequence, median of {t['repeats']} "
+            f"\nWall-clock, untrained models of size {t['size']!r}, one sequence, one CPU thread (on a CPU), median of {t['repeats']} "
             "interleaved repeats after a warm-up; AR with its KV cache, block diffusion with the exact block cache, "
             "the MDM without a cache:\n\n" + timing_table(timing)
         )
