@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
 
 import hf_mdm  # noqa: F401  (registers the Auto classes)
+from hf_mdm import MaskedDiffusionGenerationConfig
 from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM, LLaDA21MoeConfig, LLaDA21MoeModelLM
 
 REFERENCE = json.loads((Path(__file__).parent / "fixtures/llada2_reference.json").read_text())
@@ -152,3 +153,157 @@ def test_rope_scaling_is_refused():
     config = LLaDA2MoeConfig(**{**fields, "rope_scaling": {"rope_type": "linear", "factor": 2.0}})
     with pytest.raises(ValueError, match="rope_scaling=None"):
         LLaDA2MoeModelLM(config)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The published generate() as presets
+
+CASES = {case["name"]: case for case in REFERENCE["cases"]}
+PAD = 0
+
+
+@pytest.fixture(scope="module")
+def models() -> dict:
+    return {model_type: build(model_type) for model_type in MODEL_TYPES}
+
+
+def preset_of(case: dict, **fields) -> MaskedDiffusionGenerationConfig:
+    """The preset of the case's model type with the published generate()'s arguments of the case."""
+    kwargs = {**case["kwargs"], **fields}
+    eos_id = kwargs.pop("eos_id")
+    preset = MaskedDiffusionGenerationConfig.llada2
+    if case["model_type"] == "llada21_moe":
+        preset = MaskedDiffusionGenerationConfig.llada21
+    return preset(**kwargs, eos_id=eos_id, pad_token_id=PAD, return_dict_in_generate=True)
+
+
+def published_output(case: dict, generated: list[int]) -> list[int]:
+    """What the published generate() returns from hf_mdm's generated columns: up to and including the first EOS
+    (after which hf_mdm pads), else all of them."""
+    eos_id = case["kwargs"]["eos_id"]
+    if eos_id in generated:
+        cut = generated.index(eos_id) + 1
+        assert set(generated[cut:]) <= {PAD}, "tokens after the first EOS must be padding"
+        return generated[:cut]
+    return generated
+
+
+@pytest.mark.parametrize("kv_cache", ["none", "prefix"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_generate_equals_the_published_generate(models, name, kv_cache):
+    case = CASES[name]
+    prompt = torch.tensor([case["prompt"]])
+    out = models[case["model_type"]].generate(prompt, generation_config=preset_of(case, kv_cache=kv_cache))
+    assert out.sequences.shape == (1, prompt.shape[1] + case["kwargs"]["gen_length"])
+    assert torch.equal(out.sequences[:, : prompt.shape[1]], prompt)
+    assert published_output(case, out.sequences[0, prompt.shape[1] :].tolist()) == case["tokens"]
+    assert out.nfe == case["nfe"]
+
+
+def test_the_cases_cover_what_they_say():
+    """The reference cases exercise what their names claim (so the equality above tests those paths)."""
+    eos = {name: case["kwargs"]["eos_id"] in case["tokens"] for name, case in CASES.items()}
+    assert eos["eos_in_block"] and eos["eos_early_stop"] and eos["edit_eos"] and eos["edit_eos_early_stop"]
+    assert not any(eos[name] for name in ("short_prompt", "long_prompt", "edit_fires", "edit_never"))
+    assert len(CASES["long_prompt"]["prompt"]) > CASES["long_prompt"]["kwargs"]["block_length"]
+    # the threshold that always fires reveals a block per forward; the one that never fires takes every step
+    assert CASES["threshold_always"]["nfe"] == 3
+    assert CASES["threshold_never"]["nfe"] == 3 * 2 + 1  # 3 steps per block, the first block holding 5 prompt tokens
+    # editing: with edits a block takes more forwards than its masks need, without edits one more (the last check)
+    assert CASES["edit_fires"]["nfe"] > CASES["edit_never"]["nfe"]
+    assert CASES["edit_eos_early_stop"]["nfe"] < CASES["edit_eos"]["nfe"]
+
+
+def test_editing_changes_revealed_tokens(models):
+    """LLaDA2.1's editing rewrites tokens: its output differs from the same run with editing off."""
+    case = CASES["edit_fires"]
+    prompt = torch.tensor([case["prompt"]])
+    model = models[case["model_type"]]
+    edited = model.generate(prompt, generation_config=preset_of(case)).sequences
+    unedited = model.generate(prompt, generation_config=preset_of(case, editing_threshold=1.0)).sequences
+    assert not torch.equal(edited, unedited)
+
+
+def test_eos_early_stop_stops_inside_a_block(models):
+    """With eos_early_stop a row stops at the step that reveals EOS with nothing masked before it: the tokens up to
+    EOS are those without it, in fewer forwards (some EOS of the tiny model does this)."""
+    model, prompt = models["llada2_moe"], torch.tensor([CASES["short_prompt"]["prompt"]])
+    settings = dict(gen_length=24, block_length=8, steps=8, threshold=1.0, pad_token_id=PAD)
+    plain = model.generate(prompt, generation_config=MaskedDiffusionGenerationConfig.llada2(**settings, eos_id=-1 % 47))
+    saved = 0
+    for eos_id in sorted(set(plain[0, prompt.shape[1] :].tolist()) - set(prompt[0].tolist())):
+        runs = [
+            model.generate(
+                prompt,
+                generation_config=MaskedDiffusionGenerationConfig.llada2(
+                    **settings, eos_id=eos_id, eos_early_stop=early, return_dict_in_generate=True
+                ),
+            )
+            for early in (False, True)
+        ]
+        assert torch.equal(runs[0].sequences, runs[1].sequences)
+        saved = max(saved, runs[0].nfe - runs[1].nfe)
+        assert runs[1].nfe <= runs[0].nfe
+    assert saved > 0
+
+
+@pytest.mark.parametrize("name", ["short_prompt", "long_prompt", "eos_in_block", "edit_fires", "edit_eos"])
+def test_batched_left_padded_rows_equal_rows_alone(models, name):
+    case = CASES[name]
+    other = CASES["long_prompt" if name != "long_prompt" else "short_prompt"]["prompt"]
+    prompts = [case["prompt"], other]
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    model = models[case["model_type"]]
+    batched = model.generate(input_ids, attention_mask=attention_mask, generation_config=preset_of(case))
+    for row, prompt in enumerate(prompts):
+        alone = model.generate(torch.tensor([prompt]), generation_config=preset_of(case))
+        assert torch.equal(batched.sequences[row, width:], alone.sequences[0, len(prompt) :]), row
+    assert published_output(case, batched.sequences[0, width:].tolist()) == case["tokens"]
+
+
+def test_exact_cache_is_the_default_and_computes_fewer_positions(models):
+    case = CASES["default_block"]
+    prompt = torch.tensor([case["prompt"]])
+    model = models[case["model_type"]]
+    cached = model.generate(prompt, generation_config=preset_of(case))
+    uncached = model.generate(prompt, generation_config=preset_of(case, kv_cache="none"))
+    assert torch.equal(cached.sequences, uncached.sequences)
+    # 2 blocks of 32 (6 prompt + 40 generated positions): without a cache every forward runs all 64 columns; with
+    # it the first forward runs the canvas and every later one the current block (the first of a block also the
+    # block before it)
+    assert uncached.forward_tokens == 64 * case["nfe"]
+    assert cached.forward_tokens < uncached.forward_tokens / 1.5
+
+
+def test_streaming_gives_the_output(models):
+    from transformers.generation.streamers import BaseStreamer
+
+    class Collect(BaseStreamer):
+        def __init__(self):
+            self.tokens: list[int] = []
+
+        def put(self, value):
+            self.tokens.extend(value.flatten().tolist())
+
+        def end(self):
+            pass
+
+    case = CASES["edit_fires"]
+    prompt = torch.tensor([case["prompt"]])
+    streamer = Collect()
+    models[case["model_type"]].generate(prompt, generation_config=preset_of(case), streamer=streamer)
+    assert streamer.tokens == case["prompt"] + case["tokens"]
+
+
+def test_preset_defaults_are_the_published_ones():
+    config = MaskedDiffusionGenerationConfig.llada2()
+    assert (config.max_new_tokens, config.block_length, config.steps, config.threshold) == (2048, 32, 32, 0.95)
+    assert (config.temperature, config.eos_early_stop, config.transfer) == (0.0, False, "llada2")
+    config = MaskedDiffusionGenerationConfig.llada21()
+    assert (config.editing_threshold, config.max_post_steps, config.num_to_transfer) == (0.9, 16, 1)
+    assert config.threshold == 0.95 and config.finish_at_eos is False
+    assert MaskedDiffusionGenerationConfig.llada2(gen_length=64, steps=32, minimal_topk=4).steps == 16
+    with pytest.raises(ValueError, match="minimal_topk"):
+        MaskedDiffusionGenerationConfig.llada2(gen_length=4, minimal_topk=8)
