@@ -18,8 +18,8 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
-from . import generation_editing  # noqa: F401  (registers the llada21_editing transfer)
 from .generation_denoiser import KV_CACHES
+from .generation_editing import LLaDA21EditingTransfer  # noqa: F401  (registers the llada21_editing transfer)
 from .generation_reference import check_reference_values, reject_foreign_args, validate_reference
 from .generation_remask import validate_remdm
 from .generation_speculative import validate_speculative
