@@ -29,7 +29,7 @@ LOGITS_ATOL = 1e-4
 
 def build(model_type: str, attn_implementation: str = "sdpa") -> torch.nn.Module:
     """The tiny model of ``model_type`` with the reference's weights, through the Auto classes."""
-    config = AutoConfig.for_model(**tiny.CONFIGS[model_type], mask_token_id=tiny.MASK_ID)
+    config = AutoConfig.for_model(**tiny.CONFIGS[model_type], mask_token_id=tiny.MASK_ID, eos_token_id=tiny.MASK_ID - 1)
     config._attn_implementation = attn_implementation
     model = AutoModel.from_config(config).eval()
     checksums = tiny.fill_weights(model, tiny.SEEDS[model_type])
@@ -307,3 +307,25 @@ def test_preset_defaults_are_the_published_ones():
     assert MaskedDiffusionGenerationConfig.llada2(gen_length=64, steps=32, minimal_topk=4).steps == 16
     with pytest.raises(ValueError, match="minimal_topk"):
         MaskedDiffusionGenerationConfig.llada2(gen_length=4, minimal_topk=8)
+
+
+@pytest.mark.parametrize("name", ["short_prompt", "edit_fires"])
+def test_the_family_sampler_is_the_default(models, name):
+    """A call that sets no transfer samples as the published generate() with its defaults: the preset's tokens
+    with only the length, block and ids given."""
+    case = CASES[name]
+    prompt = torch.tensor([case["prompt"]])
+    model = models[case["model_type"]]
+    defaults = {k: v for k, v in case["kwargs"].items() if k in ("gen_length", "block_length", "eos_id")}
+    expected = model.generate(prompt, generation_config=preset_of({**case, "kwargs": defaults}))
+    got = model.generate(
+        prompt,
+        max_new_tokens=defaults["gen_length"],
+        block_length=defaults["block_length"],
+        eos_token_id=defaults["eos_id"],
+        pad_token_id=PAD,
+        return_dict_in_generate=True,
+    )
+    assert torch.equal(got.sequences, expected.sequences) and got.nfe == expected.nfe
+    other = model.generate(prompt, max_new_tokens=16, block_length=8, transfer="deterministic", steps=16)
+    assert other.shape == (1, prompt.shape[1] + 16)  # another transfer takes none of the family's settings

@@ -338,7 +338,10 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel, MaskedDiffusionGenerationMixin)
     ```
     """
 
-    diffusion_facts = DiffusionFacts(logits_shift=0)
+    # LLaDA2.0's generate() with its defaults (MaskedDiffusionGenerationConfig.llada2), for calls that set no transfer
+    diffusion_facts = DiffusionFacts(
+        sampler=(("transfer", "llada2"), ("steps", 32), ("threshold", 0.95), ("whole_blocks", True))
+    )
 
     _tied_weights_keys = {"lm_head.weight": "model.word_embeddings.weight"}
     _tp_plan = {"lm_head": "colwise_gather_output"}
@@ -420,10 +423,22 @@ class LLaDA21MoeModelLM(LLaDA2MoeModelLM):
     (``MaskedDiffusionGenerationConfig.llada21``)."""
 
     config_class = LLaDA21MoeConfig
+    # LLaDA2.1's generate() with its defaults (MaskedDiffusionGenerationConfig.llada21)
+    diffusion_facts = DiffusionFacts(
+        sampler=(
+            ("transfer", "llada21_editing"),
+            ("threshold", 0.95),
+            ("editing_threshold", 0.9),
+            ("max_post_steps", 16),
+            ("num_to_transfer", 1),
+            ("whole_blocks", True),
+            ("finish_at_eos", False),
+        )
+    )
 
 
 __all__ = ["LLaDA21MoeModelLM", "LLaDA2MoeModel", "LLaDA2MoeModelLM", "LLaDA2MoePreTrainedModel"]
 
 
-for _config_class in (LLaDA2MoeConfig, LLaDA21MoeConfig):
-    register_family(_config_class.model_type, LLaDA2MoeModelLM.diffusion_facts)
+register_family(LLaDA2MoeConfig.model_type, LLaDA2MoeModelLM.diffusion_facts)
+register_family(LLaDA21MoeConfig.model_type, LLaDA21MoeModelLM.diffusion_facts)
