@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import llada2_tiny as tiny
 import pytest
@@ -329,3 +330,53 @@ def test_the_family_sampler_is_the_default(models, name):
     assert torch.equal(got.sequences, expected.sequences) and got.nfe == expected.nfe
     other = model.generate(prompt, max_new_tokens=16, block_length=8, transfer="deterministic", steps=16)
     assert other.shape == (1, prompt.shape[1] + 16)  # another transfer takes none of the family's settings
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The harness
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoints(tmp_path_factory):
+    from hf_mdm.harness.tiny import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+def test_harness_runs_llada2_with_its_published_sampler(tiny_checkpoints):
+    from lm_eval.api.instance import Instance
+
+    from hf_mdm.harness import MaskedDiffusionLM
+
+    lm = MaskedDiffusionLM(pretrained=tiny_checkpoints["llada2"], device="cpu", batch_size=2)
+    assert isinstance(lm.model, LLaDA2MoeModelLM) and lm.reference == "none"
+    config = lm.request_configs(16, {})
+    assert (config.transfer, config.steps, config.threshold, config.block_length) == ("llada2", 32, 0.95, 32)
+    assert config.whole_blocks and config.kv_cache == "prefix"
+    prompts = ["Question: 2 + 3?\nAnswer:", "Q: 7 * 6?\nA:"]
+    requests = [
+        Instance("generate_until", {}, (p, {"max_gen_toks": 16}), i, ("demo", i, 1)) for i, p in enumerate(prompts)
+    ]
+    batched = lm.generate_until(requests)
+    alone = MaskedDiffusionLM(pretrained=tiny_checkpoints["llada2"], device="cpu", batch_size=1).generate_until(
+        requests
+    )
+    assert batched == alone and all(isinstance(text, str) for text in batched)
+    tuned = MaskedDiffusionLM(pretrained=tiny_checkpoints["llada2"], device="cpu", threshold=0.5, steps=4)
+    config = tuned.request_configs(16, {})
+    assert (config.transfer, config.steps, config.threshold) == ("llada2", 4, 0.5)
+
+
+def test_model_card(models):
+    from hf_mdm.hub import llada2_card
+
+    model = models["llada21_moe"]
+    results = [dict(metric="accuracy", value=0.25, setting="llada21 defaults", dataset_name="gsm8k")]
+    card = llada2_card(model, "someone/tiny-llada21", base_model="inclusionAI/LLaDA2.1-mini", results=results)
+    text = str(card)
+    assert "LLaDA2.1" in text and "MaskedDiffusionGenerationConfig.llada21(" in text
+    assert f"| num_experts | {model.config.num_experts} |" in text and "| editing_threshold | 0.9 |" in text
+    assert "| gsm8k | llada21 defaults | accuracy | 0.25 |" in text
+    assert card.data.base_model == "inclusionAI/LLaDA2.1-mini" and card.data.eval_results[0].metric_value == 0.25
+    with pytest.raises(ValueError, match="LLaDA2.x"):
+        llada2_card(SimpleNamespace(config=SimpleNamespace(model_type="Dream")), "x/y")
