@@ -380,3 +380,28 @@ def test_model_card(models):
     assert card.data.base_model == "inclusionAI/LLaDA2.1-mini" and card.data.eval_results[0].metric_value == 0.25
     with pytest.raises(ValueError, match="LLaDA2.x"):
         llada2_card(SimpleNamespace(config=SimpleNamespace(model_type="Dream")), "x/y")
+
+
+def test_diffusion_gemma_is_timed_through_its_own_generate(tiny_checkpoints):
+    """``hf_diffusion_gemma`` returns what DiffusionGemma's own generate() writes, and counts its decoder forwards."""
+    from lm_eval.api.instance import Instance
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    from hf_mdm.harness.models import DiffusionGemmaLM
+
+    lm = DiffusionGemmaLM(pretrained=tiny_checkpoints["diffusion_gemma"], device="cpu", max_denoising_steps=4)
+    prompt = "Q: 2 + 3?\nA:"
+    request = Instance("generate_until", {}, (prompt, {"max_gen_toks": 16, "until": ["\n\n"]}), 0, ("demo", 0, 1))
+    torch.manual_seed(0)  # DiffusionGemma samples (its temperature schedule) from torch's global generator
+    (text,) = lm.generate_until([request])
+    (record,) = lm.timing.records
+    assert 1 <= record.nfe <= 4  # one canvas of 16 tokens, at most max_denoising_steps decoder forwards
+    tokenizer = AutoTokenizer.from_pretrained(tiny_checkpoints["diffusion_gemma"])
+    model = AutoModelForImageTextToText.from_pretrained(tiny_checkpoints["diffusion_gemma"]).eval()
+    input_ids = tokenizer(prompt, return_tensors="pt").input_ids
+    torch.manual_seed(0)
+    own = model.generate(input_ids, max_new_tokens=16, max_denoising_steps=4, pad_token_id=tokenizer.pad_token_id)
+    expected = tokenizer.decode(own.sequences[0, input_ids.shape[1] :], skip_special_tokens=True).split("\n\n")[0]
+    assert text == expected
+    with pytest.raises(ValueError, match="DiffusionGemma checkpoints"):
+        DiffusionGemmaLM(pretrained=tiny_checkpoints["llada2"], device="cpu")
