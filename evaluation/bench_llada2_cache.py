@@ -10,7 +10,7 @@ prompt, ``MaskedDiffusionGenerationConfig.llada2`` with the published defaults b
 loop (re-stated below on the same model, no cache) and hf_mdm's cached sampler timed A/B interleaved after a warm-up,
 ``--repeats`` times; medians and their ratio.
 
-    python evaluation/bench_llada2_cache.py [--repeats 3] [--threads 2] [--prompt 64] [--gen-length 128]
+    python evaluation/bench_llada2_cache.py [--repeats 3] [--threads 1] [--prompt 64] [--gen-length 128]
         [--device cuda]
 """
 
@@ -28,24 +28,24 @@ from hf_mdm.generation_transfer import even_split
 from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM
 
 SIZES = dict(
-    vocab_size=2048,
-    hidden_size=128,
-    intermediate_size=256,
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=512,
     num_hidden_layers=4,
-    num_attention_heads=4,
+    num_attention_heads=8,
     num_key_value_heads=2,
     head_dim=32,
-    num_experts=8,
+    num_experts=16,
     num_shared_experts=1,
-    num_experts_per_tok=2,
+    num_experts_per_tok=4,
     n_group=4,
     topk_group=2,
-    moe_intermediate_size=64,
+    moe_intermediate_size=128,
     first_k_dense_replace=1,
     max_position_embeddings=4096,
     initializer_range=0.1,
-    mask_token_id=2047,
-    eos_token_id=2046,
+    mask_token_id=4095,
+    eos_token_id=4094,
     pad_token_id=0,
 )
 
@@ -88,7 +88,7 @@ def cut_at_eos(tokens: torch.Tensor, eos_id: int) -> list[int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a CPU shared with other work)")
     parser.add_argument("--prompt", type=int, default=64)
     parser.add_argument("--gen-length", type=int, default=128)
     parser.add_argument("--device", default="cpu")
