@@ -187,14 +187,26 @@ class LLaDA2MoeSparseMoeBlock(nn.Module):
         router's weights), then the shared expert added."""
         flat = x.reshape(-1, x.shape[-1])
         experts, weights = self.gate(flat)
-        out = torch.zeros(flat.shape, dtype=weights.dtype, device=x.device)
-        for index in experts.unique().tolist():
-            token, slot = (experts == index).nonzero(as_tuple=True)
-            expert_out = self.experts[index](flat[token]).to(weights.dtype)
-            out.index_add_(0, token, expert_out * weights[token, slot, None])
+        if torch.compiler.is_compiling():
+            out = self._every_expert(flat, experts, weights)
+        else:
+            out = torch.zeros(flat.shape, dtype=weights.dtype, device=x.device)
+            for index in experts.unique().tolist():
+                token, slot = (experts == index).nonzero(as_tuple=True)
+                expert_out = self.experts[index](flat[token]).to(weights.dtype)
+                out.index_add_(0, token, expert_out * weights[token, slot, None])
         out = out.to(x.dtype).view_as(x)
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(x)
+        return out
+
+    def _every_expert(self, flat: torch.Tensor, experts: torch.LongTensor, weights: torch.Tensor) -> torch.Tensor:
+        """The same sum with every expert run on every token, weighted 0 where not chosen: no data-dependent shapes,
+        for ``torch.compile(fullgraph=True)`` (``num_experts`` times the expert compute)."""
+        out = torch.zeros(flat.shape, dtype=weights.dtype, device=flat.device)
+        for index, expert in enumerate(self.experts):
+            weight = (weights * (experts == index)).sum(-1, keepdim=True)
+            out = out + expert(flat).to(weights.dtype) * weight
         return out
 
 
@@ -235,6 +247,7 @@ class LLaDA2MoePreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_attention_backend = True
+    _can_compile_fullgraph = True  # the experts' compiled path has no data-dependent shapes
     _can_record_outputs = {"hidden_states": LLaDA2MoeDecoderLayer, "attentions": LLaDA2MoeAttention}
 
     @torch.no_grad()
