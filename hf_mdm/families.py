@@ -15,10 +15,19 @@ from typing import Any, Optional
 @dataclass(frozen=True)
 class DiffusionFacts:
     """``logits_shift``: 1 if position i is predicted from hidden state i - 1 (Dream), else 0; ``reference``: the
-    published sampler hf_mdm reproduces token for token for this family (``"llada"``, ``"dream"``), or None."""
+    published sampler hf_mdm reproduces token for token for this family (``"llada"``, ``"dream"``), or None;
+    ``sampler``: the family's published sampler as settings of hf_mdm's default sampler ((field, value) pairs of
+    `MaskedDiffusionGenerationConfig`, e.g. LLaDA2's ``transfer="llada2"`` with its defaults), which a call
+    uses for the fields it leaves unset unless it names another ``transfer``."""
 
     logits_shift: int = 0
     reference: Optional[str] = None
+    sampler: tuple[tuple[str, Any], ...] = ()
+
+    def sampler_defaults(self, transfer: Optional[str]) -> dict[str, Any]:
+        """The ``sampler`` settings, for a call whose ``transfer`` is unset or the family's own; else none."""
+        settings = dict(self.sampler)
+        return settings if transfer is None or transfer == settings.get("transfer") else {}
 
 
 _FAMILIES: dict[str, DiffusionFacts] = {}

@@ -32,6 +32,7 @@ from transformers import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
+from .families import attention_block_size
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
 from .generation_denoiser import Denoiser, logits_shift_of
 from .generation_processors import ScoreRecorder, config_processors, config_warpers
@@ -47,7 +48,7 @@ from .generation_reference import (
 )
 from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
-from .generation_sampler import Canvas, Sampler, Trace, prepare_canvas, sample_blocks
+from .generation_sampler import Canvas, Sampler, Trace, fill_last_blocks, prepare_canvas, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
 from .generation_stopping import Streamer, eos_tensor, finalize_eos, with_max_time
 from .generation_strategy import (
@@ -153,6 +154,9 @@ def diffusion_generate(
     mask_id = int(config.mask_token_id)
     canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id, _max_positions(model))
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
+    output_width = canvas.x.shape[1]
+    if config.whole_blocks:
+        canvas = _whole_blocks(model, config, canvas, mask_id)
     # 3. the pieces: the model call (guidance, cache, logits shift), proposals, transfer rule, strategy, records
     denoiser = Denoiser.for_model(
         model,
@@ -167,10 +171,14 @@ def diffusion_generate(
     remasking = Remasking.from_config(config, streamer)  # None without remdm
     stopping = with_max_time(stopping_criteria, config.max_time)
     eos_ids = eos_tensor(config, canvas.x.device)
-    trace = Trace(Streamer(streamer, canvas.x, canvas.gen_mask0, mask_id), keep_history=bool(config.output_history))
+    if config.eos_early_stop and eos_ids is not None:
+        sampler.early_stop_eos = eos_ids
+    stream = Streamer(streamer, canvas.x, canvas.gen_mask0, mask_id, output_width)
+    trace = Trace(stream, keep_history=bool(config.output_history))
     with Stopwatch(canvas.x.device) as watch:
         # 4. the reverse process, block by block (or a reference sampler, or speculative rounds)
         finished = _run(config, sampler, remasking, canvas, trace, eos_ids, stopping, input_ids.shape[1])
+        canvas = _cut(canvas, output_width)  # whole blocks: the columns past max_new_tokens go
         # 5. padding: masks left in finished rows and tokens after the first EOS
         num_generated = _finalize(canvas, finished, eos_ids, _pad_id(config, eos_ids, mask_id), mask_id)
     trace.stream.end(canvas.x)
@@ -204,7 +212,27 @@ def _run(config, sampler: Sampler, remasking, canvas: Canvas, trace: Trace, eos_
         return torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
     if config.transfer == SPECULATIVE:
         return speculative_sample(sampler, canvas, trace, config.draft_length, config.block_length, eos_ids, stopping)
-    return sample_blocks(sampler, canvas, trace, config.steps, config.block_length, eos_ids, stopping, remasking)
+    finishing_eos = eos_ids if config.finish_at_eos else None
+    return sample_blocks(sampler, canvas, trace, config.steps, config.block_length, finishing_eos, stopping, remasking)
+
+
+def _whole_blocks(model: Any, config: MaskedDiffusionGenerationConfig, canvas: Canvas, mask_id: int) -> Canvas:
+    """``whole_blocks``: the canvas grown to the end of each row's last attention block (`fill_last_blocks`)."""
+    block = config.block_length if config.block_length is not None else attention_block_size(model)
+    if block is None or attention_block_size(model) is None:
+        raise ValueError(
+            "whole_blocks=True needs a block-causal model (config.block_size set, e.g. LLaDA2) and its block_length"
+        )
+    return fill_last_blocks(canvas, int(block), mask_id)
+
+
+def _cut(canvas: Canvas, width: int) -> Canvas:
+    """The first ``width`` columns of the canvas (unchanged when it has no more)."""
+    if canvas.x.shape[1] == width:
+        return canvas
+    attn = None if canvas.attn is None else canvas.attn[:, :width]
+    attn = None if attn is not None and bool(attn.all()) else attn
+    return Canvas(canvas.x[:, :width], attn, canvas.gen_mask0[:, :width])
 
 
 def _output(canvas: Canvas, sampler: Sampler, trace: Trace, num_generated, seconds: float, history: bool):

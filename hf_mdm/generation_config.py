@@ -19,6 +19,7 @@ from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
 from .generation_denoiser import KV_CACHES
+from .generation_editing import LLaDA21EditingTransfer  # noqa: F401  (registers the llada21_editing transfer)
 from .generation_reference import check_reference_values, reject_foreign_args, validate_reference
 from .generation_remask import validate_remdm
 from .generation_speculative import validate_speculative
@@ -58,6 +59,13 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "eps": None,
     "alg": None,
     "alg_temp": None,
+    # LLaDA2.x generate()'s own behaviour (the llada2 / llada21 presets; usable with any block-causal model)
+    "whole_blocks": False,
+    "eos_early_stop": False,
+    "finish_at_eos": True,
+    "editing_threshold": None,
+    "max_post_steps": None,
+    "num_to_transfer": None,
 }
 # GenerationConfig fields whose default differs here (transformers' own default is None)
 _GENERATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
@@ -95,6 +103,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             (m0 = masked count at block start; LLaDA's split for the linear schedule);
             ``"threshold"``: every position whose confidence >= ``threshold``, at least one, and at least what the
             remaining steps need to finish the block, so a block never takes more than its steps;
+            ``"llada2"`` / ``"llada21_editing"``: LLaDA2.0's / LLaDA2.1's rules (`llada2`, `llada21`);
             ``"entropy_bound"``: the masked positions of the block in the strategy's order while the sum of their
             entropies stays within ``entropy_bound``, at least one (EB-sampler). With ``steps=None`` the two adaptive
             rules run a block until it is done. ``"speculative"``: exact speculative decoding (``draft_length``).
@@ -102,7 +111,7 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             of the proposed token), ``"margin"`` (top-1 minus top-2 probability), ``"entropy"`` (lowest entropy
             first) or ``"left_to_right"``. Aliases: ``low_confidence``, ``maskgit_plus`` (confidence),
             ``topk_margin`` (margin), ``origin`` (random).
-        threshold (`float`, *optional*): in (0, 1], for ``transfer="threshold"``.
+        threshold (`float`, *optional*): in (0, 1], for ``transfer="threshold"`` (in [0, 1] for the LLaDA2 rules).
         entropy_bound (`float`, *optional*): > 0, nats per step, for ``transfer="entropy_bound"``.
         draft_length (`int`, *optional*): >= 1, for ``transfer="speculative"``: samples the model's left-to-right
             factorisation exactly (at temperature 0 the tokens of ``strategy="left_to_right"`` one token a step) in
@@ -131,6 +140,15 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         mask_token_id (`int`, *optional*): [MASK] id (default: the model config's).
         stop_at_eos (`bool`, defaults to `True`): tokens after the first generated EOS become ``pad_token_id``
             (EOS if unset) and rows that finished stop between blocks.
+        finish_at_eos (`bool`, defaults to `True`): with ``stop_at_eos``, whether a row whose revealed prefix holds an
+            EOS skips the remaining blocks (False: every block is generated, tokens after EOS still padded).
+        eos_early_stop (`bool`, defaults to `False`): a row also stops inside a block, at the step that reveals an
+            EOS with nothing generated before its first EOS still masked (LLaDA2.0's ``eos_early_stop``).
+        whole_blocks (`bool`, defaults to `False`): for a block-causal model, each row's generation runs to the end
+            of its last attention block (LLaDA2's canvas of whole blocks); the output keeps the first
+            ``max_new_tokens`` generated columns.
+        editing_threshold, max_post_steps, num_to_transfer: LLaDA2.1's token editing (``transfer="llada21_editing"``,
+            `hf_mdm.generation_editing`; build it with `llada21`).
         output_history (`bool`, defaults to `False`): keep the canvas after every step (returned with
             ``return_dict_in_generate``).
         logits_shift (`int`, *optional*): 1 if position i is predicted from hidden state i-1 (Dream); default from
@@ -376,6 +394,133 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
         )
         return cls(**{**values, **kwargs})
 
+    @classmethod
+    def llada2(
+        cls,
+        gen_length: int = 2048,
+        block_length: int = 32,
+        steps: int = 32,
+        threshold: float = 0.95,
+        minimal_topk: int = 1,
+        eos_early_stop: bool = False,
+        temperature: float = 0.0,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        *,
+        eos_id: Optional[int] = None,
+        mask_id: Optional[int] = None,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""LLaDA2.0's ``generate()`` (the published modeling_llada2_moe.py), token for token at temperature 0 and
+        with the same number of forwards, with its argument names and defaults, on the default sampler (so also
+        batched, streamed, and with the exact block cache, ``kv_cache="prefix"``, the default for a block-causal
+        model; ``kv_cache="none"`` recomputes the whole prefix every forward, as the published code does):
+
+        - the canvas is whole attention blocks of ``block_length`` positions counted from the prompt's first token
+          (``whole_blocks``): the prompt may end inside a block, which is then the first one generated, and the
+          last block runs past ``gen_length`` (generated, then cut off);
+        - each block gets at most ``min(steps, gen_length // minimal_topk)`` forwards; step i reveals every masked
+          position of the block whose proposal's probability is above ``threshold`` when there are at least
+          ``share[i]`` of them, with ``share`` the even split of ``block_length`` over the steps (``block_length //
+          steps`` each, one more on the first ``block_length % steps``), else the ``share[i]`` most confident
+          (``transfer="llada2"``, `hf_mdm.generation_transfer.LLaDA2Transfer`);
+        - proposals: the argmax at ``temperature`` 0, else a draw after ``top_k`` then ``top_p``; confidence = its
+          softmax probability over the whole vocabulary;
+        - a row stops after the block in which an EOS appears (``eos_id``, default the model config's
+          ``eos_token_id``: 156892 for LLaDA2), or with ``eos_early_stop`` at the step that reveals an EOS with
+          nothing generated before it still masked; tokens after the first EOS become padding.
+
+        The output is the prompt and ``gen_length`` generated columns (the published code returns the generated
+        tokens up to and including the first EOS). Differences, none of which changes a token at temperature 0 on
+        rows without EOS in the prompt: [MASK] is never proposed (the published argmax may pick it, which leaves the
+        position masked); the published ``eos_early_stop`` looks for the first EOS from the start of the canvas,
+        prompt included (a prompt holding EOS returns nothing), here from the first generated position; sampling at
+        temperature > 0 uses the same law but not the same random stream. ``mask_id`` defaults to the model
+        config's ``mask_token_id`` (156895 for LLaDA2).
+
+        Other keyword arguments are `MaskedDiffusionGenerationConfig` fields (``kv_cache``, ``return_dict_in_generate``,
+        ``pad_token_id``, ...).
+        """
+        steps = min(steps, gen_length // minimal_topk) if minimal_topk >= 1 else steps
+        if not is_integer(steps) or steps < 1:
+            raise ValueError(
+                f"steps = min(steps, gen_length // minimal_topk) must be >= 1, got {steps!r} (gen_length={gen_length}, "
+                f"minimal_topk={minimal_topk}): raise gen_length or lower minimal_topk"
+            )
+        values = dict(
+            max_new_tokens=gen_length,
+            block_length=block_length,
+            steps=steps,
+            transfer="llada2",
+            strategy="confidence",
+            threshold=threshold,
+            eos_early_stop=eos_early_stop,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            eos_token_id=eos_id,
+            mask_token_id=mask_id,
+            whole_blocks=True,
+            stop_at_eos=True,
+        )
+        return cls(**{**values, **kwargs})
+
+    @classmethod
+    def llada21(
+        cls,
+        gen_length: int = 2048,
+        block_length: int = 32,
+        steps: int = 32,
+        threshold: float = 0.95,
+        editing_threshold: float = 0.9,
+        max_post_steps: int = 16,
+        num_to_transfer: int = 1,
+        minimal_topk: int = 1,
+        eos_early_stop: bool = False,
+        temperature: float = 0.0,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        *,
+        eos_id: Optional[int] = None,
+        mask_id: Optional[int] = None,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""LLaDA2.1's ``generate()`` (the published modeling_llada21_moe.py), token for token at temperature 0 and
+        with the same number of forwards, with its argument names and defaults, on the default sampler (batched,
+        streamed, exact block cache as in `llada2`):
+
+        - the canvas of whole attention blocks of `llada2`;
+        - a block runs until it is done, with no step budget (``steps`` and ``minimal_topk`` are accepted and, as
+          in the published code, not used): each forward reveals the masked positions above ``threshold`` (at
+          least ``num_to_transfer``, the most confident), and edits every revealed, non-prompt position of the
+          block whose proposal differs and is above ``editing_threshold``; the block ends after a forward that
+          started with no mask and edited nothing, or ``max_post_steps`` forwards after its last mask
+          (``transfer="llada21_editing"``, `hf_mdm.generation_editing`);
+        - every block is generated unless ``eos_early_stop``, which stops a row after the first block that ends
+          with an EOS in its output; tokens after the first EOS become padding in either case.
+
+        Differences as for `llada2` ([MASK] never proposed; the random stream at temperature > 0).
+        """
+        values = dict(
+            max_new_tokens=gen_length,
+            block_length=block_length,
+            transfer="llada21_editing",
+            strategy="confidence",
+            threshold=threshold,
+            editing_threshold=editing_threshold,
+            max_post_steps=max_post_steps,
+            num_to_transfer=num_to_transfer,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            eos_token_id=eos_id,
+            mask_token_id=mask_id,
+            whole_blocks=True,
+            stop_at_eos=True,
+            finish_at_eos=bool(eos_early_stop),
+        )
+        return cls(**{**values, **kwargs})
+
     def to_dict(self) -> dict[str, Any]:
         config = super().to_dict()
         # An auto-created config would be reloaded by transformers with its custom keys dropped: never mark it so.
@@ -407,18 +552,31 @@ del _name, _default
 DIFFUSION_FIELDS = tuple(_DIFFUSION_DEFAULTS)
 
 
+# The LLaDA2 rules reveal what is strictly above the threshold, so 0 is meaningful there (every proposal); the
+# threshold transfer reveals what reaches it, where 0 would be every proposal too but is refused as a likely slip.
+_ZERO_THRESHOLD = ("llada2", "llada21_editing")
+
+
 def _check_sampling_values(config: MaskedDiffusionGenerationConfig) -> None:
     """Types and ranges of the length, token sampling and token id fields (a ValueError naming the field)."""
+    transfer = getattr(config, "transfer", None)
+    in_range = "a number in [0, 1]" if transfer in _ZERO_THRESHOLD else "a number in (0, 1]"
     checks = (
         ("max_new_tokens", lambda v: is_integer(v) and v >= 0, "an integer >= 0"),
         ("temperature", lambda v: is_number(v) and v >= 0, "a number >= 0 (0 = argmax)"),
         ("top_k", lambda v: is_integer(v) and v >= 0, "an integer >= 0 (0 or None keeps every token)"),
         ("top_p", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1] (1 or None keeps every token)"),
         ("cfg_scale", lambda v: is_number(v) and v >= 0, "a number >= 0 (0 = no guidance)"),
-        ("threshold", lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+        ("threshold", lambda v: is_number(v) and (0 < v <= 1 or (v == 0 and transfer in _ZERO_THRESHOLD)), in_range),
+        ("editing_threshold", lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+        ("max_post_steps", lambda v: is_integer(v) and v >= 0, "an integer >= 0"),
+        ("num_to_transfer", lambda v: is_integer(v) and v >= 1, "an integer >= 1"),
         ("draft_length", lambda v: is_integer(v) and v >= 1, "an integer >= 1 (tokens drafted per round)"),
         ("mask_token_id", lambda v: is_integer(v) and v >= 0, "a token id (an integer >= 0)"),
         ("stop_at_eos", lambda v: isinstance(v, bool), "True or False"),
+        ("finish_at_eos", lambda v: isinstance(v, bool), "True or False"),
+        ("eos_early_stop", lambda v: isinstance(v, bool), "True or False"),
+        ("whole_blocks", lambda v: isinstance(v, bool), "True or False"),
     )
     for name, valid, expected in checks:
         value = getattr(config, name, None)

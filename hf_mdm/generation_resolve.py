@@ -9,6 +9,8 @@ field of the config a call runs with comes from the highest level that sets it (
 4. the model config: ``schedule`` (the one the model was trained with), ``mask_token_id``, ``logits_shift``,
    ``eos_token_id``, ``pad_token_id``; for a block-causal model (``config.block_size`` b) ``block_length`` b and
    ``kv_cache="prefix"`` (exact under block-causal attention; not with speculative decoding, which keeps none);
+   the settings of the family's own sampler (`hf_mdm.families.DiffusionFacts.sampler`: LLaDA2's), unless the call
+   names another ``transfer``;
 5. the caller's fallback for token ids (e.g. a tokenizer) and the entry point's own defaults (e.g. ``hf-mdm
    sample``'s paper sampler);
 6. the field defaults (`hf_mdm.generation_config`).
@@ -24,7 +26,7 @@ from typing import Any, Optional
 
 from transformers import GenerationConfig
 
-from .families import attention_block_size
+from .families import attention_block_size, facts_of
 from .generation_config import DIFFUSION_FIELDS, MaskedDiffusionGenerationConfig
 from .generation_denoiser import logits_shift_of, supports_kv_cache
 from .generation_processors import apply_do_sample, check_generation_fields
@@ -89,6 +91,9 @@ def _model_config_values(model: Any, config: MaskedDiffusionGenerationConfig) ->
     model_config = getattr(model, "config", None)
     values = {name: getattr(model_config, name, None) for name in TOKEN_ID_FIELDS}
     values.update(schedule=getattr(model_config, "schedule", None), logits_shift=logits_shift_of(model))
+    facts = facts_of(model)
+    if facts is not None:
+        values.update(facts.sampler_defaults(config.__dict__.get("transfer")))
     block = attention_block_size(model)
     if block is not None:
         values["block_length"] = block

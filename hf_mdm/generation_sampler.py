@@ -33,7 +33,7 @@ from .generation_strategy import (
     Strategy,
     choose,
 )
-from .generation_transfer import Transfer, reveal_steps, split_steps
+from .generation_transfer import Transfer, reveal_steps
 
 
 @dataclass
@@ -76,11 +76,12 @@ class Trace:
         """Whether every step must see the whole canvas (history or streaming)."""
         return self.keep_history or self.stream.active
 
-    def step(self, x: torch.Tensor) -> None:
+    def step(self, x: torch.Tensor, final_before: Optional[int] = None) -> None:
+        """A step ran: count it, keep the canvas, stream what is final (up to ``final_before`` if given)."""
         self.steps += 1
         if self.keep_history:
             self.history.append(x.clone())
-        self.stream.update(x)
+        self.stream.update(x, final_before)
 
 
 @dataclass
@@ -94,6 +95,7 @@ class Sampler:
     schedule: Any
     generator: Optional[torch.Generator] = None
     recorder: Optional[ScoreRecorder] = None  # output_scores / output_logits
+    early_stop_eos: Optional[torch.Tensor] = None  # (E,) EOS ids a row stops at inside a block (eos_early_stop)
 
     def record(self, rows: Rows, flat_rows: torch.Tensor, cols: torch.Tensor, proposals: Proposals) -> None:
         """Keep the scores and logits of the tokens written at (``flat_rows``, ``cols``) of ``rows``."""
@@ -221,13 +223,14 @@ def sample_blocks(
     the (B,) rows that finished early. Blocks are aligned to the model's attention blocks when it has them."""
     gen_mask0 = canvas.gen_mask0
     blocks = plan_blocks(canvas, block_length, sampler.denoiser.block_causal)
-    steps_per_block = split_steps(steps, [int(block.region.sum(1).max()) for block in blocks])
+    steps_per_block = sampler.transfer.block_steps(steps, [int(block.region.sum(1).max()) for block in blocks])
+    denoise = denoise or sampler.transfer.block_denoiser or denoise_block
     finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
     for block, num_steps in zip(blocks, steps_per_block):
         if num_steps == 0:
             continue
         active = (~finished).nonzero().flatten()
-        _denoise_active_rows(sampler, canvas, active, block, num_steps, trace, denoise or denoise_block)
+        _denoise_active_rows(sampler, canvas, active, block, num_steps, trace, denoise)
         x = canvas.x
         finished |= finished_rows(x, gen_mask0, block.end, eos_ids, stopping_criteria, x == sampler.mask_id)
         if bool(finished.all()):
@@ -250,14 +253,17 @@ def _denoise_active_rows(
     sampler.denoiser.begin_block(block.start, block.end)
     region = block.region if all_rows else block.region[active]
 
+    final_before = block.start if sampler.transfer.edits else None  # an editing block is final once done
+
     def on_step() -> None:
         if not all_rows and trace.needs_canvas:
             canvas.x[active] = rows.x
-        trace.step(canvas.x)
+        trace.step(canvas.x, final_before)
 
     denoise(sampler, rows, region, num_steps, on_step)
     if not all_rows:
         canvas.x[active] = rows.x
+    trace.stream.update(canvas.x)
 
 
 def denoise_block(
@@ -269,6 +275,8 @@ def denoise_block(
     mask_id = sampler.mask_id
     m0 = ((rows.x == mask_id) & region).sum(1)
     counts_at = sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)
+    if sampler.early_stop_eos is not None:
+        region = region.clone()  # rows that stop inside the block leave it
     for i in range(num_steps):
         block_mask = (rows.x == mask_id) & region
         keep = block_mask.any(0).nonzero().flatten()
@@ -279,6 +287,42 @@ def denoise_block(
             continue  # nothing to reveal: skipping the forward changes no token
         _step(sampler, rows, block_mask, keep, counts, num_steps - i)
         on_step()
+        if sampler.early_stop_eos is not None:
+            region &= ~stops_inside_block(rows, block_mask, sampler.early_stop_eos, mask_id)[:, None]
+
+
+def stops_inside_block(rows: Rows, block_mask: torch.Tensor, eos_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """(B,) rows that stop at this step (LLaDA2's ``eos_early_stop``): the step revealed an EOS (at a position of
+    ``block_mask``, the block's masked positions before it) and nothing generated before the row's first EOS is
+    still masked."""
+    x, generated = rows.x, ~rows.prompt_mask
+    revealed_eos = (torch.isin(x, eos_ids) & block_mask).any(1)
+    is_eos = torch.isin(x, eos_ids) & generated
+    first = torch.where(is_eos.any(1), is_eos.long().argmax(1), x.shape[1])
+    before_first = torch.arange(x.shape[1], device=x.device)[None, :] < first[:, None]
+    return revealed_eos & ~((x == mask_id) & generated & before_first).any(1)
+
+
+def fill_last_blocks(canvas: Canvas, block_length: int, mask_id: int) -> Canvas:
+    """The canvas grown so that every row's generation runs to the end of its last attention block of
+    ``block_length`` positions (counted from the row's position 0), as LLaDA2's generate() lays out whole blocks:
+    masks are appended, and each row's columns past its own last block are right padding (never attended to nor
+    generated). A row then has exactly the blocks it has alone."""
+    x, attn = canvas.x, canvas.attn
+    lengths = x.shape[1] if attn is None else attn.long().sum(1)  # positions of each row
+    lengths = torch.as_tensor(lengths, device=x.device).expand(x.shape[0])
+    wanted = (lengths + block_length - 1) // block_length * block_length
+    extra = int((wanted - lengths).max())
+    if extra == 0:
+        return canvas
+    x = torch.cat([x, x.new_full((x.shape[0], extra), mask_id)], dim=1)
+    if attn is None:
+        attn = torch.ones(x.shape[0], x.shape[1] - extra, dtype=torch.bool, device=x.device)
+    attn = torch.cat([attn, attn.new_ones((x.shape[0], extra))], dim=1)
+    positions = attn.long().cumsum(1) - 1
+    attn = attn & (positions < wanted[:, None])
+    gen_mask0 = torch.cat([canvas.gen_mask0, canvas.gen_mask0.new_ones((x.shape[0], extra))], dim=1) & attn
+    return Canvas(x, attn if not bool(attn.all()) else None, gen_mask0)
 
 
 def _denoise_block_independently(sampler: Sampler, rows: Rows, region, num_steps: int, on_step) -> None:

@@ -64,8 +64,9 @@ def finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled) -> torch.Tensor:
 class Streamer:
     """Feeds a transformers streamer with tokens as the leftmost generated prefix of row 0 becomes final."""
 
-    def __init__(self, streamer, x, gen_mask0, mask_id):
+    def __init__(self, streamer, x, gen_mask0, mask_id, width: Optional[int] = None):
         self.streamer, self.mask_id = streamer, mask_id
+        self.width = width  # columns of the output (the canvas may run further: ``whole_blocks``)
         if streamer is not None and x.shape[0] != 1:
             raise ValueError("streamer supports batch size 1 only, as in transformers")
         cols = gen_mask0[0].nonzero().flatten() if streamer is not None else None
@@ -77,10 +78,13 @@ class Streamer:
     def active(self) -> bool:
         return self.streamer is not None
 
-    def update(self, x):
+    def update(self, x, upto: Optional[int] = None):
+        """Send the tokens from the last one sent to the first still masked (or to column ``upto``, before which
+        tokens are final while a transfer that edits runs its block)."""
         if self.streamer is None:
             return
-        row = x[0, self.pos :]
+        ends = [end for end in (upto, self.width) if end is not None]
+        row = x[0, self.pos : min(ends, default=None)]
         masked = (row == self.mask_id).nonzero()
         stop = int(masked[0]) if masked.numel() else row.shape[0]
         if stop > 0:

@@ -14,7 +14,11 @@ says how many of a row's masked positions step i reveals:
   while the sum of their entropies stays within the bound, at least one, and at least what the remaining steps
   need (`entropy_bound_counts`);
 - ``speculative``: exact speculative decoding of the left-to-right factorisation, its own loop
-  (`hf_mdm.generation_speculative`).
+  (`hf_mdm.generation_speculative`);
+- ``llada2``: LLaDA2's published generate(): every position whose confidence exceeds the threshold when they are
+  at least the step's share of an even split of the block over ``steps``, else that share, most confident first,
+  with ``steps`` forwards per block at most (`LLaDA2Transfer`); ``llada21_editing``: LLaDA2.1's, which also edits
+  revealed tokens, its own block loop (`hf_mdm.generation_editing`).
 
 With ``steps=None`` a block has as many steps as masked positions, so the two adaptive rules run until the block
 is done (Fast-dLLM's parallel decoding) and the fixed rules reveal one token a step.
@@ -146,9 +150,17 @@ class Transfer:
     adaptive: bool = False
     needs_distributions: bool = False
 
+    block_denoiser: Any = None  # a transfer with its own block loop (a `BlockDenoiser`), else the default loop's
+    edits: bool = False  # whether a step may rewrite revealed tokens of its block (they are final once it is done)
+
     @classmethod
     def from_config(cls, config: Any) -> "Transfer":
         return cls()
+
+    def block_steps(self, steps: Optional[int], block_counts: list[int]) -> list[int]:
+        """Steps of each block from the call's ``steps`` and the blocks' masked counts: split over the blocks
+        (`split_steps`)."""
+        return split_steps(steps, block_counts)
 
     def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
         """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start."""
@@ -241,6 +253,49 @@ class SpeculativeTransfer(Transfer):
     """Exact speculative decoding of the left-to-right factorisation: its own loop (`hf_mdm.generation_speculative`)."""
 
     name = "speculative"
+
+
+def even_split(total: int, steps: int) -> list[int]:
+    """``total`` split over ``steps``: ``total // steps`` each, one more on the first ``total % steps``."""
+    return [total // steps + (i < total % steps) for i in range(steps)]
+
+
+@register_transfer
+class LLaDA2Transfer(Transfer):
+    """LLaDA2's published generate() (modeling_llada2_moe.py): ``steps`` forwards per block at most; step i reveals
+    every masked position of the block whose confidence is above ``threshold`` (strictly) when there are at least
+    ``share[i]`` of them, with ``share`` the even split (`even_split`) of the block length (not of its masked count)
+    over ``steps``; otherwise the ``share[i]`` most confident (all that are left if fewer). The shares add up to the
+    block length, so a block is always complete within its steps."""
+
+    name, adaptive = "llada2", True
+
+    def __init__(self, threshold: float = 0.95, steps: int = 32, block_length: int = 32):
+        self.threshold, self.steps, self.block_length = float(threshold), int(steps), int(block_length)
+        self.share = torch.tensor(even_split(self.block_length, self.steps))
+        self.num_steps = self.steps
+
+    @classmethod
+    def from_config(cls, config: Any) -> "Transfer":
+        if config.steps is None or config.block_length is None or config.threshold is None:
+            raise ValueError(
+                "transfer='llada2' needs steps (forwards per block), block_length and threshold: build the config "
+                "with MaskedDiffusionGenerationConfig.llada2(...)"
+            )
+        return cls(config.threshold, config.steps, config.block_length)
+
+    def block_steps(self, steps: Optional[int], block_counts: list[int]) -> list[int]:
+        """``steps`` for every block that has masked positions (LLaDA2 does not split them over the blocks)."""
+        return [self.steps if count > 0 else 0 for count in block_counts]
+
+    def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
+        self.num_steps = num_steps
+        return super().count_rule(schedule, num_steps, m0, generator)
+
+    def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:
+        share = self.share[self.num_steps - steps_left].to(candidates.device)
+        confident = ((confidence > self.threshold) & candidates).sum(1)
+        return torch.where(confident >= share, confident, torch.minimum(share, candidates.sum(1)))
 
 
 TRANSFERS = tuple(TRANSFER_REGISTRY)  # the built-in transfers, in registration order

@@ -142,6 +142,76 @@ def save_for_hub(
     return folder
 
 
+LLADA2_ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "partial_rotary_factor",
+    "first_k_dense_replace",
+    "num_experts",
+    "num_experts_per_tok",
+    "num_shared_experts",
+    "n_group",
+    "topk_group",
+    "max_position_embeddings",
+    "mask_token_id",
+    "block_size",
+)
+_LLADA2_PRESETS = {"llada2_moe": ("LLaDA2.0", "llada2"), "llada21_moe": ("LLaDA2.1", "llada21")}
+
+
+def llada2_card(
+    model: Any,
+    repo_id: str,
+    base_model: Optional[str] = None,
+    results: Sequence[Union[CardResult, dict]] = (),
+    license: str = "apache-2.0",
+    project_url: Optional[str] = None,
+) -> ModelCard:
+    """Render ``model_cards/llada2.md`` for a LLaDA2.0 / LLaDA2.1 checkpoint (``model``, native classes): its
+    architecture, its published sampler's defaults (the family's `DiffusionFacts.sampler`), and harness results
+    (``CardResult`` with the task as ``dataset_name``, e.g. accuracy and seconds per request of an ``hf-mdm compare``
+    cell)."""
+    config = model.config
+    if config.model_type not in _LLADA2_PRESETS:
+        raise ValueError(
+            f"llada2_card renders LLaDA2.x checkpoints (llada2_moe, llada21_moe), got {config.model_type!r}"
+        )
+    family, preset = _LLADA2_PRESETS[config.model_type]
+    results = [r if isinstance(r, CardResult) else CardResult(**r) for r in results]
+    model_name = repo_id.split("/")[-1]
+    card_data = ModelCardData(
+        license=license,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["hf_mdm", "masked-diffusion", "block-diffusion", "mixture-of-experts"],
+        model_name=model_name,
+        base_model=base_model,
+        eval_results=[r.eval_result() for r in results] or None,
+    )
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(MODEL_CARDS_DIR / "llada2.md"),
+        model_name=model_name,
+        repo_id=repo_id,
+        base_model=base_model or model_name,
+        family=family,
+        model_type=config.model_type,
+        preset=preset,
+        block_size=config.block_size,
+        num_parameters=f"{sum(p.numel() for p in model.parameters()):,}",
+        architecture={
+            k: getattr(config, k) for k in LLADA2_ARCHITECTURE_FIELDS if getattr(config, k, None) is not None
+        },
+        sampler=dict(facts_of(model).sampler),
+        results=[r.__dict__ for r in results],
+        project_url=project_url,
+    )
+
+
 def push_model(
     model: Any,
     repo_id: str,

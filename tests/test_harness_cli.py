@@ -209,11 +209,13 @@ def test_compare_on_the_tiny_config_writes_table_and_plot(tmp_path, monkeypatch)
     out = tmp_path / "out"
     rows = list(csvreader(out / "results.csv"))
     cells = {(r["model"], r["setting"], r["task"]) for r in rows}
-    assert len(cells) == 12 and all(float(r["time_s"]) > 0 and r["accuracy"] != "" for r in rows)
+    assert len(cells) == 16 and all(float(r["time_s"]) > 0 and r["accuracy"] != "" for r in rows)
     assert (out / "accuracy_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "results.md").read_text()
     assert "| gsm8k | tiny-mdm | 8 steps |" in table and "| humaneval | tiny-llama | autoregressive |" in table
     assert "| gsm8k | tiny-mdm | dual cache + threshold 0.9 |" in table
+    assert "| gsm8k | tiny-llada2 | llada2 defaults |" in table
+    assert "| humaneval | tiny-diffusion-gemma | entropy bound 0.1 |" in table
     # resumable: a second run reuses every finished cell
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
     loaded = compare.load_config(path, limit=1)

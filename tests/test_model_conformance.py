@@ -19,7 +19,16 @@ from transformers import AutoModelForMaskedLM
 import hf_mdm  # noqa: F401  registers MDMForMaskedDiffusion
 import hf_mdm.models  # noqa: F401  registers LLaDA and Dream
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
-from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
+from hf_mdm.models import (
+    DreamConfig,
+    DreamModel,
+    LLaDA2MoeConfig,
+    LLaDA2MoeModelLM,
+    LLaDA21MoeConfig,
+    LLaDA21MoeModelLM,
+    LLaDAConfig,
+    LLaDAModelLM,
+)
 
 VOCAB, MASK = 31, 30
 TINY = {
@@ -59,6 +68,29 @@ TINY = {
         eos_token_id=1,
     ),
 }
+_LLADA2 = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=4,
+    num_experts_per_tok=2,
+    n_group=2,
+    topk_group=1,
+    moe_intermediate_size=16,
+    num_shared_experts=1,
+    first_k_dense_replace=1,
+    use_qkv_bias=True,
+    mask_token_id=MASK,
+    pad_token_id=1,
+    eos_token_id=1,
+    max_position_embeddings=64,
+)
+TINY[LLaDA2MoeModelLM] = lambda: LLaDA2MoeConfig(**_LLADA2)
+TINY[LLaDA21MoeModelLM] = lambda: LLaDA21MoeConfig(**_LLADA2)
 IMPLEMENTATIONS = ["eager", "sdpa", "flex_attention"]
 TP_VERIFIED_FROM = "5.24.0"  # the oldest transformers on which the two-process tensor-parallel test ran green
 IDS = torch.tensor([[0, 0, 5, MASK, 7, 8, MASK, 3, 9], [4, MASK, 6, 2, MASK, 11, 12, 13, 14]])
@@ -183,7 +215,11 @@ def test_tensor_parallel_plan_names_real_modules(model_class):
     model = build(model_class)
     names = [name for name, _ in model.named_modules()]
     plan = model._tp_plan  # the head's plan and the config's base_model_tp_plan, as transformers merges them
-    assert any(key.endswith("q_proj") for key in plan) and any(key.endswith("up_proj") for key in plan)
+    # attention is split by heads, unless its projection is fused over query, key and value heads of unequal widths
+    # (LLaDA2's query_key_value), which no column cut splits: then it stays replicated
+    fused_qkv = any(name.endswith("query_key_value") for name in names)
+    assert fused_qkv or any(key.endswith("q_proj") for key in plan)
+    assert any(key.endswith("up_proj") for key in plan)
     for pattern, style in plan.items():
         regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"\d+") + "$")
         if pattern.endswith("transformer.ff_out") and model.config.weight_tying:

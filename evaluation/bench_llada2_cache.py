@@ -1,0 +1,146 @@
+"""LLaDA2's exact block cache against the published generate()'s loop: positions computed and wall time, in one run.
+
+Under LLaDA2's block-causal attention a completed block never changes, so its keys/values can be computed once:
+hf_mdm's ``kv_cache="prefix"`` (the default for LLaDA2) runs the canvas once and then, per forward, only the current
+block (on a block's first forward also the block before it). The published generate() runs, every forward, the
+whole canvas up to the end of the current block. Both reveal the same tokens (checked here on every repeat).
+
+A random LLaDA2 architecture (``LLaDA2MoeModelLM``, sizes below, float32 on the CPU unless ``--device``), a random
+prompt, ``MaskedDiffusionGenerationConfig.llada2`` with the published defaults but ``gen_length``: the published
+loop (re-stated below on the same model, no cache) and hf_mdm's cached sampler timed A/B interleaved after a warm-up,
+``--repeats`` times; medians and their ratio.
+
+    python evaluation/bench_llada2_cache.py [--repeats 3] [--threads 1] [--prompt 64] [--gen-length 128]
+        [--device cuda]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from hf_mdm import MaskedDiffusionGenerationConfig
+from hf_mdm.generation_transfer import even_split
+from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM
+
+SIZES = dict(
+    vocab_size=4096,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_experts=16,
+    num_shared_experts=1,
+    num_experts_per_tok=4,
+    n_group=4,
+    topk_group=2,
+    moe_intermediate_size=128,
+    first_k_dense_replace=1,
+    max_position_embeddings=4096,
+    initializer_range=0.1,
+    mask_token_id=4095,
+    eos_token_id=4094,
+    pad_token_id=0,
+)
+
+
+@torch.no_grad()
+def published_loop(model, prompt, gen_length: int, block_length: int, steps: int, threshold: float):
+    """The published generate()'s algorithm at temperature 0, without a cache: every forward runs the canvas up to
+    the end of the current block. Returns the generated tokens, forwards and positions computed."""
+    mask_id, eos_id, length = model.config.mask_token_id, model.config.eos_token_id, prompt.shape[1]
+    num_blocks = -(-(length + gen_length) // block_length)
+    x = torch.full((1, num_blocks * block_length), mask_id, dtype=torch.long, device=prompt.device)
+    x[:, :length] = prompt
+    share, forwards, positions = even_split(block_length, steps), 0, 0
+    for block in range(length // block_length, num_blocks):
+        end = (block + 1) * block_length
+        window = x[0, end - block_length : end]
+        for step in range(steps):
+            masked = window == mask_id
+            if not bool(masked.any()):
+                break
+            logits = model(x[:, :end], block_size=block_length).logits[0, -block_length:]
+            forwards, positions = forwards + 1, positions + end
+            confidence, tokens = logits.softmax(-1).max(-1)
+            confidence = torch.where(masked, confidence, -torch.inf)
+            take = confidence > threshold
+            if int(take.sum()) < share[step]:
+                take = torch.zeros_like(masked)
+                take[confidence.topk(min(share[step], int(masked.sum()))).indices] = True
+            window[take] = tokens[take]
+        if bool((x[0, length:end] == eos_id).any()):
+            break
+    return x[0, length : length + gen_length], forwards, positions
+
+
+def cut_at_eos(tokens: torch.Tensor, eos_id: int) -> list[int]:
+    tokens = tokens.tolist()
+    return tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: a CPU shared with other work)")
+    parser.add_argument("--prompt", type=int, default=64)
+    parser.add_argument("--gen-length", type=int, default=128)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = LLaDA2MoeModelLM(LLaDA2MoeConfig(**SIZES)).eval().to(args.device)
+    prompt = torch.randint(1, SIZES["vocab_size"] - 2, (1, args.prompt), device=args.device)
+    settings = dict(gen_length=args.gen_length, block_length=32, steps=32, threshold=0.95)
+    config = MaskedDiffusionGenerationConfig.llada2(**settings, return_dict_in_generate=True)
+
+    def cached():
+        return model.generate(prompt, generation_config=config)
+
+    def published():
+        return published_loop(model, prompt, **settings)
+
+    def timed(run):
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = run()
+        if args.device != "cpu":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start, result
+
+    cached(), published()  # warm-up
+    times = {"published_no_cache": [], "hf_mdm_exact_cache": []}
+    for _ in range(args.repeats):  # A/B interleaved
+        seconds, (tokens, forwards, positions) = timed(published)
+        times["published_no_cache"].append(seconds)
+        seconds, out = timed(cached)
+        times["hf_mdm_exact_cache"].append(seconds)
+        generated = out.sequences[0, args.prompt :]
+        eos_id = SIZES["eos_token_id"]
+        assert cut_at_eos(generated, eos_id) == cut_at_eos(tokens, eos_id), "the cache changed the tokens"
+        assert out.nfe == forwards, (out.nfe, forwards)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    result = dict(
+        device=str(args.device),
+        threads=args.threads,
+        prompt=args.prompt,
+        **settings,
+        forwards=forwards,
+        positions={"published_no_cache": positions, "hf_mdm_exact_cache": out.forward_tokens},
+        positions_ratio=positions / out.forward_tokens,
+        median_seconds=medians,
+        wall_time_ratio=medians["published_no_cache"] / medians["hf_mdm_exact_cache"],
+        repeats=args.repeats,
+    )
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

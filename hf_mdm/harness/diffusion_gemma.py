@@ -1,0 +1,94 @@
+"""``hf_diffusion_gemma``: transformers' own diffusion LM, DiffusionGemma, timed through its own ``generate``.
+
+`DiffusionGemmaForBlockDiffusion` (transformers.models.diffusion_gemma) generates canvases of ``canvas_length``
+tokens one after the other, each denoised by its entropy-bound sampler with a temperature schedule and adaptive
+stopping, conditioned on an encoder KV cache of everything before it. This model runs that ``generate`` unchanged,
+batched and timed as ``hf_mdm`` and ``hf_timed`` are (`hf_mdm.harness.timed`), so one ``hf-mdm compare`` run
+times DiffusionGemma next to LLaDA2, LLaDA, Dream and autoregressive models.
+
+Model arguments: every argument of lm-eval's ``hf`` model, ``max_gen_toks``, and DiffusionGemma's own generation
+settings ``max_denoising_steps``, ``t_min``, ``t_max``, ``entropy_bound`` (of its `EntropyBoundSamplerConfig`),
+``stability_threshold`` and ``confidence_threshold`` (unset: the checkpoint's generation config, else
+transformers' defaults). A request's NFE is the number of decoder forwards of its batch (the encoder passes that
+fill the cache between canvases are not counted, as DiffusionGemma's ``tokens_per_forward`` does not count them).
+Request kwargs such as ``temperature`` are not DiffusionGemma settings and are ignored (its temperature follows
+its own schedule).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+import transformers
+from lm_eval.api.registry import register_model
+
+from .timed import TimedHFLM
+from .timing import Stopwatch
+
+logger = logging.getLogger(__name__)
+
+DIFFUSION_GEMMA_SETTINGS = (
+    "max_denoising_steps",
+    "t_min",
+    "t_max",
+    "entropy_bound",
+    "stability_threshold",
+    "confidence_threshold",
+)
+
+
+@register_model("hf_diffusion_gemma")
+class DiffusionGemmaLM(TimedHFLM):
+    """lm-eval model for `DiffusionGemmaForBlockDiffusion` checkpoints (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        self._settings = {name: kwargs.pop(name) for name in DIFFUSION_GEMMA_SETTINGS if name in kwargs}
+        super().__init__(*args, **kwargs)
+        self._ignored: set[str] = set()
+
+    def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: Optional[bool] = False) -> None:
+        """Tokenise as a decoder; load with the Auto class transformers maps DiffusionGemma to (a ValueError for
+        another checkpoint, before its weights are loaded)."""
+        if getattr(config, "model_type", None) != "diffusion_gemma":
+            raise ValueError(
+                f"hf_diffusion_gemma takes DiffusionGemma checkpoints (model_type 'diffusion_gemma'), got "
+                f"{getattr(config, 'model_type', None)!r}: use hf_mdm for masked diffusion models and hf_timed for "
+                "autoregressive ones"
+            )
+        self.backend = "causal"
+        self.AUTO_MODEL_CLASS = transformers.AutoModelForImageTextToText
+
+    def _generation_settings(self) -> dict[str, Any]:
+        settings = dict(self._settings)
+        bound = settings.pop("entropy_bound", None)
+        if bound is not None:
+            from transformers.models.diffusion_gemma.generation_diffusion_gemma import EntropyBoundSamplerConfig
+
+            settings["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=float(bound))
+        return settings
+
+    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs):
+        for key in set(kwargs) - self._ignored:
+            logger.warning("hf_diffusion_gemma: generation kwarg %r is not a DiffusionGemma setting; ignored", key)
+            self._ignored.add(key)
+        forwards = [0]
+        hook = self.model.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        try:
+            with Stopwatch(self.device) as watch, self._autocast():
+                output = self.model.generate(
+                    input_ids,
+                    attention_mask=attention_mask,
+                    max_new_tokens=max_gen_toks,
+                    pad_token_id=self.tokenizer.pad_token_id,
+                    return_dict_in_generate=True,
+                    **self._generation_settings(),
+                )
+        finally:
+            hook.remove()
+        tokens = output.sequences[:, input_ids.shape[1] :]
+        generated = [self._row_length(row, until) for row in tokens.tolist()]
+        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": forwards[0], "generated_tokens": generated}
+
+
+__all__ = ["DIFFUSION_GEMMA_SETTINGS", "DiffusionGemmaLM"]
