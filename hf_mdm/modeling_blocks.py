@@ -28,7 +28,6 @@ __all__ = [
     "RMSNorm",
     "apply_rotary",
     "block_causal_mask_function",
-    "block_causal_sdpa_mask",
     "attention_inputs",
     "diffusion_attention_mask",
     "eager_attention_forward",
@@ -158,20 +157,6 @@ def noisy_clean_mask_function(block_of: torch.Tensor, noisy: torch.Tensor) -> Ca
     return inner
 
 
-def block_causal_sdpa_mask(
-    block_of: torch.Tensor, attention_mask: Optional[torch.Tensor], query_columns: Optional[torch.Tensor]
-) -> torch.Tensor:
-    """The boolean (B, 1, l, L) SDPA mask of `block_causal_mask_function` and padding, built by broadcasting (the
-    mask transformers' ``sdpa_mask`` builds from these functions, which it evaluates with ``vmap`` for any custom
-    mask function: per forward that cost more than the forward itself on small inputs). ``block_of`` (B, L) is the
-    block of each canvas column, ``attention_mask`` (B, L) 1 = token, ``query_columns`` (l,) as there."""
-    query_blocks = block_of if query_columns is None else block_of[:, query_columns]
-    allowed = block_of[:, None, None, :] <= query_blocks[:, None, :, None]
-    if attention_mask is not None:
-        allowed = allowed & attention_mask.bool()[:, None, None, :]
-    return allowed
-
-
 def diffusion_attention_mask(
     config: Any,
     inputs_embeds: torch.Tensor,
@@ -208,8 +193,6 @@ def diffusion_attention_mask(
         length = attention_mask.shape[-1] if attention_mask is not None else inputs_embeds.shape[1]
         if position_ids is None:
             position_ids = torch.arange(length, device=inputs_embeds.device).expand(inputs_embeds.shape[0], length)
-        if noisy_length is None and getattr(config, "_attn_implementation", None) == "sdpa":
-            return block_causal_sdpa_mask(position_ids // block_size, attention_mask, query_columns)
         if noisy_length is not None:
             noisy = torch.arange(length, device=inputs_embeds.device) < noisy_length
             overlay = noisy_clean_mask_function(position_ids // block_size, noisy)

@@ -312,7 +312,7 @@ def _point(model, ser, low, high, forwards, language="hmm"):
 def test_trained_findings_claim_only_what_the_intervals_support():
     from hf_mdm.experiments.blocks_trained import AR, trained_findings
 
-    ar = _point(AR, 0.10, 0.07, 0.14, 1.0)
+    ar = {**_point(AR, 0.10, 0.07, 0.14, 1.0), "ter_relative_increase": math.inf}  # TER out of support: no sentence
     overlapping = [
         _point("block diffusion (b = 4)", s, lo, hi, f)
         for s, lo, hi, f in [(0.5, 0.4, 0.6, 0.25), (0.12, 0.09, 0.16, 0.5)]
@@ -325,6 +325,8 @@ def test_trained_findings_claim_only_what_the_intervals_support():
     ]
     text = trained_findings([ar, *apart], [])
     assert "overlapping" not in text and "no setting measured reaches AR's SER; the lowest is 0.300" in text
+    finite = trained_findings([_point(AR, 0.1, 0.07, 0.14, 1.0), *apart], [])
+    assert "- hmm, TER: AR's 0.000 [0.000, 0.000] (256 samples)." in finite and "TER 0.000" in finite
 
 
 def test_the_time_verdict_needs_every_longer_length_faster():

@@ -405,33 +405,3 @@ def test_diffusion_gemma_is_timed_through_its_own_generate(tiny_checkpoints):
     assert text == expected
     with pytest.raises(ValueError, match="DiffusionGemma checkpoints"):
         DiffusionGemmaLM(pretrained=tiny_checkpoints["llada2"], device="cpu")
-
-
-@pytest.mark.parametrize("padded", [False, True])
-@pytest.mark.parametrize("span", [False, True])
-def test_block_causal_sdpa_mask_equals_the_masking_utilities(padded, span):
-    """The broadcast SDPA mask of block-causal attention is the one transformers' masking utilities build (by vmap)
-    from the same mask functions."""
-    from transformers.masking_utils import create_bidirectional_mask
-
-    from hf_mdm.modeling_blocks import block_causal_mask_function, block_causal_sdpa_mask
-
-    batch, length, block = 3, 13, 4
-    attention_mask = torch.ones(batch, length, dtype=torch.long)
-    if padded:
-        attention_mask[1, :3] = 0
-        attention_mask[2, :5] = 0
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-    block_of = position_ids // block
-    columns = torch.arange(6, 11) if span else None
-    queries = length if columns is None else columns.numel()
-    config = SimpleNamespace(_attn_implementation="sdpa")
-    expected = create_bidirectional_mask(
-        config=config,
-        inputs_embeds=torch.zeros(batch, queries, 8),
-        attention_mask=attention_mask.bool(),
-        and_mask_function=block_causal_mask_function(block_of, columns),
-    )
-    got = block_causal_sdpa_mask(block_of, attention_mask, columns)
-    assert torch.equal(got, expected.expand_as(got))
-    assert not bool(got.all())  # the blocks mask something
