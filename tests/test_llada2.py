@@ -213,6 +213,9 @@ def test_the_cases_cover_what_they_say():
     # editing: with edits a block takes more forwards than its masks need, without edits one more (the last check)
     assert CASES["edit_fires"]["nfe"] > CASES["edit_never"]["nfe"]
     assert CASES["edit_eos_early_stop"]["nfe"] < CASES["edit_eos"]["nfe"]
+    # LLaDA2.0's eos_early_stop stops inside the block that reveals EOS: fewer forwards, the same tokens
+    assert CASES["eos_early_stop"]["nfe"] < CASES["eos_in_block"]["nfe"]
+    assert CASES["eos_early_stop"]["tokens"] == CASES["eos_in_block"]["tokens"]
 
 
 def test_editing_changes_revealed_tokens(models):
