@@ -438,3 +438,11 @@ def test_block_causal_sdpa_mask_equals_the_masking_utilities(padded, span):
     got = block_causal_sdpa_mask(block_of, attention_mask, columns)
     assert torch.equal(got, expected.expand_as(got))
     assert not bool(got.all())  # the blocks mask something
+
+
+def test_remasking_on_llada2_takes_none_of_the_family_settings(models):
+    model, prompt = models["llada2_moe"], torch.tensor([CASES["short_prompt"]["prompt"]])
+    out = model.generate(
+        prompt, max_new_tokens=16, block_length=8, steps=8, remdm="rescale", remdm_eta=0.1, seed=0, temperature=1.0
+    )
+    assert out.shape == (1, prompt.shape[1] + 16) and not bool((out == tiny.MASK_ID).any())
