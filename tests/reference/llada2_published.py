@@ -14,7 +14,10 @@ The published files are not part of this project; get them and point the script 
     python tests/reference/llada2_published.py --llada2 DIR_WITH_modeling_llada2_moe.py \
         --llada21 DIR_WITH_modeling_llada21_moe.py [--out tests/fixtures/llada2_reference.json]
 
-(each DIR also holds its ``configuration_*.py`` and an empty ``__init__.py``).
+(each DIR also holds its ``configuration_*.py`` and an empty ``__init__.py``). The stored data were made from the
+copies of the published files that the dllm repository (github.com/ZHZisZZ/dllm, commit 62ebe4f3) vendors under
+``dllm/pipelines/llada2/models`` and ``dllm/pipelines/llada21/models``, with torch 2.13.0 and transformers 4.56.2
+(the versions are stored with the data).
 """
 
 from __future__ import annotations
