@@ -18,16 +18,20 @@ class DiffusionFacts:
     published sampler hf_mdm reproduces token for token for this family (``"llada"``, ``"dream"``), or None;
     ``sampler``: the family's published sampler as settings of hf_mdm's default sampler ((field, value) pairs of
     `MaskedDiffusionGenerationConfig`, e.g. LLaDA2's ``transfer="llada2"`` with its defaults), which a call
-    uses for the fields it leaves unset unless it names another ``transfer``."""
+    uses for the fields it leaves unset unless it names another ``transfer`` or ``strategy``."""
 
     logits_shift: int = 0
     reference: Optional[str] = None
     sampler: tuple[tuple[str, Any], ...] = ()
 
-    def sampler_defaults(self, transfer: Optional[str]) -> dict[str, Any]:
-        """The ``sampler`` settings, for a call whose ``transfer`` is unset or the family's own; else none."""
+    def sampler_defaults(self, transfer: Optional[str], strategy: Optional[str] = None) -> dict[str, Any]:
+        """The ``sampler`` settings, for a call whose ``transfer`` and ``strategy`` are unset or the family's own;
+        else none (the call asks for another sampler)."""
         settings = dict(self.sampler)
-        return settings if transfer is None or transfer == settings.get("transfer") else {}
+        named = {"transfer": transfer, "strategy": strategy}
+        if any(value is not None and value != settings.get(name) for name, value in named.items()):
+            return {}
+        return settings
 
 
 _FAMILIES: dict[str, DiffusionFacts] = {}

@@ -10,7 +10,7 @@ field of the config a call runs with comes from the highest level that sets it (
    ``eos_token_id``, ``pad_token_id``; for a block-causal model (``config.block_size`` b) ``block_length`` b and
    ``kv_cache="prefix"`` (exact under block-causal attention; not with speculative decoding, which keeps none);
    the settings of the family's own sampler (`hf_mdm.families.DiffusionFacts.sampler`: LLaDA2's), unless the call
-   names another ``transfer``;
+   names another ``transfer`` or ``strategy`` (or ReMDM remasking, or speculative decoding's ``draft_length``);
 5. the caller's fallback for token ids (e.g. a tokenizer) and the entry point's own defaults (e.g. ``hf-mdm
    sample``'s paper sampler);
 6. the field defaults (`hf_mdm.generation_config`).
@@ -92,9 +92,12 @@ def _model_config_values(model: Any, config: MaskedDiffusionGenerationConfig) ->
     values = {name: getattr(model_config, name, None) for name in TOKEN_ID_FIELDS}
     values.update(schedule=getattr(model_config, "schedule", None), logits_shift=logits_shift_of(model))
     facts = facts_of(model)
-    if facts is not None:
-        values.update(facts.sampler_defaults(config.__dict__.get("transfer")))
     block = attention_block_size(model)
+    if facts is not None and config.remdm is None and config.draft_length is None:  # those name their own sampler
+        family = facts.sampler_defaults(config.__dict__.get("transfer"), config.__dict__.get("strategy"))
+        if block is None:  # made bidirectional (config.block_size=None): no attention blocks to fill
+            family.pop("whole_blocks", None)
+        values.update(family)
     if block is not None:
         values["block_length"] = block
         if supports_kv_cache(model) and config.transfer != SPECULATIVE:

@@ -270,17 +270,17 @@ class LLaDA2Transfer(Transfer):
 
     name, adaptive = "llada2", True
 
-    def __init__(self, threshold: float = 0.95, steps: int = 32, block_length: int = 32):
-        self.threshold, self.steps, self.block_length = float(threshold), int(steps), int(block_length)
-        self.share = torch.tensor(even_split(self.block_length, self.steps))
-        self.num_steps = self.steps
+    def __init__(self, threshold: float = 0.95, steps: int = 32, block_length: Optional[int] = 32):
+        self.threshold, self.steps = float(threshold), int(steps)
+        self.block_length = None if block_length is None else int(block_length)
+        self.num_steps, self.share = self.steps, torch.zeros(self.steps, dtype=torch.long)
 
     @classmethod
     def from_config(cls, config: Any) -> "Transfer":
-        if config.steps is None or config.block_length is None or config.threshold is None:
+        if config.steps is None or config.threshold is None:
             raise ValueError(
-                "transfer='llada2' needs steps (forwards per block), block_length and threshold: build the config "
-                "with MaskedDiffusionGenerationConfig.llada2(...)"
+                "transfer='llada2' needs steps (forwards per block) and threshold: build the config with "
+                "MaskedDiffusionGenerationConfig.llada2(...)"
             )
         return cls(config.threshold, config.steps, config.block_length)
 
@@ -289,7 +289,9 @@ class LLaDA2Transfer(Transfer):
         return [self.steps if count > 0 else 0 for count in block_counts]
 
     def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
-        self.num_steps = num_steps
+        """The block's shares: the even split of ``block_length`` (one block: its masked count) over its steps."""
+        length = self.block_length if self.block_length is not None else int(m0.max())
+        self.num_steps, self.share = num_steps, torch.tensor(even_split(length, num_steps))
         return super().count_rule(schedule, num_steps, m0, generator)
 
     def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:

@@ -213,6 +213,9 @@ def test_the_cases_cover_what_they_say():
     # editing: with edits a block takes more forwards than its masks need, without edits one more (the last check)
     assert CASES["edit_fires"]["nfe"] > CASES["edit_never"]["nfe"]
     assert CASES["edit_eos_early_stop"]["nfe"] < CASES["edit_eos"]["nfe"]
+    # LLaDA2.0's eos_early_stop stops inside the block that reveals EOS: fewer forwards, the same tokens
+    assert CASES["eos_early_stop"]["nfe"] < CASES["eos_in_block"]["nfe"]
+    assert CASES["eos_early_stop"]["tokens"] == CASES["eos_in_block"]["tokens"]
 
 
 def test_editing_changes_revealed_tokens(models):
@@ -405,3 +408,11 @@ def test_diffusion_gemma_is_timed_through_its_own_generate(tiny_checkpoints):
     assert text == expected
     with pytest.raises(ValueError, match="DiffusionGemma checkpoints"):
         DiffusionGemmaLM(pretrained=tiny_checkpoints["llada2"], device="cpu")
+
+
+def test_remasking_on_llada2_takes_none_of_the_family_settings(models):
+    model, prompt = models["llada2_moe"], torch.tensor([CASES["short_prompt"]["prompt"]])
+    out = model.generate(
+        prompt, max_new_tokens=16, block_length=8, steps=8, remdm="rescale", remdm_eta=0.1, seed=0, temperature=1.0
+    )
+    assert out.shape == (1, prompt.shape[1] + 16) and not bool((out == tiny.MASK_ID).any())

@@ -14,7 +14,10 @@ The published files are not part of this project; get them and point the script 
     python tests/reference/llada2_published.py --llada2 DIR_WITH_modeling_llada2_moe.py \
         --llada21 DIR_WITH_modeling_llada21_moe.py [--out tests/fixtures/llada2_reference.json]
 
-(each DIR also holds its ``configuration_*.py`` and an empty ``__init__.py``).
+(each DIR also holds its ``configuration_*.py`` and an empty ``__init__.py``). The stored data were made from the
+copies of the published files that the dllm repository (github.com/ZHZisZZ/dllm, commit 62ebe4f3) vendors under
+``dllm/pipelines/llada2/models`` and ``dllm/pipelines/llada21/models``, with torch 2.13.0 and transformers 4.56.2
+(the versions are stored with the data).
 """
 
 from __future__ import annotations
@@ -92,11 +95,9 @@ def run_generate(model, prompt, kwargs):
     return out[0].tolist(), counter.calls
 
 
-def eos_inside_block(model, prompt, kwargs) -> int:
-    """A token the model generates (with no EOS) first at a position inside a block after the prompt's, not at its
-    edges, and not in the prompt: used as eos_id so that EOS appears inside a block. The first such token for which
-    ``eos_early_stop`` saves forwards where there is one (so that a case and its twin with ``eos_early_stop`` differ),
-    whatever the case's own ``eos_early_stop``."""
+def eos_candidates(model, prompt, kwargs) -> list[int]:
+    """Tokens the model generates (with no EOS) first at a position inside a block after the prompt's, not at its
+    edges, and not in the prompt: EOS ids that make EOS appear inside a block."""
     tokens, _ = run_generate(model, prompt, {**kwargs, "eos_id": -1, "eos_early_stop": False})
     block, start = kwargs.get("block_length", 32), prompt.shape[1]
     candidates = []
@@ -105,14 +106,25 @@ def eos_inside_block(model, prompt, kwargs) -> int:
         inside = column // block > start // block and 0 < column % block < block - 1
         if inside and token not in tokens[:offset] and token not in prompt[0].tolist():
             candidates.append(token)
-    if not candidates:
+    return candidates
+
+
+def eos_inside_block(model, prompt_length: int, kwargs) -> tuple[torch.Tensor, int]:
+    """A prompt and an EOS id (`eos_candidates`) for which ``eos_early_stop`` saves forwards, trying prompts of
+    ``prompt_length`` from successive seeds (so that a case and its twin with ``eos_early_stop`` differ), whatever
+    the case's own ``eos_early_stop``; the first candidate of the first prompt if none does."""
+    first = None
+    for seed in range(7, 47):
+        prompt = tiny.prompt_ids(prompt_length, seed)
+        for token in eos_candidates(model, prompt, kwargs):
+            first = first or (prompt, token)
+            _, late = run_generate(model, prompt, {**kwargs, "eos_id": token, "eos_early_stop": False})
+            _, early = run_generate(model, prompt, {**kwargs, "eos_id": token, "eos_early_stop": True})
+            if early < late:
+                return prompt, token
+    if first is None:
         raise RuntimeError("no token first generated inside a later block")
-    for token in candidates:
-        _, late = run_generate(model, prompt, {**kwargs, "eos_id": token, "eos_early_stop": False})
-        _, early = run_generate(model, prompt, {**kwargs, "eos_id": token, "eos_early_stop": True})
-        if early < late:
-            return token
-    return candidates[0]
+    return first
 
 
 def absent_eos(model, prompt, kwargs) -> int:
@@ -159,8 +171,10 @@ def main() -> None:
     for name, model_type, prompt_length, kwargs in tiny.GENERATE_CASES:
         model, prompt = models[model_type], tiny.prompt_ids(prompt_length)
         kwargs = dict(kwargs)
-        wants_eos = kwargs.pop("eos", None) == "eos"
-        kwargs["eos_id"] = eos_inside_block(model, prompt, kwargs) if wants_eos else absent_eos(model, prompt, kwargs)
+        if kwargs.pop("eos", None) == "eos":
+            prompt, kwargs["eos_id"] = eos_inside_block(model, prompt_length, kwargs)
+        else:
+            kwargs["eos_id"] = absent_eos(model, prompt, kwargs)
         tokens, forwards = run_generate(model, prompt, kwargs)
         result["cases"].append(
             dict(

@@ -353,7 +353,13 @@ class LLaDA2MoeModelLM(LLaDA2MoePreTrainedModel, MaskedDiffusionGenerationMixin)
 
     # LLaDA2.0's generate() with its defaults (MaskedDiffusionGenerationConfig.llada2), for calls that set no transfer
     diffusion_facts = DiffusionFacts(
-        sampler=(("transfer", "llada2"), ("steps", 32), ("threshold", 0.95), ("whole_blocks", True))
+        sampler=(
+            ("transfer", "llada2"),
+            ("strategy", "confidence"),
+            ("steps", 32),
+            ("threshold", 0.95),
+            ("whole_blocks", True),
+        )
     )
 
     _tied_weights_keys = {"lm_head.weight": "model.word_embeddings.weight"}
@@ -440,6 +446,7 @@ class LLaDA21MoeModelLM(LLaDA2MoeModelLM):
     diffusion_facts = DiffusionFacts(
         sampler=(
             ("transfer", "llada21_editing"),
+            ("strategy", "confidence"),
             ("threshold", 0.95),
             ("editing_threshold", 0.9),
             ("max_post_steps", 16),
