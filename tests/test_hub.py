@@ -90,3 +90,13 @@ def test_push_uploads_exact_files(models):
     assert b"model-index" in captured["files"]["README.md"]
     assert b'"AutoModelForMaskedLM": "modeling_mdm.MDMForMaskedDiffusion"' in captured["files"]["config.json"]
     assert "MDM" in captured["message"]
+
+
+def test_a_block_diffusion_card_says_so_and_how_to_pick_the_block_size(models):
+    mdm, _ = models
+    block = MDMForMaskedDiffusion(mdm_config_for(8, 16, block_size=4))
+    text = str(model_card(block, "org/bd"))
+    assert "bidirectional inside each block of 4 positions" in text and "## Choosing a block size" in text
+    assert "| block_size | 4 |" in text and "bidirectional attention, trained on the MDM ELBO" not in text
+    plain = str(model_card(mdm, "org/mdm"))
+    assert "Choosing a block size" not in plain and "bidirectional attention, trained on the MDM ELBO" in plain
