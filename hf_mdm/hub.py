@@ -82,8 +82,9 @@ def describe_language(language: Any) -> str:
 BLOCK_SIZE_ADVICE = (
     "Measured by hf_mdm's `block_diffusion` experiment (exact-posterior oracle and tiny trained models on synthetic "
     "languages; see the project's README and `results/block_diffusion.md`). Validity under a parallel stochastic "
-    "sampler does not come from the block size: with an exact model the paper's sampler errs at every b > 1 (on the "
-    "chain language SER = 1 - (1 - 3/(4s))^(L - L/b) with s steps per block), so where sequences must be valid decode "
+    "sampler does not come from a small block size: with an exact model the paper's sampler errs at every b > 1 (on "
+    "the chain language SER = 1 - (1 - 3/(4s))^(L - L/b) with s steps per block), and at the same number of steps "
+    "more with smaller blocks; where sequences must be valid decode "
     'one token a step or use `transfer="speculative"`, exact at every b. Trained with the same budget, block '
     "diffusion models ended closer to the data's entropy than the bidirectional MDM, and an AR model closer still. "
     "With the exact block cache a forward computes one block, so revealing several tokens a forward stayed faster "
