@@ -29,7 +29,15 @@ PRESET = {
     "training": TRAINING,
     "languages": [
         {"kind": "chain", "name": "chain", "metric": "ser", "lengths": [8], "train": True},
-        {"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "metric": "ter", "lengths": [8]},
+        {
+            "kind": "ngram",
+            "n": 2,
+            "vocab_size": 4,
+            "seed": 0,
+            "prune_threshold": 0.0,
+            "metric": "gen_ppl",
+            "lengths": [8],
+        },
     ],
     "samplers": [
         {"name": PAPER, "transfer": "stochastic", "strategy": "random", "sweep": {"steps_over_length": [0.125, 1, 4]}},

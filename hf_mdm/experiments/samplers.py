@@ -5,7 +5,9 @@ sequence error rate low (Theorem 4.4). Other samplers spend their forwards diffe
 threshold and entropy-bound decoding (several tokens a forward where the model is sure), remasking (ReMDM:
 revealed tokens can be masked again and predicted anew) and exact speculative decoding (the left-to-right
 factorisation, drafted from the marginals of the previous forward and verified in one batched forward). On a
-synthetic language their cost is exact to measure: SER and TER of their samples against the true language, with
+synthetic language their cost is exact to measure: SER and generative perplexity of their samples against the true
+language (the samples scored by the language; the paper's TER needs the sampler's law, known for the paper's sampler
+only: `hf_mdm.sampler_likelihood`), with
 the exact-posterior oracle (no learning error) and with trained MDMs.
 
 A preset (``evaluation/configs/samplers.yaml``) lists languages, each with its ``metric`` (``ser`` or ``ter``) and
@@ -43,14 +45,14 @@ from .common import (
 from .fast import active_steps, generate_batches
 from .plotting import pyplot, save_figure
 from .ser import ser_cell
-from .ter import ter_cell
+from .ter_cells import gen_ppl_cell
 
 #: Keys of a language entry that are this experiment's, not the language's.
 ENTRY_FIELDS = ("metric", "lengths")
 #: The cell of each metric: samples -> values with a 95% interval, and the names of value / interval keys.
 METRICS = {
     "ser": (ser_cell, "ser", ("ser_ci_low", "ser_ci_high"), "SER"),
-    "ter": (ter_cell, "relative_increase", ("ci_low", "ci_high"), "TER(p)/TER(q) - 1"),
+    "gen_ppl": (gen_ppl_cell, "gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), "GenPPL(p)/TER(q) - 1"),
 }
 #: The sampler every other is compared with (its ``name`` in the preset).
 PAPER = "paper (stochastic, random)"
@@ -216,7 +218,8 @@ def verdict(rows: list[dict]) -> str:
         "Against the paper's sampler at equal sequential forwards per token (its curve interpolated in log "
         "forwards; *below* / *above*: the point's 95% interval lies entirely below / above the paper's there; "
         "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
-        "forwards). For SER below is better. For TER, below 0 means samples more likely than the language's own "
+        "forwards). For SER below is better. For generative perplexity (GenPPL(p)/TER(q) - 1, the samples scored by the language, not the paper's "
+        "TER), below 0 means samples more likely than the language's own "
         "(a mode-seeking, lower-entropy distribution), so below the paper's is not a better fit of the language: "
         "it is the cost in diversity."
     ]
@@ -238,7 +241,7 @@ def verdict(rows: list[dict]) -> str:
 
 def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
     """One line per sampler: the oracle SER ``panels`` (group -> `_compared`) where some point lies below / above
-    the paper's sampler, the forwards per token of its points there, and the range of its TER relative increase."""
+    the paper's sampler, the forwards per token of its points there, and the range of its generative perplexity relative increase."""
     lines = []
     for name in dict.fromkeys(r["sampler"] for r in rows if r["sampler"] != PAPER):
         sides = [
@@ -246,9 +249,9 @@ def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
             for i in (0, 1)
         ]
         ter = [
-            r["relative_increase"]
+            r["gen_ppl_increase"]
             for r in rows
-            if r["sampler"] == name and r["metric"] == "ter" and r["model"] == "oracle MDM"
+            if r["sampler"] == name and r["metric"] == "gen_ppl" and r["model"] == "oracle MDM"
         ]
         forwards = [r["forwards_per_token"] for r in rows if r["sampler"] == name and _group(r) in panels]
         if not forwards:
@@ -256,7 +259,7 @@ def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
         lines.append(
             f"- **{name}** (SER, oracle): below the paper's on {', '.join(sides[0]) or 'no panel'}; above on "
             f"{', '.join(sides[1]) or 'no panel'}; {min(forwards):.2f}-{max(forwards):.2f} forwards / token"
-            + (f"; TER relative increase {min(ter):+.3f} to {max(ter):+.3f}" if ter else "")
+            + (f"; GenPPL(p)/TER(q) - 1 from {min(ter):+.3f} to {max(ter):+.3f}" if ter else "")
             + "."
         )
     return lines
