@@ -205,6 +205,7 @@ SAMPLER_FLAGS = (
     "remdm_eta",
     "remdm_t_on",
     "remdm_t_off",
+    "remdm_alpha_on",
 )
 
 
@@ -482,11 +483,13 @@ def _add_sample_and_score_commands(commands: Any) -> None:
         "--remdm",
         choices=["cap", "rescale", "conf", "loop"],
         default=None,
-        help="ReMDM remasking on the paper's sampler (with --remdm-eta; loop: --remdm-t-on/--remdm-t-off)",
+        help="ReMDM remasking on the paper's sampler (with --remdm-eta; loop: --remdm-t-on/--remdm-t-off and "
+        "--remdm-alpha-on; published loop: 0.55/0.05, alpha_on 0.9, eta 0.02)",
     )
     sample.add_argument("--remdm-eta", type=at_least(0.0, float), default=None)
     sample.add_argument("--remdm-t-on", type=positive_float, default=None)
     sample.add_argument("--remdm-t-off", type=positive_float, default=None)
+    sample.add_argument("--remdm-alpha-on", type=positive_float, default=None)
     sample.add_argument("--schedule", default=None, help="default: the model's training schedule, which it must match")
     sample.add_argument("--temperature", type=at_least(0.0, float), default=None, help=f"{unset} (1.0)")
     sample.add_argument("--seed", type=int, default=0)

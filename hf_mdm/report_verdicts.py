@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from .experiments.samplers import LEFT_TO_RIGHT
+
 #: Which side of another an interval lies on: entirely below, entirely above, or overlapping.
 BELOW, ABOVE, OVERLAP = "below", "above", "overlap"
 
@@ -183,7 +185,7 @@ def ser_verdicts(result: dict) -> list[str]:
     return lines
 
 
-def sampler_verdicts(result: dict, reference: str = "left-to-right") -> list[str]:
+def sampler_verdicts(result: dict, reference: str = LEFT_TO_RIGHT) -> list[str]:
     """Per language, length and model: each speculative point's SER against the ``reference`` sampler's (the law
     speculative decoding keeps), with both intervals, its rounds and canvases per token."""
     rows = [r for r in result["rows"] if r.get("metric") == "ser"]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,8 @@ METRICS = {
 }
 #: The sampler every other is compared with (its ``name`` in the preset).
 PAPER = "paper (stochastic, random)"
+#: The exact sampler whose law speculative decoding keeps (its ``name`` in the preset).
+LEFT_TO_RIGHT = "left-to-right, 1 token/step"
 
 
 def compare_samplers(preset: dict, out: Path) -> dict[str, Any]:
@@ -152,21 +155,27 @@ def _cell_key(model: str, language: str, length: int, preset: dict, settings: di
 def measure(
     model: Any, language: Any, metric: str, length: int, settings: dict, preset: dict, batch_size: int = 256
 ) -> dict:
-    """One point: ``preset["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with the
-    sequential forwards per token and (where the sampler computes several canvases a forward) computed rows per
-    token, and tokens accepted per round for speculative decoding."""
+    """One point: ``preset["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with its costs
+    per token on the same axes as every table: sequential forwards, positions computed (rows x positions of every
+    forward) and wall-clock milliseconds (this machine, batches of ``batch_size``); the canvases computed per token
+    and, for speculative decoding, the tokens accepted per round."""
     num = preset["num_samples"]
-    samples, forwards, computed, accepted = [], [], 0.0, []
+    samples, forwards, computed, positions, accepted = [], [], 0.0, 0.0, []
+    start = time.perf_counter()
     for out in generate_batches(model, num, length, preset.get("seed", 0), settings, batch_size):
         samples.append(out.sequences.cpu())
         forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
         computed += float(out.forward_rows)
+        positions += float(out.forward_tokens)
         if getattr(out, "accepted_per_round", None) is not None:
             accepted.append(out.accepted_per_round.float().cpu())
+    seconds = time.perf_counter() - start
     cell = METRICS[metric][0](language, torch.cat(samples))
     cell.update(
         forwards_per_token=float(torch.cat(forwards).double().mean()) / length,
         computed_per_token=computed / (num * length),
+        positions_per_token=positions / (num * length),
+        ms_per_token=1000 * seconds / (num * length),
         num_samples=num,
     )
     if accepted:
@@ -182,15 +191,16 @@ def samplers_table(rows: list[dict]) -> str:
     """Markdown: one line per point, grouped by language, length and model."""
     lines = [
         "| language | L | model | sampler | setting | metric | value | 95% CI | sequential forwards / token "
-        "| computed rows / token | accepted / round |",
-        "| --- " * 11 + "|",
+        "| positions computed / token | wall ms / token | canvases / token | accepted / round |",
+        "| --- " * 13 + "|",
     ]
     for r in rows:
         _, value, (low, high), label = METRICS[r["metric"]]
         accepted = f"{r['accepted_per_round']:.2f}" if "accepted_per_round" in r else ""
+        costs = " | ".join(f"{r[k]:.3f}" if k in r else "" for k in ("positions_per_token", "ms_per_token"))
         lines.append(
             f"| {r['language']} | {r['length']} | {r['model']} | {r['sampler']} | {r['setting']} | {label} | "
-            f"{r[value]:.4f} | [{r[low]:.4f}, {r[high]:.4f}] | {r['forwards_per_token']:.3f} | "
+            f"{r[value]:.4f} | [{r[low]:.4f}, {r[high]:.4f}] | {r['forwards_per_token']:.3f} | {costs} | "
             f"{r['computed_per_token']:.3f} | {accepted} |"
         )
     return "\n".join(lines) + "\n"
