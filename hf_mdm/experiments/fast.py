@@ -1,11 +1,12 @@
-"""What fast sampling costs on the synthetic languages: KV caches and parallel decoding, measured exactly.
+"""What fast sampling costs on the synthetic languages: KV caches and parallel decoding, against the exact language.
 
 Fast-dLLM's block caches (``kv_cache="prefix"`` / ``"dual"``) approximate the network's output; threshold and
-entropy-bound decoding reveal several tokens per forward. On a synthetic language the cost of each is exact to
-measure: the TER and SER of its samples against the true language, next to the same sampler without the speed-up.
+entropy-bound decoding reveal several tokens per forward. On a synthetic language the cost of each is measured
+against the language's exact likelihood: the generative perplexity and SER of its samples (estimates from
+``num_samples`` samples, with 95% intervals), next to the same sampler without the speed-up.
 A preset's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_steps.yaml``) lists the samplers, as
 `MaskedDiffusionGenerationConfig` fields, run at ``train_length`` in blocks of ``block_length`` at temperature 1
-(samples, not argmax, so that TER and SER measure the distribution). Every sampler runs on the trained MDM;
+(samples, not argmax, so that generative perplexity and SER measure the distribution). Every sampler runs on the trained MDM;
 those without a cache also on the exact-posterior oracle (which has no keys/values), where the difference to the
 one-token-a-step row is the parallel rule's own cost, free of learning error. Sampler names say their order and
 transfer rule. The table's baseline (``fast_samplers.baseline``) is an exact sampler: random order, one token a

@@ -1,11 +1,11 @@
-"""Beyond Theorem 4.4: which samplers beat the paper's on sequence error at equal sequential forwards, measured exactly.
+"""Beyond Theorem 4.4: which samplers beat the paper's on sequence error at equal sequential forwards, with the oracle.
 
 The paper's sampler (stochastic transfer, random order) needs a number of steps N growing with L to keep the
 sequence error rate low (Theorem 4.4). Other samplers spend their forwards differently: confidence ordering,
 threshold and entropy-bound decoding (several tokens a forward where the model is sure), remasking (ReMDM:
 revealed tokens can be masked again and predicted anew) and exact speculative decoding (the left-to-right
 factorisation, drafted from the marginals of the previous forward and verified in one batched forward). On a
-synthetic language their cost is exact to measure: SER and generative perplexity of their samples against the true
+synthetic language their cost is measured against the language's exact likelihood: SER and generative perplexity of their samples against the true
 language (the samples scored by the language; the paper's TER needs the sampler's law, known for the paper's sampler
 only: `hf_mdm.sampler_likelihood`), with
 the exact-posterior oracle (no learning error) and with trained MDMs.
@@ -336,7 +336,7 @@ def plot_samplers(rows: list[dict], path: Path) -> None:
     save_figure(
         fig,
         path,
-        "Samplers at equal sequential forwards (oracle, solid: exact; trained MDM, dashed)",
+        "Samplers at equal sequential forwards (oracle: solid; trained MDM: dashed)",
         bottom=0.04 * math.ceil(len(handles) / 4) / axes.shape[0],
     )
 
