@@ -184,3 +184,23 @@ def test_ter_metric_interval_load_and_errors():
         exact_sampler_log_probs(oracle(ChainLanguage()), RevealLaw(2), 6, 16)
     with pytest.raises(ValueError, match="confidence orders"):
         RevealLaw(4, order="confidence")
+
+
+def test_ar_log_probs_are_the_law_sample_ar_draws_from():
+    """The AR baseline's exact log p(x) (BOS removed from each conditional) sums to 1 over every sequence, and
+    matches the frequencies of `sample_ar`."""
+    from transformers import LlamaForCausalLM
+
+    from hf_mdm.experiments.common import sample_ar
+    from hf_mdm.experiments.ter_cells import ar_log_probs
+    from hf_mdm.training import ar_config_for
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(ar_config_for(3, 3, "tiny")).eval()
+    xs = torch.tensor(all_sequences(3, 3))
+    p = ar_log_probs(model, xs).exp()
+    assert float(p.sum()) == pytest.approx(1.0, abs=1e-9)
+    num = 20000
+    samples = sample_ar(model, num, 3, seed=0)
+    freq = torch.bincount((samples * torch.tensor([9, 3, 1])).sum(1), minlength=27).double() / num
+    assert bool(((freq - p).abs() <= 5 * (p * (1 - p) / num).sqrt() + 1e-3).all())

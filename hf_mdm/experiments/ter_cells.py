@@ -25,7 +25,9 @@ TER_ESTIMATOR = (
     "TER(p) = 2^(E_{x~q}[-log2 p(x)/L]) is estimated from n sequences drawn from the language: for each, p(x) is the "
     "mean over K groupings of the positions into steps, drawn from the sampler's own law, of the chance that the "
     "sampler draws x with that grouping (unbiased for p(x)); -log of it overestimates -log p(x) on average, so the "
-    "estimate is an upper one that tightens as K grows (its 95% interval is over the n sequences)."
+    "estimate is an upper one that tightens as K grows, by an amount that can differ between lengths (its 95% "
+    "interval is over the n sequences and does not include that bias; the exact table below measures it at a small "
+    "L)."
 )
 #: What the generative perplexity of a cell is, in words.
 GEN_PPL_MEANING = (
