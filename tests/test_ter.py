@@ -204,3 +204,30 @@ def test_ar_log_probs_are_the_law_sample_ar_draws_from():
     samples = sample_ar(model, num, 3, seed=0)
     freq = torch.bincount((samples * torch.tensor([9, 3, 1])).sum(1), minlength=27).double() / num
     assert bool(((freq - p).abs() <= 5 * (p * (1 - p) / num).sqrt() + 1e-3).all())
+
+
+def test_ter_from_samples_uses_the_kl_per_token():
+    """With the language, TER(p) / TER(q) - 1 = exp(mean (ln q(x) - ln p(x)) / L) - 1 over the references, its
+    interval the normal one of that mean: narrower than the one of mean -ln p(x) / L (q's own spread removed)."""
+    language, length, law = NGramLanguage.random(3, 2, seed=1, prune_threshold=0.0), 4, RevealLaw(2)
+    exact = exact_sampler_log_probs(oracle(language), law, length, language.vocab_size)
+    x = language.sample(400, length, torch.Generator().manual_seed(3))
+    index = (x * torch.tensor([27, 9, 3, 1])).sum(1)
+    log_p, log_q = exact[index], language.log_prob(x)
+    d = ((log_q - log_p) / length).tolist()
+    mean = sum(d) / len(d)
+    half = 1.959963984540054 * math.sqrt(sum((v - mean) ** 2 for v in d) / (len(d) - 1) / len(d))
+    result = TokenErrorRate().compute(predictions=log_p.tolist(), references=x.tolist(), language=language)
+    assert result["relative_increase"] == pytest.approx(math.expm1(mean), rel=1e-10)
+    assert result["relative_increase_ci_low"] == pytest.approx(math.expm1(mean - half), rel=1e-10)
+    assert result["relative_increase_ci_high"] == pytest.approx(math.expm1(mean + half), rel=1e-10)
+    assert result["ter"] == pytest.approx(result["ter_reference"] * math.exp(mean), rel=1e-12)
+    plain = TokenErrorRate().compute(predictions=log_p.tolist(), references=x.tolist())
+    assert result["ter_ci_high"] - result["ter_ci_low"] < plain["ter_ci_high"] - plain["ter_ci_low"]
+    # the exact value lies in the interval (the weighted expectation over every sequence)
+    xs = all_sequences(3, length)
+    q = language.log_prob(torch.tensor(xs)).exp().tolist()
+    truth = TokenErrorRate().compute(predictions=exact.tolist(), references=xs, weights=q, language=language)
+    assert result["relative_increase_ci_low"] <= truth["relative_increase"] <= result["relative_increase_ci_high"]
+    with pytest.raises(ValueError, match="sequences of the language"):
+        TokenErrorRate().compute(predictions=[-1.0], references=[[1, 2]], language=ChainLanguage())

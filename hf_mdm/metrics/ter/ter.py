@@ -18,6 +18,7 @@ from hf_mdm.metrics.common import mean_interval
 from hf_mdm.metrics.common import metric_info
 from hf_mdm.metrics.common import reference_ter
 from hf_mdm.metrics.common import resolve_language
+from hf_mdm.metrics.common import sequence_log_probs
 
 
 _DESCRIPTION = """\
@@ -26,9 +27,11 @@ model's distribution over the sequences it generates: the perplexity of the lang
 cross-entropy, so TER(p) >= TER(q) = 2^(H(q_L) / L), with equality only for p = q). Base 2 inside and out gives
 the same number as exp(E[-ln p(x) / |x|]), which is what is computed. Inputs: sequences x drawn from q
 (`references`) and the model's log p(x) of each (`predictions`, natural log). Without `weights` the expectation is
-the mean over the references, with a 95% interval (the normal interval of the mean of -ln p(x) / |x|, mapped
-through exp); with `weights` = q(x) of references that enumerate the support of q, it is exact. Reported with
-TER(q) (from the language, when given) and the relative increase TER(p) / TER(q) - 1 (the paper's epsilon_total).
+the mean over the references, with a 95% interval (the normal interval of the mean, mapped through exp); with
+`weights` = q(x) of references that enumerate the support of q, it is exact. With the language, the exponent is
+computed as H(q_L)/L (from the language) plus the mean of (ln q(x) - ln p(x)) / |x| (the KL divergence per token):
+the same expectation, with q's own spread removed from the interval (a control variate). Reported with TER(q) and
+the relative increase TER(p) / TER(q) - 1 = exp(KL(q || p) / L) - 1 (the paper's epsilon_total).
 """
 
 _KWARGS_DESCRIPTION = """
@@ -46,14 +49,14 @@ Args:
         estimate of H(q_L) for languages without an exact one (HMMs at long lengths).
 
 Returns:
-    ter (`float`): exp(mean of -ln p(x) / |x|) (weighted by `weights` when given); `inf` if p(x) = 0 for a
-        reference x (with positive weight).
+    ter (`float`): exp(mean of -ln p(x) / |x|) (weighted by `weights` when given; with `language`, TER(q) exp(mean
+        of (ln q(x) - ln p(x)) / |x|)); `inf` if p(x) = 0 for a reference x (with positive weight).
     ter_ci_low (`float`), ter_ci_high (`float`): its interval.
     exact (`bool`): whether `weights` made the expectation exact.
     ter_reference (`float`), ter_reference_stderr (`float`): TER(q) and its standard error (0.0 when exact),
         with `language` only.
     relative_increase (`float`), relative_increase_ci_low (`float`), relative_increase_ci_high (`float`):
-        TER(p) / TER(q) - 1 and its interval, with `language` only.
+        TER(p) / TER(q) - 1 = exp(mean of (ln q(x) - ln p(x)) / |x|) - 1 and its interval, with `language` only.
     num_sequences (`int`): references given.
 
 Examples:
@@ -94,26 +97,34 @@ class TokenErrorRate(evaluate.Metric):
         if bool((lengths == 0).any()):
             raise ValueError("every reference needs at least one token.")
         nll = -torch.tensor(list(predictions), dtype=torch.float64) / lengths
+        offset, reference, stderr = 0.0, None, None
+        if language is not None:
+            language = resolve_language(language)
+            log_q, _ = sequence_log_probs(language, references)
+            kept = torch.ones_like(log_q, dtype=torch.bool) if weights is None else torch.tensor(list(weights)) > 0
+            if not bool(torch.isfinite(log_q[kept]).all()):
+                raise ValueError("references must be sequences of the language: q(x) = 0 for some (with weight > 0).")
+            reference, stderr = reference_ter(language, lengths.long(), reference_num_samples, reference_seed)
+            nll = nll + torch.where(kept, log_q, torch.zeros_like(log_q)) / lengths  # the KL per token
+            offset = math.log(reference)
         if weights is None:
             mean, low, high = mean_interval(nll, confidence_level)
         else:
             mean = low = high = _weighted_mean(nll, weights)
         result: Dict[str, Any] = {
-            "ter": _exp(mean),
-            "ter_ci_low": _exp(low),
-            "ter_ci_high": _exp(high),
+            "ter": _exp(offset + mean),
+            "ter_ci_low": _exp(offset + low),
+            "ter_ci_high": _exp(offset + high),
             "exact": weights is not None,
             "num_sequences": len(references),
         }
-        if language is not None:
-            language = resolve_language(language)
-            reference, stderr = reference_ter(language, lengths.long(), reference_num_samples, reference_seed)
+        if reference is not None:
             result.update(
                 ter_reference=reference,
                 ter_reference_stderr=stderr,
-                relative_increase=result["ter"] / reference - 1.0,
-                relative_increase_ci_low=result["ter_ci_low"] / reference - 1.0,
-                relative_increase_ci_high=result["ter_ci_high"] / reference - 1.0,
+                relative_increase=math.expm1(mean),
+                relative_increase_ci_low=math.expm1(low),
+                relative_increase_ci_high=math.expm1(high),
             )
         return result
 
