@@ -107,9 +107,17 @@ def test_outputs_written(results):
     for r in wall["rows"]:  # AR: one forward per token; the MDM: one per step, at most one per token
         expected = r["length"] if r["model"].startswith("AR") else min(r["steps"], r["length"])
         assert r["forwards"] == expected and r["ms_per_forward"] == pytest.approx(1000 * r["seconds"] / expected)
+        assert r["forwards_per_token"] == expected / r["length"]
+        if r["model"].startswith("AR"):  # one new position per forward with the KV cache
+            assert r["positions_per_token"] == 1.0
+        elif "dual" not in r["model"]:  # every forward computes the whole canvas
+            assert r["positions_per_token"] == expected
+        else:  # a block's first forward refreshes the whole canvas, its later ones compute the block only
+            assert r["positions_per_token"] <= expected
         if "chain" in r["model"]:
             assert r["steps"] == chain[str(r["length"])]
-    assert "| 16 | MDM + dual cache (2 blocks), 4 steps | 4 |" in (out / "wallclock.md").read_text()
+    # dual cache, 2 blocks of 8 in 2 steps each: a full canvas (16) then the block (8), per block: 48 / 16 tokens
+    assert "| 16 | MDM + dual cache (2 blocks), 4 steps | 4 | 0.250 | 3.00 |" in (out / "wallclock.md").read_text()
 
 
 def test_fast_samplers_rows(results):
@@ -309,8 +317,8 @@ def test_wallclock_crossover_is_where_ar_stays_slower():
         row
         for n, r in ratios.items()
         for row in (
-            {"length": n, "model": "AR, KV cache", "steps": n, "seconds": r, "forwards": n, "ms_per_forward": 1.0},
-            {"length": n, "model": mdm, "steps": 4, "seconds": 1.0, "forwards": 4, "ms_per_forward": 250.0},
+            speed.row("AR, KV cache", n, n, {"seconds": r, "forwards": n, "positions": n}, 1),
+            speed.row(mdm, n, 4, {"seconds": 1.0, "forwards": 4, "positions": 4 * n}, 1),
         )
     ]
     assert crossover_length(rows, mdm) == 64 and crossover_length(rows[:4], mdm) is None
@@ -327,7 +335,7 @@ def test_wallclock_crossover_is_where_ar_stays_slower():
     }
     table = wallclock_table(result)
     assert "AR is slower than the MDM, 4 steps at every L from 64 on." in table
-    assert "| 64 | MDM, 4 steps | 4 | 4 | 250.00 | 1.000 | 2.01 |" in table
+    assert "| 64 | MDM, 4 steps | 4 | 0.062 | 4.00 | 15.625 | 250.00 | 1.000 | 2.01 |" in table
     assert "untrained `tiny` models (1 / 1 parameters, MDM / AR" in table and "ter_target" in table
     from hf_mdm.report import _machine_against_paper
 

@@ -13,7 +13,9 @@ min(N, L) forwards of the whole sequence (steps that would reveal nothing are sk
 At each L every setting runs once untimed (warm-up), then ``repeats`` rounds time each setting once in turn
 (interleaved, so a slow spell of a shared machine hits them alike); a row holds the median seconds
 (``hf_mdm.timer.Stopwatch``, the device synchronised at both ends), the forwards of one run (counted by a forward
-hook) and the milliseconds per forward (their quotient), so a crossover reads as forwards x cost per forward.
+hook, with the positions they computed) and the milliseconds per forward (their quotient), so a crossover reads as
+forwards x cost per forward; every row also gives its costs per token on the axes of the other tables: sequential
+forwards, positions computed and wall milliseconds.
 Writes ``wallclock.{json,md,png}``; cells are cached in ``<out>/cache/wallclock.json`` keyed on L, the batch
 size, the settings and the device type.
 """
@@ -168,38 +170,49 @@ def timing_rows(
         steps = s["steps"][str(length)]
         runs[s["model"]] = (run_mdm(steps, s["dual"]), mdm, steps)
     described = json.dumps([[name, steps] for name, (_, _, steps) in runs.items()])
-    key = f"{length}|{batch}|{device.type}|{preset['repeats']}|{hashlib.sha1(described.encode()).hexdigest()[:10]}"
+    digest = hashlib.sha1(described.encode()).hexdigest()[:10]
+    key = f"v2|{length}|{batch}|{device.type}|{preset['repeats']}|{digest}"
     cells = cache.get(key, lambda: timed_together(runs, preset["repeats"], device))
-    return [row(name, length, runs[name][2], cell) for name, cell in cells.items()]
+    return [row(name, length, runs[name][2], cell, batch) for name, cell in cells.items()]
 
 
-def row(model: str, length: int, steps: int, cell: dict) -> dict:
+def row(model: str, length: int, steps: int, cell: dict, batch: int) -> dict:
+    """A timing row: the cell, the milliseconds per forward, and the costs per token generated (``batch`` x L)."""
     return {
         "length": length,
         "model": model,
         "steps": steps,
         **cell,
         "ms_per_forward": 1000 * cell["seconds"] / cell["forwards"],
+        "forwards_per_token": cell["forwards"] / length,
+        "positions_per_token": cell["positions"] / (batch * length),
+        "ms_per_token": 1000 * cell["seconds"] / (batch * length),
     }
 
 
 def timed_together(runs: dict[str, tuple], repeats: int, device: torch.device) -> dict[str, dict]:
-    """``{name: {"seconds": median, "forwards": per run}}`` for ``runs`` (name -> (fn, model, steps)): each run once
-    untimed with its forwards counted, then ``repeats`` rounds timing each in turn."""
-    forwards = {}
+    """``{name: {"seconds": median, "forwards": per run, "positions": per run}}`` for ``runs`` (name -> (fn, model,
+    steps)): each run once untimed with its forwards and the positions they computed (batch x input length) counted,
+    then ``repeats`` rounds timing each in turn."""
+    counts = {}
     for name, (fn, model, _) in runs.items():
-        calls = []
-        hook = model.register_forward_hook(lambda *args: calls.append(1))
+        calls: list[int] = []
+
+        def count(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+            calls.append(int(ids.shape[0] * ids.shape[1]))
+
+        hook = model.register_forward_hook(count, with_kwargs=True)
         try:
             fn()  # warm-up: allocations, kernels and caches are set up before any timed run
         finally:
             hook.remove()
-        forwards[name] = len(calls)
+        counts[name] = {"forwards": len(calls), "positions": sum(calls)}
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, (fn, _, _) in runs.items():
             times[name].append(median_seconds(fn, 1, device))
-    return {name: {"seconds": statistics.median(times[name]), "forwards": forwards[name]} for name in runs}
+    return {name: {"seconds": statistics.median(times[name]), **counts[name]} for name in runs}
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
@@ -270,14 +283,16 @@ def wallclock_table(result: dict) -> str:
     set-up, the per-length steps, the model size and the crossovers in words."""
     preset, rows = result["preset"], result["rows"]
     lines = [
-        "| L | model | steps | forwards | ms / forward | seconds | AR / model |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| L | model | steps | sequential forwards / token | positions computed / token | wall ms / token "
+        "| ms / forward | seconds | AR / model |",
+        "| --- " * 9 + "|",
     ]
     ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR_MODEL}
     for r in rows:
         ratio = "" if r["model"] == AR_MODEL else f"{ar[r['length']] / r['seconds']:.2f}"
         lines.append(
-            f"| {r['length']} | {r['model']} | {r['steps']} | {r['forwards']:g} | {r['ms_per_forward']:.2f} | "
+            f"| {r['length']} | {r['model']} | {r['steps']} | {r['forwards_per_token']:.3f} | "
+            f"{r['positions_per_token']:.2f} | {r['ms_per_token']:.3f} | {r['ms_per_forward']:.2f} | "
             f"{r['seconds']:.3f} | {ratio} |"
         )
     models = list(dict.fromkeys(r["model"] for r in rows if r["model"] != AR_MODEL))
