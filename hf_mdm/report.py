@@ -74,13 +74,13 @@ SER_TEXT = (
     "(computed from the rows; a change is claimed only where the 95% intervals are disjoint):"
 )
 
-SAMPLERS_TEXT = """The paper leaves open whether samplers other than its own (remasking, verification) escape the sequence-error
-limit of Theorem 4.4. With the exact-posterior oracle there is no learning error: each point draws sequences at
-temperature 1 in one block and is placed at its *sequential forwards per token*, the forwards one row needs on its
-own (the steps or rounds in which it revealed something; a remasking step that only takes tokens back runs no
-forward) over L; one token a forward (1.0) is the cost of left-to-right or AR decoding. Speculative decoding computes
-several canvases per round: its canvases computed per token say what it spends in parallel. Every comparison below
-is computed from the points with their 95% intervals."""
+SAMPLERS_TEXT = """The paper leaves open whether samplers other than its own (remasking, verification) escape the
+sequence-error limit of Theorem 4.4. With the exact-posterior oracle there is no learning error: each point draws
+sequences at temperature 1 in one block and is placed at its *sequential forwards per token*, the forwards one row
+needs on its own (the steps or rounds in which it revealed something; a remasking step that only takes tokens back
+runs no forward) over L; one token a forward (1.0) is the cost of left-to-right or AR decoding. Speculative decoding
+computes several canvases per round: its canvases computed per token say what it spends in parallel. Every
+comparison below is computed from the points with their 95% intervals."""
 
 
 def _section(folder: Path, name: str, title: str, text: str) -> list[str]:

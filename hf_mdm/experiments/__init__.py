@@ -20,8 +20,8 @@ seconds-long run with the same keys (``presets.py``).
   paper's sampler and the others (confidence, threshold, entropy bound, remasking, speculative decoding,
   left-to-right), oracle everywhere and trained MDMs where the other experiments train them, with a verdict.
 - ``block_diffusion`` (``blocks.py``): block diffusion between AR (b = 1) and the paper's MDM (b = L): SER and
-  generative perplexity of block-wise sampling with the oracle against sequential forwards and positions computed per token (with the
-  exact block cache), the chain language's closed form beside it.
+  generative perplexity of block-wise sampling with the oracle against sequential forwards and positions computed
+  per token (with the exact block cache), the chain language's closed form beside it.
 - ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at fixed step counts (the paper's 512) and
   at N chosen per L from the paper's TER at that L (within a target of the optimum), and with the same-size AR model
   decoding with its KV cache, as L grows, with the forwards of each and the cost of one (warm-up, medians of

@@ -106,8 +106,8 @@ def generate_settings(block: int, length: int, settings: dict) -> dict:
 
 
 def measure(model: Any, language: Any, length: int, block: int, settings: dict, preset: dict) -> dict:
-    """One point: ``preset["num_samples"]`` samples at temperature 1, their SER and generative perplexity with 95% intervals, the
-    sequential forwards per token and the positions computed per token with the exact block cache."""
+    """One point: ``preset["num_samples"]`` samples at temperature 1, their SER and generative perplexity with 95%
+    intervals, the sequential forwards per token and the positions computed per token with the exact block cache."""
     num, fields = preset["num_samples"], generate_settings(block, length, settings)
     samples, forwards, canvases = [], [], 0.0
     for out in generate_batches(model, num, length, preset.get("seed", 0), fields, preset.get("batch_size", 256)):
@@ -177,8 +177,8 @@ def setup_lines(preset: dict) -> list[str]:
         "",
         f"Languages: {languages}. Model: the exact-posterior oracle (a perfect block diffusion model). Every point: "
         f"{preset['num_samples']} sequences drawn at temperature 1 from the empty prompt, seeded, in blocks of b "
-        "positions decoded left to right; SER and generative perplexity relative increase GenPPL(p)/TER(q) - 1 (the samples scored by the "
-        "language; not the paper's TER) with 95% intervals (Wilson for SER). "
+        "positions decoded left to right; SER and generative perplexity relative increase GenPPL(p)/TER(q) - 1 "
+        "(the samples scored by the language; not the paper's TER) with 95% intervals (Wilson for SER). "
         "Costs: sequential forwards per token (a row's own forwards, over L) and positions computed per token "
         "with the exact block cache of a block-causal model.",
         "",

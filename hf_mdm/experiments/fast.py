@@ -6,9 +6,9 @@ against the language's exact likelihood: the generative perplexity and SER of it
 ``num_samples`` samples, with 95% intervals), next to the same sampler without the speed-up.
 A preset's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_steps.yaml``) lists the samplers, as
 `MaskedDiffusionGenerationConfig` fields, run at ``train_length`` in blocks of ``block_length`` at temperature 1
-(samples, not argmax, so that generative perplexity and SER measure the distribution). Every sampler runs on the trained MDM;
-those without a cache also on the exact-posterior oracle (which has no keys/values), where the difference to the
-one-token-a-step row is the parallel rule's own cost, free of learning error. Sampler names say their order and
+(samples, not argmax, so that generative perplexity and SER measure the distribution). Every sampler runs on the
+trained MDM; those without a cache also on the exact-posterior oracle (which has no keys/values), where the
+difference to the one-token-a-step row is the parallel rule's own cost, free of learning error. Sampler names say their order and
 transfer rule. The table's baseline (``fast_samplers.baseline``) is an exact sampler: random order, one token a
 step, whose law with the oracle is the language itself (any order of exact conditionals is the chain rule). Every
 row reports its costs on the same three axes: sequential forwards per token (the steps in which a row revealed
@@ -146,9 +146,9 @@ def fast_table(rows: list[dict], preset: dict, value: str, interval: tuple[str, 
     base = {(r["language"], r["model"]): r[value] for r in rows if r["sampler"] == baseline}
     lines = [
         "",
-        f"Fast sampling at L = {rows[0]['length']} (temperature 1, blocks of {preset['fast_samplers'].get('block_length')}"
-        f", {rows[0]['num_samples']} samples per row); {label}; baseline: {baseline} (exact with the oracle: its "
-        "law is the language's).",
+        f"Fast sampling at L = {rows[0]['length']} (temperature 1, blocks of "
+        f"{preset['fast_samplers'].get('block_length')}, {rows[0]['num_samples']} samples per row); {label}; "
+        f"baseline: {baseline} (exact with the oracle: its law is the language's).",
         "",
         f"| language | model | sampler | value | 95% CI | {' | '.join(FAST_COSTS.values())} | change vs baseline |",
         "| --- " * (6 + len(FAST_COSTS)) + "|",

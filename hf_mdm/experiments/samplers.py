@@ -5,9 +5,9 @@ sequence error rate low (Theorem 4.4). Other samplers spend their forwards diffe
 threshold and entropy-bound decoding (several tokens a forward where the model is sure), remasking (ReMDM:
 revealed tokens can be masked again and predicted anew) and exact speculative decoding (the left-to-right
 factorisation, drafted from the marginals of the previous forward and verified in one batched forward). On a
-synthetic language their cost is measured against the language's exact likelihood: SER and generative perplexity of their samples against the true
-language (the samples scored by the language; the paper's TER needs the sampler's law, known for the paper's sampler
-only: `hf_mdm.sampler_likelihood`), with
+synthetic language their cost is measured against the language's exact likelihood: SER and generative perplexity
+of their samples (the samples scored by the language; the paper's TER needs the sampler's law, known for the
+paper's sampler only: `hf_mdm.sampler_likelihood`), with
 the exact-posterior oracle (no learning error) and with trained MDMs.
 
 A preset (``evaluation/configs/samplers.yaml``) lists languages, each with its ``metric`` (``ser`` or ``ter``) and
@@ -228,8 +228,8 @@ def verdict(rows: list[dict]) -> str:
         "Against the paper's sampler at equal sequential forwards per token (its curve interpolated in log "
         "forwards; *below* / *above*: the point's 95% interval lies entirely below / above the paper's there; "
         "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
-        "forwards). For SER below is better. For generative perplexity (GenPPL(p)/TER(q) - 1, the samples scored by the language, not the paper's "
-        "TER), below 0 means samples more likely than the language's own "
+        "forwards). For SER below is better. For generative perplexity (GenPPL(p)/TER(q) - 1, the samples scored by "
+        "the language, not the paper's TER), below 0 means samples more likely than the language's own "
         "(a mode-seeking, lower-entropy distribution), so below the paper's is not a better fit of the language: "
         "it is the cost in diversity."
     ]
@@ -251,7 +251,8 @@ def verdict(rows: list[dict]) -> str:
 
 def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
     """One line per sampler: the oracle SER ``panels`` (group -> `_compared`) where some point lies below / above
-    the paper's sampler, the forwards per token of its points there, and the range of its generative perplexity relative increase."""
+    the paper's sampler, the forwards per token of its points there, and the range of its generative perplexity
+    relative increase."""
     lines = []
     for name in dict.fromkeys(r["sampler"] for r in rows if r["sampler"] != PAPER):
         sides = [

@@ -227,7 +227,8 @@ def exact_table(rows: list[dict]) -> str:
         f"Exact, oracle with the paper's sampler at L = {r0['length']} (every sequence enumerated), in %; the "
         f"estimator of the tables above beside it (n = {r0['estimate']['ter_num_sequences']}, K = {r0['num_orders']}):",
         "",
-        "| language | N | TER(p)/TER(q) - 1 (exact) | estimate [95% CI] | GenPPL(p)/TER(q) - 1 (exact) | p(outside q) |",
+        "| language | N | TER(p)/TER(q) - 1 (exact) | estimate [95% CI] | GenPPL(p)/TER(q) - 1 (exact) "
+        "| p(outside q) |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
