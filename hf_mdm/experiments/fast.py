@@ -8,8 +8,8 @@ A preset's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_step
 `MaskedDiffusionGenerationConfig` fields, run at ``train_length`` in blocks of ``block_length`` at temperature 1
 (samples, not argmax, so that generative perplexity and SER measure the distribution). Every sampler runs on the
 trained MDM; those without a cache also on the exact-posterior oracle (which has no keys/values), where the
-difference to the one-token-a-step row is the parallel rule's own cost, free of learning error. Sampler names say their order and
-transfer rule. The table's baseline (``fast_samplers.baseline``) is an exact sampler: random order, one token a
+difference to the one-token-a-step row is the parallel rule's own cost, free of learning error. Sampler names say
+their order and transfer rule. The table's baseline (``fast_samplers.baseline``) is an exact sampler: random order, one token a
 step, whose law with the oracle is the language itself (any order of exact conditionals is the chain rule). Every
 row reports its costs on the same three axes: sequential forwards per token (the steps in which a row revealed
 something, over L), positions computed per token (rows x positions of every forward, over the tokens generated)
