@@ -257,7 +257,8 @@ def steps_sentence(chosen: dict[str, dict], target: Optional[float]) -> str:
         return "No `ter_target` in the preset: the MDM is timed at fixed step counts only."
     parts = []
     for source, steps in chosen.items():
-        listed = ", ".join(f"L = {length}: N = {n}" for length, n in steps.items()) or "no length measured qualifies"
+        ordered = sorted(steps.items(), key=lambda item: int(item[0]))
+        listed = ", ".join(f"L = {length}: N = {n}" for length, n in ordered) or "no length measured qualifies"
         parts.append(f"{source}: {listed}")
     return (
         f"Per-length steps: the smallest N whose paper TER relative increase TER(p)/TER(q) - 1 is within "
