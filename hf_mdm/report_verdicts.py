@@ -173,6 +173,7 @@ def ser_verdicts(result: dict) -> list[str]:
         if len(own) > 1:
             subject = f"{name}, {model}, L = {length}: SER"
             lines.append(trend_sentence(subject, own[0], own[-1], "steps_over_length", SER_KEYS, percent=False))
+    lines += _collapse_sentences(rows)
     predicted = [r for r in rows if "predicted" in r]
     if predicted:
         inside = sum(r["ser_ci_low"] <= r["predicted"] <= r["ser_ci_high"] for r in predicted)
@@ -189,6 +190,34 @@ def ser_verdicts(result: dict) -> list[str]:
             lines.append(
                 f"{ar['language']}, L = {ar['length']}: at N/L = {best['steps_over_length']:g} the trained MDM's SER "
                 f"{fmt(*(best[k] for k in SER_KEYS))} is {words} the trained AR's {fmt(*(ar[k] for k in SER_KEYS))}."
+            )
+    return lines
+
+
+def _collapse_sentences(rows: list[dict]) -> list[str]:
+    """Per language and model measured at several lengths: the N/L at which two lengths' SER intervals are disjoint,
+    or that at every N/L they overlap (Theorem 4.4: SER is a function of N/L)."""
+    lines = []
+    for (name, model), own in _groups(rows, ("language", "model")).items():
+        lengths = sorted({r["length"] for r in own})
+        if len(lengths) < 2:
+            continue
+        differ = []
+        for (ratio,), same in _groups(own, ("steps_over_length",)).items():
+            for a in same:
+                for b in (b for b in same if b["length"] > a["length"]):
+                    if side((a["ser_ci_low"], a["ser_ci_high"]), (b["ser_ci_low"], b["ser_ci_high"])) != OVERLAP:
+                        differ.append(
+                            f"N/L = {ratio:g}: L = {a['length']} {fmt(*(a[k] for k in SER_KEYS))} vs L = "
+                            f"{b['length']} {fmt(*(b[k] for k in SER_KEYS))}"
+                        )
+        listed = ", ".join(map(str, lengths))
+        if differ:
+            lines.append(f"{name}, {model}: SER differs between lengths at " + "; ".join(differ) + ".")
+        else:
+            lines.append(
+                f"{name}, {model}: at every N/L the 95% intervals at L = {listed} overlap: the curves agree against "
+                "N/L within the intervals (Theorem 4.4)."
             )
     return lines
 

@@ -98,6 +98,26 @@ def test_ser_claims_appear_only_where_supported():
     assert "is above the trained AR's 0.120 [0.080, 0.160]" in floor
 
 
+def test_ser_collapse_against_n_over_l_is_claimed_only_where_intervals_overlap():
+    def row(length, ser):
+        return {
+            "language": "chain",
+            "model": "oracle MDM",
+            "length": length,
+            "steps": length,
+            "steps_over_length": 1,
+            "ser": ser,
+            "ser_ci_low": ser - 0.05,
+            "ser_ci_high": ser + 0.05,
+        }
+
+    agree = "\n".join(ser_verdicts({"rows": [row(16, 0.5), row(64, 0.55)]}))
+    assert "chain, oracle MDM: at every N/L the 95% intervals at L = 16, 64 overlap" in agree
+    differ = "\n".join(ser_verdicts({"rows": [row(16, 0.3), row(64, 0.6)]}))
+    assert "at every N/L" not in differ
+    assert "chain, oracle MDM: SER differs between lengths at N/L = 1: L = 16 0.300 [0.250, 0.350] vs L = 64" in differ
+
+
 def test_report_prints_the_verdicts_and_the_paper_scale_status(tmp_path):
     (tmp_path / "ter_vs_steps.json").write_text(json.dumps(ter_result(True, True, True)))
     (tmp_path / "ter_vs_steps.md").write_text("| table |\n")
