@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export TORCH_SPEC
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce venv bench clean system-deps test-newest test-lowest lock lint
+.PHONY: test reproduce reproduce-paper venv bench clean system-deps test-newest test-lowest lock lint
 
 venv: $(STAMP)
 
@@ -45,6 +45,13 @@ lint: $(STAMP)
 
 reproduce: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce
+
+# The paper's scale: the `full:` presets of evaluation/configs (L = 256..1024, 2,000 samples per cell, models trained
+# on 1,000,000 sequences) into results/full; results/REPORT.md links its report once present. Training alone is
+# estimated in REPORT.md's "Paper scale" section (hf_mdm.report.paper_scale_estimate): days on a GPU, years on 2 CPU
+# cores. Run it where a GPU is; resumable (every finished cell and model is kept).
+reproduce-paper: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce --full --output-dir results/full
 
 # The suite on the newest releases the ranges admit, and on the lower bounds of the ranges (fresh environments).
 test-newest:

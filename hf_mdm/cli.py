@@ -205,6 +205,7 @@ SAMPLER_FLAGS = (
     "remdm_eta",
     "remdm_t_on",
     "remdm_t_off",
+    "remdm_alpha_on",
 )
 
 
@@ -264,14 +265,16 @@ def _print_generate_difference(model: Any, defaulted: dict[str, Any]) -> None:
 
 def _score(args: argparse.Namespace) -> int:
     from .languages import load_language
-    from .metrics import SequenceErrorRate, TokenErrorRate
+    from .metrics import GenerativePerplexity, SequenceErrorRate
 
     payload = json.loads(Path(args.samples).read_text())
     samples = payload["samples"] if isinstance(payload, dict) else payload
     language = load_language(args.language)
-    ter = TokenErrorRate().compute(predictions=samples, language=language, skip_out_of_support=args.skip_out_of_support)
+    gen = GenerativePerplexity().compute(
+        predictions=samples, language=language, skip_out_of_support=args.skip_out_of_support
+    )
     ser = SequenceErrorRate().compute(predictions=samples, language=language)
-    print(json.dumps(_json_scores({**ter, **ser}, args.skip_out_of_support), indent=1, allow_nan=False))
+    print(json.dumps(_json_scores({**gen, **ser}, args.skip_out_of_support), indent=1, allow_nan=False))
     return 0
 
 
@@ -281,13 +284,15 @@ def _json_scores(scores: dict[str, Any], skipped: bool) -> dict[str, Any]:
 
     finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in scores.items()}
     outside, total = scores["num_out_of_support"], scores["num_sequences"]
-    if finite["ter"] is None and not skipped:
+    if finite["generative_perplexity"] is None and not skipped:
         finite["note"] = (
-            f"{outside} of {total} samples are outside the language's support, so TER is infinite "
-            "(null here): pass --skip-out-of-support for the TER of the samples inside it"
+            f"{outside} of {total} samples are outside the language's support, so their generative perplexity is "
+            "infinite (null here): pass --skip-out-of-support for that of the samples inside it"
         )
-    elif finite["ter"] is None:
-        finite["note"] = f"all {total} samples are outside the language's support: TER is undefined (null)"
+    elif finite["generative_perplexity"] is None:
+        finite["note"] = (
+            f"all {total} samples are outside the language's support: generative perplexity is undefined (null)"
+        )
     return finite
 
 
@@ -478,18 +483,23 @@ def _add_sample_and_score_commands(commands: Any) -> None:
         "--remdm",
         choices=["cap", "rescale", "conf", "loop"],
         default=None,
-        help="ReMDM remasking on the paper's sampler (with --remdm-eta; loop: --remdm-t-on/--remdm-t-off)",
+        help="ReMDM remasking on the paper's sampler (with --remdm-eta; loop: --remdm-t-on/--remdm-t-off and "
+        "--remdm-alpha-on; published loop: 0.55/0.05, alpha_on 0.9, eta 0.02)",
     )
     sample.add_argument("--remdm-eta", type=at_least(0.0, float), default=None)
     sample.add_argument("--remdm-t-on", type=positive_float, default=None)
     sample.add_argument("--remdm-t-off", type=positive_float, default=None)
+    sample.add_argument("--remdm-alpha-on", type=positive_float, default=None)
     sample.add_argument("--schedule", default=None, help="default: the model's training schedule, which it must match")
     sample.add_argument("--temperature", type=at_least(0.0, float), default=None, help=f"{unset} (1.0)")
     sample.add_argument("--seed", type=int, default=0)
     sample.add_argument("--output", required=True)
     sample.set_defaults(func=_sample)
 
-    score = commands.add_parser("score", help="TER and SER of samples under the true language")
+    score = commands.add_parser(
+        "score",
+        help="generative perplexity and SER of samples under the true language (the paper's TER: hf_mdm.metrics)",
+    )
     score.add_argument("--samples", required=True)
     score.add_argument("--language", required=True)
     score.add_argument("--skip-out-of-support", action="store_true")

@@ -44,6 +44,7 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "remdm_eta": None,
     "remdm_t_on": None,
     "remdm_t_off": None,
+    "remdm_alpha_on": None,
     "cfg_scale": 0.0,
     "mask_token_id": None,
     "stop_at_eos": True,
@@ -133,8 +134,10 @@ class MaskedDiffusionGenerationConfig(GenerationConfig):
             may be left unset) where a step may also remask revealed tokens of the current block. Combines with
             blocks, guidance, logits processors and ``kv_cache``; not with a ``reference`` nor a streamer.
         remdm_eta (`float`, *optional*): the remasking rate: in [0, 1] for cap, rescale and conf (conf's default 1),
-            in [0, min(1, (1 - alpha(t_on)) / alpha(t_on))] for loop (required but for conf).
+            in [0, min(1, (1 - alpha_on) / alpha_on)] for loop (required but for conf).
         remdm_t_on, remdm_t_off (`float`, *optional*): the window of ``remdm="loop"``, 0 < t_off < t_on < 1.
+        remdm_alpha_on (`float`, *optional*): alpha held on the loop's window, in (0, 1) (ReMDM's published 0.9,
+            with t_on 0.55, t_off 0.05, eta 0.02); unset, alpha(t_on) of the schedule.
         cfg_scale (`float`, defaults to 0): classifier-free guidance; the unconditional input is the canvas with
             the prompt masked, and logits = u + (cfg_scale + 1)(c - u). Costs a second forward per step.
         mask_token_id (`int`, *optional*): [MASK] id (default: the model config's).

@@ -18,11 +18,14 @@ The variants choose sigma_t (eta = ``remdm_eta``):
   row's block and c_i the probability of the token at i when it was revealed (least confident most likely; eta
   defaults to 1, the paper's variant). A masked position is in no softmax, so its sigma is 0 and it is revealed
   with the plain probability (alpha_s - alpha_t) / (1 - alpha_t), as in the paper's code;
-- ``loop``: the plain sampler until ``remdm_t_on``, then alpha held at alpha(t_on) while revealed tokens are
-  remasked with probability eta and masked ones revealed with probability eta alpha(t_on) / (1 - alpha(t_on))
-  until ``remdm_t_off``, then the plain sampler to the end: alpha runs over [0, t_on] of the schedule on
-  [0, t_off] (`LoopSchedule`). A step is in the window when t <= t_on and s >= t_off; eta <= (1 - alpha(t_on)) /
-  alpha(t_on) keeps the reveal probability <= 1.
+- ``loop``: the plain sampler until ``remdm_t_on``, then alpha held at alpha_on while revealed tokens are
+  remasked with probability eta and masked ones revealed with probability eta alpha_on / (1 - alpha_on) until
+  ``remdm_t_off``, then the plain sampler to the end (`LoopSchedule`). With ``remdm_alpha_on`` (as published: ReMDM's
+  official defaults are alpha_on = 0.9, t_on = 0.55, t_off = 0.05, eta = 0.02, `REMDM_LOOP_PUBLISHED`) the
+  schedule's alpha is squeezed into [t_on, 1] to reach alpha_on at t_on, and into [0, t_off] to rise from alpha_on
+  to 1 (for the linear schedule: alpha_on (1 - t) / (1 - t_on), then alpha_on + (1 - alpha_on)(1 - t / t_off));
+  without it alpha_on = alpha(t_on) and alpha runs over [0, t_on] of the schedule on [0, t_off]. A step is in the
+  window when t <= t_on and s >= t_off; eta <= (1 - alpha_on) / alpha_on keeps the reveal probability <= 1.
 
 alpha is the config's schedule rescaled to end exactly at 0 (t = 1) and 1 (t = 0) (`normalised_alpha`), as the
 plain sampler's.
@@ -50,7 +53,9 @@ from .generation_values import is_number
 from .schedules import get_schedule
 
 REMDM_VARIANTS = ("cap", "rescale", "conf", "loop")
-REMDM_FIELDS = ("remdm_eta", "remdm_t_on", "remdm_t_off")
+REMDM_FIELDS = ("remdm_eta", "remdm_t_on", "remdm_t_off", "remdm_alpha_on")
+#: ReMDM-loop as published (Wang et al. 2025, its official sampling defaults): the window and alpha held on it.
+REMDM_LOOP_PUBLISHED = {"remdm_t_on": 0.55, "remdm_t_off": 0.05, "remdm_alpha_on": 0.9, "remdm_eta": 0.02}
 
 
 def validate_remdm(config: Any) -> None:
@@ -91,11 +96,15 @@ def _check_combinations(config: Any) -> None:
 def _check_window(config: Any) -> None:
     t_on, t_off = config.remdm_t_on, config.remdm_t_off
     if config.remdm != "loop":
-        if t_on is not None or t_off is not None:
+        if t_on is not None or t_off is not None or config.remdm_alpha_on is not None:
             raise ValueError(
-                f"remdm_t_on / remdm_t_off are read only by remdm='loop', not remdm={config.remdm!r}: drop them"
+                f"remdm_t_on / remdm_t_off / remdm_alpha_on are read only by remdm='loop', not "
+                f"remdm={config.remdm!r}: drop them"
             )
         return
+    alpha_on = config.remdm_alpha_on
+    if alpha_on is not None and not (is_number(alpha_on) and 0 < alpha_on < 1):
+        raise ValueError(f"remdm_alpha_on={alpha_on!r}: alpha held on the loop's window must be in (0, 1), e.g. 0.9")
     if t_on is None or t_off is None:
         raise ValueError(
             "remdm='loop' needs its window remdm_t_on and remdm_t_off with 0 < remdm_t_off < remdm_t_on "
@@ -115,16 +124,18 @@ def _check_eta(config: Any) -> None:
         raise ValueError(f"remdm={config.remdm!r} needs remdm_eta in [0, 1] (the remasking rate), e.g. remdm_eta=0.05")
     bound, why = 1.0, ""
     if config.remdm == "loop" and is_number(eta):
-        alpha_on = float(
-            normalised_alpha(
-                get_schedule(config.schedule, **(config.schedule_kwargs or {})),
-                torch.tensor([float(config.remdm_t_on)]),
-            )[0]
-        )
+        alpha_on = config.remdm_alpha_on
+        if alpha_on is None:
+            alpha_on = float(
+                normalised_alpha(
+                    get_schedule(config.schedule, **(config.schedule_kwargs or {})),
+                    torch.tensor([float(config.remdm_t_on)]),
+                )[0]
+            )
         bound = min(1.0, (1.0 - alpha_on) / alpha_on) if alpha_on > 0 else 1.0
         why = (
-            f" (remdm='loop' with alpha(remdm_t_on)={alpha_on:.4g}: eta <= (1 - alpha) / alpha keeps the reveal "
-            "probability <= 1; lower remdm_eta or raise remdm_t_on)"
+            f" (remdm='loop' with alpha_on={alpha_on:.4g}: eta <= (1 - alpha_on) / alpha_on keeps the reveal "
+            "probability <= 1; lower remdm_eta, or lower alpha_on (remdm_alpha_on, or raise remdm_t_on without it))"
         )
     if not (is_number(eta) and 0 <= eta <= bound):
         raise ValueError(f"remdm_eta must be a number in [0, {bound:.4g}]{why}, got {eta!r}")
@@ -132,25 +143,43 @@ def _check_eta(config: Any) -> None:
 
 @dataclass(frozen=True)
 class LoopSchedule:
-    """ReMDM-loop's alpha: ``base``'s until ``t_on``, held at alpha(t_on) on [t_off, t_on], then alpha(t t_on / t_off)
-    down to t = 0. ``weight`` is the ELBO weight of that alpha (0 in the window)."""
+    """ReMDM-loop's alpha (see the module docstring): ``base``'s until ``t_on``, held at alpha_on on [t_off, t_on],
+    then up to 1 at t = 0. ``alpha_on=None``: alpha_on = alpha(t_on) and alpha(t t_on / t_off) after the window;
+    otherwise ``base`` squeezed into [t_on, 1] (scaled to alpha_on) and into [0, t_off] (from alpha_on to 1).
+    ``weight`` is the ELBO weight -alpha'/(1 - alpha) of that alpha (0 in the window)."""
 
     base: Any
     t_on: float
     t_off: float
+    alpha_on: Optional[float] = None
 
     def _warp(self, t: torch.Tensor) -> torch.Tensor:
         held = torch.full_like(t, self.t_on)
         return torch.where(t >= self.t_on, t, torch.where(t >= self.t_off, held, t * (self.t_on / self.t_off)))
 
     def alpha(self, t: Any) -> Any:
-        value = self.base.alpha(self._warp(torch.as_tensor(t, dtype=torch.float64)))
+        tt = torch.as_tensor(t, dtype=torch.float64)
+        if self.alpha_on is None:
+            value = self.base.alpha(self._warp(tt))
+        else:
+            a, base = self.alpha_on, lambda u: normalised_alpha(self.base, u.clamp(0.0, 1.0))
+            before = a * base((tt - self.t_on) / (1.0 - self.t_on))
+            after = a + (1.0 - a) * base(tt / self.t_off)
+            value = torch.where(tt >= self.t_on, before, torch.where(tt >= self.t_off, torch.full_like(tt, a), after))
         return value if isinstance(t, torch.Tensor) else float(value)
 
     def weight(self, t: Any) -> Any:
         tt = torch.as_tensor(t, dtype=torch.float64)
-        scale = torch.where(tt >= self.t_on, 1.0, torch.where(tt >= self.t_off, 0.0, self.t_on / self.t_off))
-        value = scale * self.base.weight(self._warp(tt))
+        if self.alpha_on is None:
+            scale = torch.where(tt >= self.t_on, 1.0, torch.where(tt >= self.t_off, 0.0, self.t_on / self.t_off))
+            value = scale * self.base.weight(self._warp(tt))
+        else:
+            a = self.alpha_on
+            u = ((tt - self.t_on) / (1.0 - self.t_on)).clamp(0.0, 1.0)
+            b = normalised_alpha(self.base, u)
+            before = a * self.base.weight(u) * (1.0 - b) / ((1.0 - self.t_on) * (1.0 - a * b))
+            after = self.base.weight((tt / self.t_off).clamp(0.0, 1.0)) / self.t_off
+            value = torch.where(tt >= self.t_on, before, torch.where(tt >= self.t_off, 0.0, after))
         return value if isinstance(t, torch.Tensor) else float(value)
 
 
@@ -172,6 +201,7 @@ class Remasking:
     eta: float
     t_on: Optional[float] = None
     t_off: Optional[float] = None
+    alpha_on: Optional[float] = None
 
     @classmethod
     def from_config(cls, config: Any, streamer: Any = None) -> Optional["Remasking"]:
@@ -184,10 +214,13 @@ class Remasking:
                 "remasked later and replaced; drop streamer or remdm"
             )
         eta = 1.0 if config.remdm_eta is None else float(config.remdm_eta)
-        return cls(config.remdm, eta, config.remdm_t_on, config.remdm_t_off)
+        return cls(config.remdm, eta, config.remdm_t_on, config.remdm_t_off, config.remdm_alpha_on)
 
     def schedule(self, base: Any) -> Any:
-        return LoopSchedule(base, float(self.t_on), float(self.t_off)) if self.variant == "loop" else base
+        if self.variant != "loop":
+            return base
+        alpha_on = None if self.alpha_on is None else float(self.alpha_on)
+        return LoopSchedule(base, float(self.t_on), float(self.t_off), alpha_on)
 
     def rates(self, base: Any, num_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(S,) sigma and (S,) reveal probability of the masked positions at each step (see the module docstring)."""

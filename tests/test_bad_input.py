@@ -131,9 +131,12 @@ GENERATE_KWARGS = [
     (dict(remdm="loop", remdm_eta=0.1, remdm_t_on=1.2, remdm_t_off=0.5), "the loop window needs 0 < remdm_t_off"),
     (
         dict(remdm="loop", remdm_eta=0.9, remdm_t_on=0.2, remdm_t_off=0.1),
-        r"remdm_eta must be a number in \[0, 0.25\] \(remdm='loop' with alpha\(remdm_t_on\)=0.8.*raise remdm_t_on",
+        r"remdm_eta must be a number in \[0, 0.25\] \(remdm='loop' with alpha_on=0.8.*raise remdm_t_on",
     ),
-    (dict(remdm="cap", remdm_eta=0.1, remdm_t_on=0.5), "remdm_t_on / remdm_t_off are read only by remdm='loop'"),
+    (
+        dict(remdm="cap", remdm_eta=0.1, remdm_t_on=0.5),
+        "remdm_t_on / remdm_t_off / remdm_alpha_on are read only by remdm='loop'",
+    ),
     (dict(remdm_eta=0.1), "remdm_eta=0.1: read only by remdm"),
     (
         dict(remdm="cap", remdm_eta=0.1, transfer="deterministic"),

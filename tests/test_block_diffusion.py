@@ -303,22 +303,22 @@ def _point(model, ser, low, high, forwards, language="hmm"):
         "forwards_per_token": forwards,
         "positions_per_token": 2 * forwards,
         "num_samples": 256,
-        "ter_relative_increase": 0.0,
-        "ter_ci_low": 0.0,
-        "ter_ci_high": 0.0,
+        "gen_ppl_increase": 0.0,
+        "gen_ppl_ci_low": 0.0,
+        "gen_ppl_ci_high": 0.0,
     }
 
 
 def test_trained_findings_claim_only_what_the_intervals_support():
     from hf_mdm.experiments.blocks_trained import AR, trained_findings
 
-    ar = {**_point(AR, 0.10, 0.07, 0.14, 1.0), "ter_relative_increase": math.inf}  # TER out of support: no sentence
+    ar = {**_point(AR, 0.10, 0.07, 0.14, 1.0), "gen_ppl_increase": math.inf}  # out of support: no sentence
     overlapping = [
         _point("block diffusion (b = 4)", s, lo, hi, f)
         for s, lo, hi, f in [(0.5, 0.4, 0.6, 0.25), (0.12, 0.09, 0.16, 0.5)]
     ]
     text = trained_findings([ar, *overlapping], [])
-    assert "its interval overlapping AR's, from 0.500 sequential forwards / token" in text
+    assert "its interval overlapping AR's (no difference resolved), from 0.500 sequential forwards / token" in text
     apart = [
         _point("block diffusion (b = 4)", s, lo, hi, f)
         for s, lo, hi, f in [(0.5, 0.4, 0.6, 0.25), (0.3, 0.2, 0.4, 1.0)]
@@ -326,7 +326,7 @@ def test_trained_findings_claim_only_what_the_intervals_support():
     text = trained_findings([ar, *apart], [])
     assert "overlapping" not in text and "no setting measured reaches AR's SER; the lowest is 0.300" in text
     finite = trained_findings([_point(AR, 0.1, 0.07, 0.14, 1.0), *apart], [])
-    assert "- hmm, TER: AR's 0.000 [0.000, 0.000] (256 samples)." in finite and "TER 0.000" in finite
+    assert "- hmm, generative perplexity (GenPPL(p)/TER(q) - 1): AR's 0.000 [0.000, 0.000] (256 samples)." in finite
 
 
 def test_the_time_verdict_needs_every_longer_length_faster():

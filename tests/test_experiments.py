@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion, cli, experiments
-from hf_mdm.experiments import make_language, run_experiment
+from hf_mdm.experiments import make_language, run_experiment, speed
+from hf_mdm.languages import ChainLanguage
 from hf_mdm.report import write_report
 
 TRAINING = {
@@ -24,9 +25,9 @@ TRAINING = {
 
 FAST = {
     "block_length": 4,
-    "baseline": "one token a step",
+    "baseline": "random order, 1 token/step",
     "samplers": [
-        {"name": "one token a step", "transfer": "deterministic", "strategy": "confidence"},
+        {"name": "random order, 1 token/step", "transfer": "deterministic", "strategy": "random"},
         {"name": "threshold 0.5 + dual cache", "transfer": "threshold", "threshold": 0.5, "kv_cache": "dual"},
         {"name": "entropy bound 1", "transfer": "entropy_bound", "entropy_bound": 1.0},
     ],
@@ -45,6 +46,9 @@ def results(tmp_path_factory):
         "languages": [{"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "train": True}],
         "training": TRAINING,
         "fast_samplers": FAST,
+        "ter_samples": 16,
+        "ter_orders": 2,
+        "exact": {"length": 3, "steps": [1, 2]},
     }
     ser = {
         "num_samples": 32,
@@ -63,7 +67,8 @@ def results(tmp_path_factory):
         "lengths": [8, 16],
         "repeats": 1,
         "dual_cache_blocks": 2,
-        "equal_ter_from": "ter_vs_steps",
+        "ter_target": 0.3,
+        "steps_from": "ter_vs_steps",
     }
     outputs = {
         name: run_experiment(name, preset, out)
@@ -86,40 +91,59 @@ def test_outputs_written(results):
     chain = [r for r in outputs["ser_vs_steps"]["rows"] if r["model"] == "oracle MDM"]
     assert all(0.0 <= r["ser"] <= 1.0 and "predicted" in r for r in chain)
     wall = outputs["wallclock"]
-    equal = wall["equal_ter"]["steps"]
-    assert equal in (2, 8) and wall["equal_ter"]["num_samples"] == 32
-    models = [
-        "AR, KV cache",
-        "MDM, 4 steps",
-        f"MDM, {equal} steps (TER as AR)",
-        "MDM + dual cache (2 blocks), 4 steps",
-        f"MDM + dual cache (2 blocks), {equal} steps (TER as AR)",
-    ]
-    assert [(r["length"], r["model"]) for r in wall["rows"]] == [(n, m) for n in (8, 16) for m in models]
+    chosen = wall["steps_per_length"]
+    chain = chosen["chain (closed form, exact)"]
+    assert chain == {str(n): speed.chain_steps(n, 0.3) for n in (8, 16)}
+    for length, steps in chain.items():  # the smallest N within the target, from the closed form
+        assert ChainLanguage.predicted_ter_increase(int(length), steps) <= 0.3
+        assert ChainLanguage.predicted_ter_increase(int(length), steps - 1) > 0.3
+    measured = chosen["2-gram oracle (measured, n = 16)"]
+    for r in (r for r in ter_rows if r["model"] == "oracle MDM"):
+        qualifies = r["ter_ci_high"] <= 0.3
+        assert (measured.get(str(r["length"]), 10**9) <= r["steps"]) == qualifies or not qualifies
+    models = {r["model"] for r in wall["rows"]}
+    assert {"AR, KV cache", "MDM, 4 steps", "MDM + dual cache (2 blocks), 4 steps"} <= models
+    assert "MDM, TER within 30% (chain (closed form, exact))" in models
     for r in wall["rows"]:  # AR: one forward per token; the MDM: one per step, at most one per token
         expected = r["length"] if r["model"].startswith("AR") else min(r["steps"], r["length"])
         assert r["forwards"] == expected and r["ms_per_forward"] == pytest.approx(1000 * r["seconds"] / expected)
-    assert "| 16 | MDM + dual cache (2 blocks), 4 steps | 4 |" in (out / "wallclock.md").read_text()
+        assert r["forwards_per_token"] == expected / r["length"]
+        if r["model"].startswith("AR"):  # one new position per forward with the KV cache
+            assert r["positions_per_token"] == 1.0
+        elif "dual" not in r["model"]:  # every forward computes the whole canvas
+            assert r["positions_per_token"] == expected
+        else:  # a block's first forward refreshes the whole canvas, its later ones compute the block only
+            assert r["positions_per_token"] <= expected
+        if "chain" in r["model"]:
+            assert r["steps"] == chain[str(r["length"])]
+    # dual cache, 2 blocks of 8 in 2 steps each: a full canvas (16) then the block (8), per block: 48 / 16 tokens
+    assert "| 16 | MDM + dual cache (2 blocks), 4 steps | 4 | 0.250 | 3.00 |" in (out / "wallclock.md").read_text()
 
 
 def test_fast_samplers_rows(results):
     """Every sampler on the trained MDM, the cache-free ones on the oracle too; one token a step costs one forward
-    per token and the parallel rules fewer; the interval holds the estimate; the table compares with the baseline."""
+    and L positions per token and the parallel rules fewer forwards; the interval holds the estimate; the table
+    compares with the exact baseline and reports every cost."""
     out, outputs, _ = results
     rows = outputs["ter_vs_steps"]["fast_rows"]
+    one = "random order, 1 token/step"
     assert {(r["model"], r["sampler"]) for r in rows} == {
-        ("oracle MDM", "one token a step"),
+        ("oracle MDM", one),
         ("oracle MDM", "entropy bound 1"),
-        ("trained MDM", "one token a step"),
+        ("trained MDM", one),
         ("trained MDM", "threshold 0.5 + dual cache"),
         ("trained MDM", "entropy bound 1"),
     }
     for r in rows:
-        assert r["ci_low"] <= r["relative_increase"] <= r["ci_high"] and r["num_samples"] == 32
-        assert r["forwards_per_token"] == 1.0 if r["sampler"] == "one token a step" else r["forwards_per_token"] <= 1
+        assert r["gen_ppl_ci_low"] <= r["gen_ppl_increase"] <= r["gen_ppl_ci_high"] and r["num_samples"] == 32
+        assert r["forwards_per_token"] == 1.0 if r["sampler"] == one else r["forwards_per_token"] <= 1
+        assert r["ms_per_token"] > 0
+        if r["sampler"] == one:  # a full canvas of 8 positions per token, batch-wide
+            assert r["positions_per_token"] == 8.0
     assert any(r["forwards_per_token"] < 1 for r in rows)
     table = (out / "ter_vs_steps.md").read_text()
-    assert "| 2-gram | trained MDM | threshold 0.5 + dual cache |" in table and "change vs one token a step" in table
+    assert "| 2-gram | trained MDM | threshold 0.5 + dual cache |" in table and f"baseline: {one}" in table
+    assert "positions computed / token | wall ms / token |" in table
 
 
 def test_rerun_reuses_finished_pieces(results):
@@ -175,7 +199,7 @@ def test_median_seconds_times_each_call():
 def test_report_puts_paper_numbers_beside_ours(results):
     out, _, _ = results
     report = write_report(out).read_text()
-    assert "![TER relative increase vs steps (Theorem 4.2)](ter_vs_steps.png)" in report
+    assert "![The paper's TER vs steps (Theorem 4.2)](ter_vs_steps.png)" in report
     assert "| 2-gram | 256 | 2.72% |" in report  # the paper's table
     assert "| 8192 | 7.4 | 45.8 |" in report
     assert "oracle MDM" in report and "The quick preset" in report
@@ -242,7 +266,8 @@ def test_cli_oracle_sample_then_score(tmp_path, capsys):
     assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
     scores = json.loads(capsys.readouterr().out)
     assert scores["num_sequences"] == 64 and 0.0 <= scores["ser"] <= 0.6  # 1 - exp(-3 * 11 / (4 * 48)) = 0.16
-    assert (scores["ter"] is None) == (scores["num_out_of_support"] > 0)  # JSON has no Infinity: null, with a note
+    # JSON has no Infinity: null, with a note
+    assert (scores["generative_perplexity"] is None) == (scores["num_out_of_support"] > 0)
 
 
 def test_cli_score_writes_json_with_null_ter_outside_the_support(tmp_path, capsys):
@@ -253,14 +278,17 @@ def test_cli_score_writes_json_with_null_ter_outside_the_support(tmp_path, capsy
     assert cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang")]) == 0
     text = capsys.readouterr().out
     scores = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
-    assert scores["ter"] is None and scores["relative_increase"] is None and scores["num_out_of_support"] == 1
+    assert scores["generative_perplexity"] is None and scores["relative_increase"] is None
+    assert scores["num_out_of_support"] == 1
     assert "1 of 3 samples are outside" in scores["note"] and "--skip-out-of-support" in scores["note"]
     assert (
         cli.main(["score", "--samples", str(samples), "--language", str(tmp_path / "lang"), "--skip-out-of-support"])
         == 0
     )
     kept = json.loads(capsys.readouterr().out)
-    assert kept["ter"] == pytest.approx(2**2.5) and "note" not in kept  # 4 choices, then 2 bits per token: 2^(10/4)
+    assert (
+        kept["generative_perplexity"] == pytest.approx(2**2.5) and "note" not in kept
+    )  # 4 choices, then 2 bits per token: 2^(10/4)
 
 
 def test_cli_names_a_missing_local_model(tmp_path, capsys):
@@ -289,8 +317,8 @@ def test_wallclock_crossover_is_where_ar_stays_slower():
         row
         for n, r in ratios.items()
         for row in (
-            {"length": n, "model": "AR, KV cache", "steps": n, "seconds": r, "forwards": n, "ms_per_forward": 1.0},
-            {"length": n, "model": mdm, "steps": 4, "seconds": 1.0, "forwards": 4, "ms_per_forward": 250.0},
+            speed.row("AR, KV cache", n, n, {"seconds": r, "forwards": n, "positions": n}, 1),
+            speed.row(mdm, n, 4, {"seconds": 1.0, "forwards": 4, "positions": 4 * n}, 1),
         )
     ]
     assert crossover_length(rows, mdm) == 64 and crossover_length(rows[:4], mdm) is None
@@ -303,11 +331,12 @@ def test_wallclock_crossover_is_where_ar_stays_slower():
         "rows": rows,
         "machine": "cpu",
         "parameters": {"mdm": 1, "ar": 1},
-        "equal_ter": None,
+        "steps_per_length": {},
     }
     table = wallclock_table(result)
     assert "AR is slower than the MDM, 4 steps at every L from 64 on." in table
-    assert "| 64 | MDM, 4 steps | 4 | 250.00 | 1.000 | 2.01 |" in table
+    assert "| 64 | MDM, 4 steps | 4 | 0.062 | 4.00 | 15.625 | 250.00 | 1.000 | 2.01 |" in table
+    assert "untrained `tiny` models (1 / 1 parameters, MDM / AR" in table and "ter_target" in table
     from hf_mdm.report import _machine_against_paper
 
     assert _machine_against_paper(rows[:4], mdm, 18.0).startswith(
@@ -318,37 +347,34 @@ def test_wallclock_crossover_is_where_ar_stays_slower():
     )
 
 
-def test_equal_ter_steps_is_the_first_overlap(tmp_path):
-    from hf_mdm.experiments.speed import equal_ter_steps
+def test_steps_per_length_from_the_ter_at_each_length(tmp_path):
+    """Per L, the smallest N whose measured upper bound is within the target; a length where none is, is left out;
+    the chain's N from its closed form at every length."""
 
-    def cell(model, steps, low, high):
+    def cell(length, steps, high):
         return {
             "language": "2-gram",
-            "length": 64,
-            "model": model,
+            "length": length,
+            "model": "oracle MDM",
             "steps": steps,
-            "ci_low": low,
-            "ci_high": high,
-            "relative_increase": (low + high) / 2,
-            "num_samples": 256,
+            "ter_ci_high": high,
+            "ter_num_sequences": 64,
         }
 
-    ar = cell("trained AR", 64, -0.01, 0.02)
-    rows = [
-        ar,
-        cell("trained MDM", 32, 0.015, 0.04),
-        cell("trained MDM", 8, 0.05, 0.09),
-        cell("trained MDM", 64, 0.0, 0.03),
-    ]  # out of order: the smallest overlapping N is 32
-    (tmp_path / "ter.json").write_text(json.dumps({"rows": rows}))
-    found = equal_ter_steps(tmp_path / "ter.json")
-    assert found["steps"] == 32 and found["matched"] and found["mdm_ci"] == [0.015, 0.04]
-    (tmp_path / "ter.json").write_text(
-        json.dumps({"rows": [ar, cell("trained MDM", 8, 0.05, 0.09), cell("trained MDM", 16, 0.03, 0.05)]})
-    )
-    found = equal_ter_steps(tmp_path / "ter.json")  # no overlap: the largest N, not matched
-    assert (found["steps"], found["matched"], found["ar_ci"]) == (16, False, [-0.01, 0.02])
-    assert equal_ter_steps(tmp_path / "missing.json") is None
+    rows = [cell(32, 16, 0.009), cell(32, 4, 0.03), cell(32, 8, 0.011), cell(64, 4, 0.05), cell(64, 16, 0.02)]
+    (tmp_path / "ter_vs_steps.json").write_text(json.dumps({"rows": rows + [{**rows[0], "model": "trained MDM"}]}))
+    preset = {"lengths": [32, 64, 128], "ter_target": 0.01, "steps_from": "ter_vs_steps"}
+    chosen = speed.steps_per_length(preset, tmp_path)
+    assert chosen["2-gram oracle (measured, n = 64)"] == {"32": 16}  # out of order; nothing within 1% at L = 64
+    assert chosen["chain (closed form, exact)"] == {str(n): speed.chain_steps(n, 0.01) for n in (32, 64, 128)}
+    assert speed.chain_steps(64, 0.01) == 75  # (1 - 3/(4N))^(-63/64) - 1: 0.01008 at N = 74, 0.00994 at 75
+    assert speed.steps_per_length({"lengths": [8]}, tmp_path) == {}
+    settings = speed.mdm_settings({**preset, "mdm_steps": [512], "dual_cache_blocks": None}, chosen)
+    assert [s["model"] for s in settings] == [
+        "MDM, 512 steps",
+        "MDM, TER within 1% (chain (closed form, exact))",
+        "MDM, TER within 1% (2-gram oracle (measured, n = 64))",
+    ]
 
 
 def test_cli_dataset_build_then_train_then_sample(tmp_path, capsys):
@@ -602,7 +628,7 @@ def test_full_presets_run_end_to_end_in_miniature(tmp_path):
     """Every experiment `hf-mdm reproduce --full` runs, from its config's full preset shrunk by `miniature` (same
     keys, languages and samplers, tiny sizes), in the order reproduce runs them; every key of the preset is read."""
     from hf_mdm.cli import CONFIG_DIR, EXPERIMENT_CONFIGS
-    from hf_mdm.experiments import MINIATURE, load_preset, miniature
+    from hf_mdm.experiments import load_preset, miniature
 
     for config in EXPERIMENT_CONFIGS:
         name, full = load_preset(CONFIG_DIR / f"{config}.yaml", full=True)
@@ -612,7 +638,8 @@ def test_full_presets_run_end_to_end_in_miniature(tmp_path):
         assert sorted(set(_key_paths(full)) - read) == [], config
         assert (tmp_path / f"{name}.png").stat().st_size > 0 and result["rows"]
     wall = json.loads((tmp_path / "wallclock.json").read_text())
-    assert wall["equal_ter"]["steps"] in MINIATURE["steps"] and wall["rows"][-1]["length"] == 16
+    assert wall["steps_per_length"]["chain (closed form, exact)"].keys() == {"8", "16"}
+    assert wall["rows"][-1]["length"] == 16
     assert "| 2-gram | 8 | trained MDM |" in (tmp_path / "ter_vs_steps.md").read_text()
     assert "| hmm | 8 | trained MDM | 1 | 0.125 |" in (tmp_path / "ser_vs_steps.md").read_text()
     blocks = (tmp_path / "block_diffusion.md").read_text()

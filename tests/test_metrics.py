@@ -1,5 +1,6 @@
-"""TER and SER against hand computations: log q(x) by enumeration from the language's tables, TER, the reference
-TER(q) from the enumerated entropy, and the Wilson interval written out."""
+"""Generative perplexity and SER against hand computations: log q(x) by enumeration from the language's tables, the
+reference TER(q) from the enumerated entropy, and the Wilson interval written out. The paper's TER (the other
+direction, the language's samples scored by the model): tests/test_ter.py."""
 
 import itertools
 import math
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from hf_mdm.languages import ChainLanguage, HMMLanguage, NGramLanguage
-from hf_mdm.metrics import METRICS_DIR, SequenceErrorRate, TokenErrorRate
+from hf_mdm.metrics import METRICS_DIR, GenerativePerplexity, SequenceErrorRate
 
 LENGTH = 5
 Z_95 = 1.959963984540054  # the 0.975 quantile of the standard normal
@@ -54,7 +55,7 @@ def entropy(table) -> float:
     return -sum(p * math.log(p) for p in table.values() if p > 0)
 
 
-def hand_ter(samples, table) -> float:
+def hand_generative_perplexity(samples, table) -> float:
     return math.exp(sum(-math.log(table[tuple(x)]) / len(x) for x in samples) / len(samples))
 
 
@@ -74,58 +75,65 @@ def some_samples(language, table, num: int = 40, seed: int = 0):
 
 
 @pytest.mark.parametrize("name", sorted(LANGUAGES))
-def test_ter_equals_hand_computation(name):
+def test_generative_perplexity_equals_hand_computation(name):
     language, table = enumerate_language(name, LENGTH)
     samples, _ = some_samples(language, table)
-    result = TokenErrorRate().compute(predictions=samples, language=language)
+    result = GenerativePerplexity().compute(predictions=samples, language=language)
     reference = math.exp(entropy(table) / LENGTH)
-    assert result["ter"] == pytest.approx(hand_ter(samples, table), rel=1e-10)
-    assert result["ter_reference"] == pytest.approx(reference, rel=1e-10)
-    assert result["ter_reference_stderr"] == 0.0  # exact: enumeration for this HMM, propagation for n-grams
-    assert result["relative_increase"] == pytest.approx(hand_ter(samples, table) / reference - 1, abs=1e-10)
+    assert result["generative_perplexity"] == pytest.approx(hand_generative_perplexity(samples, table), rel=1e-10)
+    assert result["reference"] == pytest.approx(reference, rel=1e-10)
+    assert result["reference_stderr"] == 0.0  # exact: enumeration for this HMM, propagation for n-grams
+    assert result["relative_increase"] == pytest.approx(
+        hand_generative_perplexity(samples, table) / reference - 1, abs=1e-10
+    )
+    nll = [-math.log(table[tuple(x)]) / len(x) for x in samples]
+    mean = sum(nll) / len(nll)
+    half = Z_95 * math.sqrt(sum((v - mean) ** 2 for v in nll) / (len(nll) - 1) / len(nll))
+    assert result["relative_increase_ci_low"] == pytest.approx(math.exp(mean - half) / reference - 1, abs=1e-10)
+    assert result["relative_increase_ci_high"] == pytest.approx(math.exp(mean + half) / reference - 1, abs=1e-10)
     assert (result["num_out_of_support"], result["num_sequences"]) == (0, len(samples))
 
 
 @pytest.mark.parametrize("name", sorted(LANGUAGES))
-def test_ter_out_of_support_is_infinite_unless_skipped(name):
+def test_generative_perplexity_out_of_support_is_infinite_unless_skipped(name):
     language, table = enumerate_language(name, LENGTH)
     samples, impossible = some_samples(language, table)
     predictions = samples[:10] + impossible + samples[10:]
-    result = TokenErrorRate().compute(predictions=predictions, language=language)
-    assert result["ter"] == math.inf and result["relative_increase"] == math.inf
+    result = GenerativePerplexity().compute(predictions=predictions, language=language)
+    assert result["generative_perplexity"] == math.inf and result["relative_increase"] == math.inf
     assert (result["num_out_of_support"], result["num_sequences"]) == (2, len(predictions))
 
-    skipped = TokenErrorRate().compute(predictions=predictions, language=language, skip_out_of_support=True)
-    assert skipped["ter"] == pytest.approx(hand_ter(samples, table), rel=1e-10)
+    skipped = GenerativePerplexity().compute(predictions=predictions, language=language, skip_out_of_support=True)
+    assert skipped["generative_perplexity"] == pytest.approx(hand_generative_perplexity(samples, table), rel=1e-10)
     assert (skipped["num_out_of_support"], skipped["num_sequences"]) == (2, len(predictions))
 
-    none_left = TokenErrorRate().compute(predictions=impossible, language=language, skip_out_of_support=True)
-    assert math.isnan(none_left["ter"]) and none_left["num_out_of_support"] == 2
+    none_left = GenerativePerplexity().compute(predictions=impossible, language=language, skip_out_of_support=True)
+    assert math.isnan(none_left["generative_perplexity"]) and none_left["num_out_of_support"] == 2
 
 
-def test_ter_reference_with_mixed_lengths():
+def test_generative_perplexity_reference_with_mixed_lengths():
     language, table4 = enumerate_language("ngram2", 4)
     _, table5 = enumerate_language("ngram2", 5)
     short = language.sample(30, 4, torch.Generator().manual_seed(1)).tolist()
     long = language.sample(10, 5, torch.Generator().manual_seed(2)).tolist()
-    result = TokenErrorRate().compute(predictions=long + short, language=language)
+    result = GenerativePerplexity().compute(predictions=long + short, language=language)
     nll = [-math.log(table5[tuple(x)]) / 5 for x in long] + [-math.log(table4[tuple(x)]) / 4 for x in short]
-    assert result["ter"] == pytest.approx(math.exp(sum(nll) / 40), rel=1e-10)
+    assert result["generative_perplexity"] == pytest.approx(math.exp(sum(nll) / 40), rel=1e-10)
     # weighted by the number of samples of each length
     exponent = 0.75 * entropy(table4) / 4 + 0.25 * entropy(table5) / 5
-    assert result["ter_reference"] == pytest.approx(math.exp(exponent), rel=1e-10)
+    assert result["reference"] == pytest.approx(math.exp(exponent), rel=1e-10)
 
 
-def test_ter_reference_stderr_for_monte_carlo_entropy():
+def test_generative_perplexity_reference_stderr_for_monte_carlo_entropy():
     language = HMMLanguage.random(2, 3, seed=0, prune_threshold=0.2)
     length = 12  # 3**12 sequences: too many to enumerate, so expected_nll is a Monte Carlo estimate
     samples = language.sample(20, length, torch.Generator().manual_seed(0)).tolist()
-    result = TokenErrorRate().compute(predictions=samples, language=language, reference_num_samples=2000)
+    result = GenerativePerplexity().compute(predictions=samples, language=language, reference_num_samples=2000)
     estimate = language.expected_nll(length, num_samples=2000, seed=0)
     assert estimate.stderr > 0
-    assert result["ter_reference"] == pytest.approx(math.exp(estimate.value / length), rel=1e-12)
+    assert result["reference"] == pytest.approx(math.exp(estimate.value / length), rel=1e-12)
     # delta method: d exp(m) = exp(m) dm
-    assert result["ter_reference_stderr"] == pytest.approx(result["ter_reference"] * estimate.stderr / length)
+    assert result["reference_stderr"] == pytest.approx(result["reference"] * estimate.stderr / length)
 
 
 @pytest.mark.parametrize("name", sorted(LANGUAGES))
@@ -160,9 +168,9 @@ def test_language_from_a_directory_and_accumulated_batches(tmp_path):
     language, table = enumerate_language("hmm", LENGTH)
     samples, impossible = some_samples(language, table)
     language.save_pretrained(tmp_path / "language")
-    expected = TokenErrorRate().compute(predictions=samples, language=language)
-    assert TokenErrorRate().compute(predictions=samples, language=str(tmp_path / "language")) == expected
-    assert TokenErrorRate().compute(predictions=samples, language=tmp_path / "language") == expected
+    expected = GenerativePerplexity().compute(predictions=samples, language=language)
+    assert GenerativePerplexity().compute(predictions=samples, language=str(tmp_path / "language")) == expected
+    assert GenerativePerplexity().compute(predictions=samples, language=tmp_path / "language") == expected
 
     metric = SequenceErrorRate()
     for batch in (samples[:15], impossible, samples[15:]):
@@ -170,7 +178,7 @@ def test_language_from_a_directory_and_accumulated_batches(tmp_path):
     assert metric.compute(language=language)["num_out_of_support"] == 2
 
 
-@pytest.mark.parametrize("folder, cls", [("ter", TokenErrorRate), ("ser", SequenceErrorRate)])
+@pytest.mark.parametrize("folder, cls", [("generative_perplexity", GenerativePerplexity), ("ser", SequenceErrorRate)])
 def test_evaluate_load_gives_the_same_numbers(folder, cls):
     language, table = enumerate_language("ngram2", LENGTH)
     samples, impossible = some_samples(language, table)
@@ -186,7 +194,7 @@ def test_evaluate_load_gives_the_same_numbers(folder, cls):
 
 def test_metric_scripts_are_loadable_on_their_own():
     """evaluate copies the script alone and scans its imports: one module per line, no relative import."""
-    for folder in ("ter", "ser"):
+    for folder in ("ter", "generative_perplexity", "ser"):
         lines = Path(METRICS_DIR, folder, f"{folder}.py").read_text().splitlines()
         assert all("," not in line for line in lines if line.startswith("import "))
         assert not any(line.startswith("from .") for line in lines)
@@ -196,8 +204,8 @@ def test_metric_scripts_are_loadable_on_their_own():
 def test_bad_input_says_what_to_change():
     chain = ChainLanguage()
     with pytest.raises(ValueError, match="language="):
-        TokenErrorRate().compute(predictions=[[1, 4]])
+        GenerativePerplexity().compute(predictions=[[1, 4]])
     with pytest.raises(ValueError, match="empty"):
         SequenceErrorRate().compute(predictions=[[1, 4], []], language=chain)
     with pytest.raises(ValueError, match="Strip special tokens"):
-        TokenErrorRate().compute(predictions=[[1, 16]], language=chain)  # 16 is not a token of the chain language
+        GenerativePerplexity().compute(predictions=[[1, 16]], language=chain)  # 16 is not a token of the chain language

@@ -8,7 +8,7 @@ import torch
 
 from hf_mdm.generation import diffusion_generate
 from hf_mdm.languages import IMPOSSIBLE_LOGIT, ChainLanguage, HMMLanguage, NGramLanguage, OracleDenoiser
-from hf_mdm.metrics import SequenceErrorRate, TokenErrorRate
+from hf_mdm.metrics import GenerativePerplexity, SequenceErrorRate
 
 
 def all_sequences(vocab_size: int, length: int) -> torch.LongTensor:
@@ -167,11 +167,11 @@ def evaluate_ser(x: torch.LongTensor, language) -> float:
     return SequenceErrorRate().compute(predictions=x.tolist(), language=language)["ser"]
 
 
-def test_bigram_ter_increase_depends_on_steps_not_length():
-    """Theorem 4.2 with a perfect denoiser: the TER relative increase at N steps is the same for L = 32 and 128,
-    and falls as N grows (unpruned 2-gram, so every sample is in the support)."""
+def test_bigram_generative_perplexity_increase_depends_on_steps_not_length():
+    """With a perfect denoiser the generative perplexity relative increase at N steps is the same for L = 32 and
+    128, and falls as N grows (unpruned 2-gram, so every sample is in the support); the paper's TER: test_ter.py."""
     language = NGramLanguage.random(vocab_size=8, n=2, seed=0, prune_threshold=0.0)
-    oracle, metric = OracleDenoiser(language, mask_token_id=8), TokenErrorRate()
+    oracle, metric = OracleDenoiser(language, mask_token_id=8), GenerativePerplexity()
     increase = {}
     for length in (32, 128):
         for steps in (4, 16, 64):

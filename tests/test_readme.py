@@ -38,7 +38,7 @@ import json, math
 print("README-CHECKS", json.dumps({
     "loss": float(loss), "nfe": out.nfe, "sequences": list(out.sequences.shape), "llada": type(model).__name__,
     "samples": list(samples.shape), "train_rows": dataset["train"].num_rows,
-    "ter": TokenErrorRate().compute(predictions=samples.tolist(), language=language)["ter"],
+    "gen_ppl": GenerativePerplexity().compute(predictions=samples.tolist(), language=language)["generative_perplexity"],
 }))
 """
 
@@ -82,7 +82,7 @@ def test_python_blocks_run_as_written(hub_cache, tmp_path):
     checks = json.loads(result.stdout.split("README-CHECKS", 1)[1])
     assert checks["nfe"] == 16 and checks["sequences"] == [1, 35] and checks["loss"] > 0
     assert checks["llada"] == "LLaDAModelLM" and checks["samples"] == [256, 32] and checks["train_rows"] == 20_000
-    assert checks["ter"] > 1.0  # the oracle's samples are in the support (no pruning): a finite perplexity
+    assert checks["gen_ppl"] > 1.0  # the oracle's samples are in the support (no pruning): a finite perplexity
 
 
 def test_synthetic_pipeline_commands(tmp_path, monkeypatch, capsys):
@@ -100,7 +100,8 @@ def test_synthetic_pipeline_commands(tmp_path, monkeypatch, capsys):
     samples = json.loads((tmp_path / "samples.json").read_text())
     assert len(samples["samples"]) == 256 and samples["sampler"]["schedule"] == "linear"
     scores = json.loads(printed["score"])
-    assert scores["num_sequences"] == 256 and (scores["ter"] is None) == (scores["num_out_of_support"] > 0)
+    assert scores["num_sequences"] == 256
+    assert (scores["generative_perplexity"] is None) == (scores["num_out_of_support"] > 0)
 
 
 def test_tiny_model_evaluation_commands(tmp_path):

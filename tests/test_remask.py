@@ -365,3 +365,51 @@ def test_lm_eval_model_remasks_and_eta_zero_is_the_papers_sampler(tmp_path):
         answers[name], nfe[name] = results["samples"]["mdm_gsm8k"][0]["resps"], model.timing.records[0].nfe
     assert (answers["cap 0"], nfe["cap 0"]) == (answers["paper"], nfe["paper"])
     assert answers["cap 0.2"] != answers["paper"] and nfe["cap 0.2"] > nfe["paper"]
+
+
+def test_published_loop_schedule_holds_alpha_on():
+    """ReMDM-loop as published (alpha_on 0.9, window [0.05, 0.55]): for the linear schedule alpha is
+    0.9 (1 - t) / 0.45 before the window, 0.9 on it, 0.9 + 0.1 (1 - t / 0.05) after; the weight is -alpha'/(1-alpha)."""
+    from hf_mdm.generation_remask import REMDM_LOOP_PUBLISHED
+
+    on, off, a = (REMDM_LOOP_PUBLISHED[k] for k in ("remdm_t_on", "remdm_t_off", "remdm_alpha_on"))
+    loop = LoopSchedule(get_schedule("linear"), on, off, a)
+    t = torch.tensor([1.0, 0.8, 0.55, 0.3, 0.05, 0.025, 0.0], dtype=torch.float64)
+    hand = [0.0, 0.9 * 0.2 / 0.45, 0.9, 0.9, 0.9, 0.95, 1.0]
+    torch.testing.assert_close(loop.alpha(t), torch.tensor(hand, dtype=torch.float64))
+    for tt in (0.8, 0.3, 0.02):  # finite differences of alpha against the weight
+        h = 1e-6
+        slope = (loop.alpha(tt + h) - loop.alpha(tt - h)) / (2 * h)
+        assert loop.weight(tt) == pytest.approx(-slope / (1 - loop.alpha(tt)), rel=1e-5, abs=1e-9)
+
+
+def test_published_loop_runs_and_validates():
+    from hf_mdm.generation_remask import REMDM_LOOP_PUBLISHED
+    from hf_mdm.languages import ChainLanguage, OracleDenoiser
+
+    oracle = OracleDenoiser(ChainLanguage())
+    empty = torch.zeros(64, 0, dtype=torch.long)
+    out = diffusion_generate(
+        oracle,
+        empty,
+        max_new_tokens=16,
+        steps=32,
+        remdm="loop",
+        seed=0,
+        stop_at_eos=False,
+        output_history=True,
+        return_dict_in_generate=True,
+        temperature=1.0,
+        **REMDM_LOOP_PUBLISHED,
+    )
+    assert not (out.sequences == 16).any()
+    history = torch.stack(out.history)
+    assert bool(((history[:-1] != 16) & (history[1:] == 16)).any())  # some token was taken back on the window
+    with pytest.raises(ValueError, match=r"remdm_alpha_on=1.5"):
+        diffusion_generate(
+            oracle, empty, max_new_tokens=4, remdm="loop", **{**REMDM_LOOP_PUBLISHED, "remdm_alpha_on": 1.5}
+        )
+    with pytest.raises(ValueError, match=r"alpha_on=0.9: eta <= \(1 - alpha_on\) / alpha_on"):
+        diffusion_generate(oracle, empty, max_new_tokens=4, remdm="loop", **{**REMDM_LOOP_PUBLISHED, "remdm_eta": 0.2})
+    with pytest.raises(ValueError, match="read only by remdm='loop'"):
+        diffusion_generate(oracle, empty, max_new_tokens=4, remdm="cap", remdm_eta=0.1, remdm_alpha_on=0.9)

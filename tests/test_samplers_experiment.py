@@ -9,7 +9,7 @@ import yaml
 
 from hf_mdm.experiments import common, run_experiment
 from hf_mdm.experiments import samplers as samplers_module
-from hf_mdm.experiments.samplers import PAPER, paper_at, sampler_points, verdict
+from hf_mdm.experiments.samplers import LEFT_TO_RIGHT, PAPER, paper_at, sampler_points, verdict
 from hf_mdm.languages import ChainLanguage
 
 TRAINING = {
@@ -29,12 +29,20 @@ PRESET = {
     "training": TRAINING,
     "languages": [
         {"kind": "chain", "name": "chain", "metric": "ser", "lengths": [8], "train": True},
-        {"kind": "ngram", "n": 2, "vocab_size": 4, "seed": 0, "prune_threshold": 0.0, "metric": "ter", "lengths": [8]},
+        {
+            "kind": "ngram",
+            "n": 2,
+            "vocab_size": 4,
+            "seed": 0,
+            "prune_threshold": 0.0,
+            "metric": "gen_ppl",
+            "lengths": [8],
+        },
     ],
     "samplers": [
         {"name": PAPER, "transfer": "stochastic", "strategy": "random", "sweep": {"steps_over_length": [0.125, 1, 4]}},
         {"name": "threshold", "transfer": "threshold", "strategy": "confidence", "sweep": {"threshold": [0.6]}},
-        {"name": "left-to-right", "transfer": "deterministic", "strategy": "left_to_right"},
+        {"name": LEFT_TO_RIGHT, "transfer": "deterministic", "strategy": "left_to_right"},
         {"name": "speculative", "transfer": "speculative", "sweep": {"draft_length": [3]}},
     ],
 }
@@ -74,7 +82,7 @@ def test_oracle_costs_and_errors_are_exact_where_known(result):
     paper's sampler in one step reveals everything at once (1/L forwards per token) with Theorem 4.4's SER."""
     out, res = result
     rows = res["rows"]
-    l2r = _row(rows, "chain", "oracle MDM", "left-to-right")
+    l2r = _row(rows, "chain", "oracle MDM", LEFT_TO_RIGHT)
     assert l2r["ser"] == 0.0 and l2r["forwards_per_token"] == 1.0 and l2r["num_samples"] == NUM
     one_step = _row(rows, "chain", "oracle MDM", PAPER, "steps_over_length = 0.125")
     assert one_step["forwards_per_token"] == pytest.approx(1 / 8)
@@ -103,8 +111,20 @@ def test_outputs_and_verdict(result):
     for ext in ("json", "md", "png"):
         assert (out / f"samplers.{ext}").stat().st_size > 0
     text = (out / "samplers.md").read_text()
-    assert "| chain | 8 | oracle MDM | left-to-right |  | SER | 0.0000 |" in text
+    assert f"| chain | 8 | oracle MDM | {LEFT_TO_RIGHT} |  | SER | 0.0000 |" in text
     assert "- chain, L = 8, oracle MDM (SER): below:" in text and "- 2-gram, L = 8, oracle MDM" in text
+    assert "| positions computed / token | wall ms / token | canvases / token |" in text
+    for r in res["rows"]:  # a canvas of L = 8 positions per forward, batch-wide: at least one canvas per token
+        assert r["positions_per_token"] >= 8 * r["computed_per_token"] - 1e-9 and r["ms_per_token"] > 0
+    from hf_mdm.report_verdicts import sampler_verdicts
+
+    said = "\n".join(sampler_verdicts(res))
+    spec, l2r = (
+        _row(res["rows"], "chain", "oracle MDM", s, t)
+        for s, t in (("speculative", "draft_length = 3"), (LEFT_TO_RIGHT, ""))
+    )
+    assert f"chain, L = 8, oracle MDM: speculative (draft_length = 3) SER {spec['ser']:.3f}" in said
+    assert "is not resolved from" in said  # both 0 with the oracle: the same law, no difference claimed
 
 
 def test_paper_curve_is_interpolated_in_log_forwards():

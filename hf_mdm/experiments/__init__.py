@@ -7,21 +7,25 @@ trained models are kept under ``<out>/models/`` and every measured cell is cache
 one of ``EXPERIMENTS`` by name. ``load_preset`` reads a preset from a config; ``miniature`` shrinks one to a
 seconds-long run with the same keys (``presets.py``).
 
-- ``ter_vs_steps`` (``ter.py``): the TER relative increase TER(p)/TER(q) - 1 (the paper's epsilon_total) of the
-  paper's sampler (stochastic transfer, random order, linear schedule) against the number of steps N, for n-gram
-  languages at several lengths L: with the exact-posterior oracle (no learning error) and with trained MDMs, the
-  trained AR model's TER as reference (Theorem 4.2: it depends on N, not on L).
+- ``ter_vs_steps`` (``ter.py``): the paper's TER relative increase TER(p)/TER(q) - 1 (its epsilon_total,
+  TER(p) = 2^(E_{x~q}[-log2 p(x)/L])) of the paper's sampler (stochastic transfer, random order, linear schedule)
+  against the number of steps N, for n-gram languages at several lengths L: with the exact-posterior oracle (no
+  learning error) and with trained MDMs, the trained AR model's TER as reference (Theorem 4.2: it depends on N, not
+  on L); beside it the generative perplexity (``ter_cells.py``), exact values at a small L and the chain language's
+  closed form.
 - ``ser_vs_steps`` (``ser.py``): the sequence error rate against N for a pruned HMM and for the Theorem 4.4 chain
   language, oracle and trained MDM, AR as reference, plus SER against N/L for several L (Theorem 4.4: one curve).
-- ``samplers`` (``samplers.py``): beyond Theorem 4.4, SER and TER against sequential forwards per token for the
+- ``samplers`` (``samplers.py``): beyond Theorem 4.4, SER and generative perplexity against sequential forwards per
+  token for the
   paper's sampler and the others (confidence, threshold, entropy bound, remasking, speculative decoding,
   left-to-right), oracle everywhere and trained MDMs where the other experiments train them, with a verdict.
-- ``block_diffusion`` (``blocks.py``): block diffusion between AR (b = 1) and the paper's MDM (b = L): SER and TER
-  of block-wise sampling with the oracle against sequential forwards and positions computed per token (with the
-  exact block cache), the chain language's closed form beside it.
-- ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at fixed step counts (the paper's 512, and
-  the steps where its TER matched AR's in ``ter_vs_steps``) and with the same-size AR model decoding with its KV
-  cache, as L grows, with the forwards of each and the cost of one (timed with ``hf_mdm.timer.Stopwatch``).
+- ``block_diffusion`` (``blocks.py``): block diffusion between AR (b = 1) and the paper's MDM (b = L): SER and
+  generative perplexity of block-wise sampling with the oracle against sequential forwards and positions computed
+  per token (with the exact block cache), the chain language's closed form beside it.
+- ``wallclock`` (``speed.py``): seconds to generate a batch with an MDM at fixed step counts (the paper's 512) and
+  at N chosen per L from the paper's TER at that L (within a target of the optimum), and with the same-size AR model
+  decoding with its KV cache, as L grows, with the forwards of each and the cost of one (warm-up, medians of
+  interleaved repeats, timed with ``hf_mdm.timer.Stopwatch``).
 
 What they share is in ``common.py`` (the cell cache, languages from preset entries through
 ``hf_mdm.languages.build_language``, ``sample_mdm`` / ``sample_ar``, trained models, rows and outputs) and

@@ -38,7 +38,7 @@ from .common import CellCache, experiment_result, language_name, language_parame
 from .fast import active_steps, generate_batches
 from .plotting import pyplot, save_figure
 from .ser import ser_cell
-from .ter import ter_cell
+from .ter_cells import gen_ppl_cell
 
 #: The paper's sampler, run block by block.
 PAPER = "paper (stochastic, random)"
@@ -119,8 +119,8 @@ def generate_settings(block: int, length: int, settings: dict) -> dict:
 
 
 def measure(model: Any, language: Any, length: int, block: int, settings: dict, preset: dict) -> dict:
-    """One point: ``preset["num_samples"]`` samples at temperature 1, their SER and TER with 95% intervals, the
-    sequential forwards per token and the positions computed per token with the exact block cache."""
+    """One point: ``preset["num_samples"]`` samples at temperature 1, their SER and generative perplexity with 95%
+    intervals, the sequential forwards per token and the positions computed per token with the exact block cache."""
     num, fields = preset["num_samples"], generate_settings(block, length, settings)
     samples, forwards, canvases = [], [], 0.0
     for out in generate_batches(model, num, length, preset.get("seed", 0), fields, preset.get("batch_size", 256)):
@@ -131,14 +131,14 @@ def measure(model: Any, language: Any, length: int, block: int, settings: dict, 
     samples, forwards = torch.cat(samples), torch.cat(forwards)
     per_row = canvases / num if canvases else float(forwards.mean())
     ser = ser_cell(language, samples)
-    ter = ter_cell(language, samples)
+    gen_ppl = gen_ppl_cell(language, samples)
     return {
         "block_size": block,
         "steps": fields.get("steps"),
         **ser,
-        "ter_relative_increase": ter["relative_increase"],
-        "ter_ci_low": ter["ci_low"],
-        "ter_ci_high": ter["ci_high"],
+        "gen_ppl_increase": gen_ppl["gen_ppl_increase"],
+        "gen_ppl_ci_low": gen_ppl["gen_ppl_ci_low"],
+        "gen_ppl_ci_high": gen_ppl["gen_ppl_ci_high"],
         "forwards_per_token": float(forwards.mean()) / length,
         "positions_per_token": positions_per_token(length, block, per_row),
         "num_samples": num,
@@ -190,7 +190,8 @@ def setup_lines(preset: dict) -> list[str]:
         "",
         f"Languages: {languages}. Model: the exact-posterior oracle (a perfect block diffusion model). Every point: "
         f"{preset['num_samples']} sequences drawn at temperature 1 from the empty prompt, seeded, in blocks of b "
-        "positions decoded left to right; SER and TER relative increase with 95% intervals (Wilson for SER). "
+        "positions decoded left to right; SER and generative perplexity relative increase GenPPL(p)/TER(q) - 1 "
+        "(the samples scored by the language; not the paper's TER) with 95% intervals (Wilson for SER). "
         "Costs: sequential forwards per token (a row's own forwards, over L) and positions computed per token "
         "with the exact block cache of a block-causal model.",
         "",
@@ -200,7 +201,7 @@ def setup_lines(preset: dict) -> list[str]:
 def blocks_table(rows: list[dict]) -> str:
     """Markdown: one line per point."""
     lines = [
-        "| language | L | sampler | b | steps (all blocks) | SER | 95% CI | predicted | TER rel. increase | 95% CI "
+        "| language | L | sampler | b | steps (all blocks) | SER | 95% CI | predicted | GenPPL(p)/TER(q) - 1 | 95% CI "
         "| sequential forwards / token | positions / token |",
         "| --- " * 12 + "|",
     ]
@@ -209,7 +210,7 @@ def blocks_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['language']} | {r['length']} | {r['sampler']} | {r['block_size']} | {r['steps'] or ''} | "
             f"{r['ser']:.3f} | [{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}] | {predicted} | "
-            f"{r['ter_relative_increase']:+.4f} | [{r['ter_ci_low']:+.4f}, {r['ter_ci_high']:+.4f}] | "
+            f"{r['gen_ppl_increase']:+.4f} | [{r['gen_ppl_ci_low']:+.4f}, {r['gen_ppl_ci_high']:+.4f}] | "
             f"{r['forwards_per_token']:.3f} | {r['positions_per_token']:.2f} |"
         )
     return "\n".join(lines) + "\n"

@@ -6,7 +6,8 @@ Part of the ``block_diffusion`` experiment (`hf_mdm.experiments.blocks` measures
 - quality: per language, an AR model, the bidirectional MDM (b = L) and one block diffusion model per entry of
   ``block_sizes`` (block-causal attention, BD3-LM's objective), all of one size, trained on the same seeded sample
   of the language at ``length``; each diffusion model sampled with the paper's sampler block by block (its own
-  block size, the exact block cache) at each of ``steps_per_block``; SER and TER with 95% intervals and the costs of
+  block size, the exact block cache) at each of ``steps_per_block``; SER and generative perplexity (the samples scored by the language, not the
+  paper's TER) with 95% intervals and the costs of
   `hf_mdm.experiments.blocks` (sequential forwards and positions computed per token).
 - time (``timing``): untrained models of one size at each length of ``lengths``, one sequence from the empty prompt:
   AR with its KV cache (one forward per token), the MDM and each block size revealing each of ``tokens_per_forward``
@@ -27,11 +28,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation import diffusion_generate
-from ..timer import interleaved_medians
 from .common import CellCache, language_name, make_language, sample_ar, trained_model
 from .ser import ser_cell
-from .speed import untrained_models
-from .ter import ter_cell
+from .speed import timed_together, untrained_models
+from .ter_cells import gen_ppl_cell
 
 AR = "AR (KV cache)"
 PAPER_SAMPLER = {"transfer": "stochastic", "strategy": "random"}
@@ -93,12 +93,10 @@ def _key(what: str, language: str, section: dict, entry: dict) -> str:
 
 def _ar_cell(model: Any, language: Any, section: dict) -> dict:
     samples = sample_ar(model, section["num_samples"], section["length"], seed=section.get("seed", 0))
-    ter = ter_cell(language, samples)
+    gen_ppl = gen_ppl_cell(language, samples)
     return {
         **ser_cell(language, samples),
-        "ter_relative_increase": ter["relative_increase"],
-        "ter_ci_low": ter["ci_low"],
-        "ter_ci_high": ter["ci_high"],
+        **{k: gen_ppl[k] for k in ("gen_ppl_increase", "gen_ppl_ci_low", "gen_ppl_ci_high")},
         "forwards_per_token": 1.0,
         "positions_per_token": 1.0,  # the KV cache: each forward computes the new token only
         "num_samples": section["num_samples"],
@@ -142,43 +140,23 @@ def timing_rows(timing: dict, cache: CellCache) -> list[dict]:
 
 
 def _time_length(mdm: Any, ar: Any, length: int, timing: dict, device: torch.device) -> list[dict]:
-    """Every model at ``length``, timed together: AR, then the MDM and each block size at each number of tokens
-    revealed per forward (``tokens_per_forward``: ``b / k`` steps per block)."""
-    runs, counted = {AR: _ar_run(ar, length, timing["vocab_size"], device)}, {AR: ar}
+    """Every model at ``length``, timed together (`speed.timed_together`: a counted warm-up, then interleaved
+    rounds): AR, then the MDM and each block size at each number of tokens revealed per forward
+    (``tokens_per_forward``: ``b / k`` steps per block)."""
+    runs = {AR: (_ar_run(ar, length, timing["vocab_size"], device), ar, length)}
     for block in block_sizes({**timing, "length": length}):
         model = copy.deepcopy(mdm)  # the same weights, block-causal attention over blocks of b (b = L: the MDM)
         model.config.block_size = None if block == length else block
         for k in timing["tokens_per_forward"]:
             label = "MDM (b = L)" if block == length else model_label(block, length)
-            name = f"{label}, {k} token{'s' if k > 1 else ''} / forward"
             steps = max(1, block // k) * (length // block)
-            runs[name], counted[name] = _mdm_run(model, length, block, steps, device), model
-    calls = {name: 0 for name in runs}
-    current = {"name": AR}
-    models = {id(m): m for m in counted.values()}.values()
-    hooks = [
-        m.register_forward_hook(lambda *_: calls.__setitem__(current["name"], calls[current["name"]] + 1))
-        for m in models
-    ]
-    try:
-        seconds = interleaved_medians({n: _tagged(fn, n, current) for n, fn in runs.items()}, timing["repeats"], device)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    rounds = timing["repeats"] + 1  # the warm-up round counts too
-    return [
-        {"length": length, "model": name, "seconds": seconds[name], "forwards": calls[name] / rounds} for name in runs
-    ]
-
-
-def _tagged(fn: Callable[[], Any], name: str, current: dict) -> Callable[[], Any]:
-    """``fn`` that first names itself as the run whose forwards are being counted."""
-
-    def run() -> Any:
-        current["name"] = name
-        return fn()
-
-    return run
+            runs[f"{label}, {k} token{'s' if k > 1 else ''} / forward"] = (
+                _mdm_run(model, length, block, steps, device),
+                model,
+                steps,
+            )
+    cells = timed_together(runs, timing["repeats"], device)
+    return [{"length": length, "model": name, **cell} for name, cell in cells.items()]
 
 
 def _ar_run(ar: Any, length: int, vocab: int, device: torch.device) -> Callable[[], Any]:
@@ -216,7 +194,7 @@ def _mdm_run(model: Any, length: int, block: int, steps: int, device: torch.devi
 def trained_table(rows: list[dict]) -> str:
     """Markdown: the trained models' points, then their validation NLL."""
     lines = [
-        "| language | L | model | steps per block | SER | 95% CI | TER rel. increase | 95% CI "
+        "| language | L | model | steps per block | SER | 95% CI | GenPPL(p)/TER(q) - 1 | 95% CI "
         "| sequential forwards / token | positions / token |",
         "| --- " * 10 + "|",
     ]
@@ -224,8 +202,8 @@ def trained_table(rows: list[dict]) -> str:
         per_block = r["steps"] * r["block_size"] // r["length"] if r["model"] != AR else 1
         lines.append(
             f"| {r['language']} | {r['length']} | {r['model']} | {per_block} | {r['ser']:.3f} | "
-            f"[{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}] | {r['ter_relative_increase']:+.4f} | "
-            f"[{r['ter_ci_low']:+.4f}, {r['ter_ci_high']:+.4f}] | {r['forwards_per_token']:.3f} | "
+            f"[{r['ser_ci_low']:.3f}, {r['ser_ci_high']:.3f}] | {r['gen_ppl_increase']:+.4f} | "
+            f"[{r['gen_ppl_ci_low']:+.4f}, {r['gen_ppl_ci_high']:+.4f}] | {r['forwards_per_token']:.3f} | "
             f"{r['positions_per_token']:.2f} |"
         )
     lines += [
@@ -253,12 +231,13 @@ def timing_table(rows: list[dict]) -> str:
 #: The quality metrics of the findings: (row key, interval keys, name).
 METRICS = (
     ("ser", ("ser_ci_low", "ser_ci_high"), "SER"),
-    ("ter_relative_increase", ("ter_ci_low", "ter_ci_high"), "TER"),
+    ("gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), "generative perplexity (GenPPL(p)/TER(q) - 1)"),
 )
 
 
 def trained_findings(rows: list[dict], timing: list[dict]) -> str:
-    """Sentences computed from the rows: per language and metric (SER; TER where AR's is finite), AR's value and per
+    """Sentences computed from the rows: per language and metric (SER; generative perplexity where AR's is
+    finite), AR's value and per
     model the cheapest point whose interval overlaps AR's (or that none does); per timed model the lengths from
     which it is faster than AR."""
     lines = []
@@ -270,7 +249,7 @@ def trained_findings(rows: list[dict], timing: list[dict]) -> str:
                 lines.append(f"- {language}: every sequence is valid, SER is 0 for every model and setting.")
                 continue
             if not math.isfinite(ar[key]):
-                continue  # TER of samples outside the language's support
+                continue  # generative perplexity of samples outside the language's support
             lines.append(
                 f"- {language}, {name}: AR's {ar[key]:.3f} [{ar[low]:.3f}, {ar[high]:.3f}] ({ar['num_samples']} samples)."
             )
@@ -293,7 +272,7 @@ def _as_good_as(ar: dict, points: list[dict], key: str, interval: tuple[str, str
         )
     p = matched[0]
     return (
-        f"{name} {p[key]:.3f} [{p[low]:.3f}, {p[high]:.3f}], its interval overlapping AR's, from "
+        f"{name} {p[key]:.3f} [{p[low]:.3f}, {p[high]:.3f}], its interval overlapping AR's (no difference resolved), from "
         f"{p['forwards_per_token']:.3f} sequential forwards / token ({p['positions_per_token']:.2f} positions / token)."
     )
 

@@ -1,14 +1,19 @@
-"""What fast sampling costs on the synthetic languages: KV caches and parallel decoding, measured exactly.
+"""What fast sampling costs on the synthetic languages: KV caches and parallel decoding, against the exact language.
 
 Fast-dLLM's block caches (``kv_cache="prefix"`` / ``"dual"``) approximate the network's output; threshold and
-entropy-bound decoding reveal several tokens per forward. On a synthetic language the cost of each is exact to
-measure: the TER and SER of its samples against the true language, next to the same sampler without the speed-up.
+entropy-bound decoding reveal several tokens per forward. On a synthetic language the cost of each is measured
+against the language's exact likelihood: the generative perplexity and SER of its samples (estimates from
+``num_samples`` samples, with 95% intervals), next to the same sampler without the speed-up.
 A preset's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_steps.yaml``) lists the samplers, as
 `MaskedDiffusionGenerationConfig` fields, run at ``train_length`` in blocks of ``block_length`` at temperature 1
-(samples, not argmax, so that TER and SER measure the distribution). Every sampler runs on the trained MDM;
-those without a cache also on the exact-posterior oracle (which has no keys/values), where the difference to the
-one-token-a-step row is the parallel rule's own cost, free of learning error. Each row reports the mean forwards
-per token of a row (the steps in which it revealed something, over L). Cells are cached with the experiment's.
+(samples, not argmax, so that generative perplexity and SER measure the distribution). Every sampler runs on the
+trained MDM; those without a cache also on the exact-posterior oracle (which has no keys/values), where the
+difference to the one-token-a-step row is the parallel rule's own cost, free of learning error. Sampler names say
+their order and transfer rule. The table's baseline (``fast_samplers.baseline``) is an exact sampler: random order, one token a
+step, whose law with the oracle is the language itself (any order of exact conditionals is the chain rule). Every
+row reports its costs on the same three axes: sequential forwards per token (the steps in which a row revealed
+something, over L), positions computed per token (rows x positions of every forward, over the tokens generated)
+and wall-clock milliseconds per token (this machine, batches of 256). Cells are cached with the experiment's.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -26,8 +32,12 @@ from ..generation import diffusion_generate
 from ..languages import OracleDenoiser
 from .common import CellCache, _device, language_name, lazy_pair, make_language
 
-#: Forwards per row and sample counts are reported with each cell.
-FAST_COLUMNS = ("forwards_per_token",)
+#: The costs of each cell, and their names in tables.
+FAST_COSTS = {
+    "forwards_per_token": "sequential forwards / token",
+    "positions_per_token": "positions computed / token",
+    "ms_per_token": "wall ms / token",
+}
 
 
 def fast_rows(preset: dict, out: Path, cache: CellCache, score: Callable[[Any, torch.Tensor], dict]) -> list[dict]:
@@ -71,12 +81,8 @@ def _cell_key(model: str, language: str, length: int, section: dict, sampler: di
 
 def _measure(model: Any, language: Any, preset: dict, section: dict, sampler: dict, score) -> dict:
     settings = {k: v for k, v in sampler.items() if k != "name"}
-    samples, forwards = sample_with(model, preset["num_samples"], preset["train_length"], section, settings)
-    return {
-        **score(language, samples),
-        "forwards_per_token": forwards / preset["train_length"],
-        "num_samples": int(samples.shape[0]),
-    }
+    samples, costs = sample_with(model, preset["num_samples"], preset["train_length"], section, settings)
+    return {**score(language, samples), **costs, "num_samples": int(samples.shape[0])}
 
 
 def generate_batches(
@@ -102,15 +108,25 @@ def generate_batches(
 
 def sample_with(
     model: Any, num: int, length: int, section: dict, settings: dict, batch_size: int = 256
-) -> tuple[torch.Tensor, float]:
+) -> tuple[torch.Tensor, dict[str, float]]:
     """``num`` samples of ``length`` tokens drawn with ``settings`` (default ``steps=None``) at temperature 1 in
-    blocks of ``section["block_length"]``, and the mean number of forwards in which a row revealed something."""
+    blocks of ``section["block_length"]``, and their costs per token generated (`FAST_COSTS`): a row's mean
+    forwards in which it revealed something, the positions the forwards computed, the wall-clock milliseconds."""
     settings = {**settings, "block_length": section.get("block_length")}
-    samples, forwards = [], []
-    for out in generate_batches(model, num, length, section.get("seed", 0), settings, batch_size):
+    samples, forwards, positions = [], [], 0
+    batches = generate_batches(model, num, length, section.get("seed", 0), settings, batch_size)
+    start = time.perf_counter()
+    for out in batches:
         samples.append(out.sequences.cpu())
         forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
-    return torch.cat(samples), float(torch.cat(forwards).float().mean())
+        positions += int(out.forward_tokens)
+    seconds = time.perf_counter() - start
+    tokens = num * length
+    return torch.cat(samples), {
+        "forwards_per_token": float(torch.cat(forwards).float().mean()) / length,
+        "positions_per_token": positions / tokens,
+        "ms_per_token": 1000 * seconds / tokens,
+    }
 
 
 def active_steps(history: tuple, mask_id: int) -> torch.Tensor:
@@ -120,36 +136,29 @@ def active_steps(history: tuple, mask_id: int) -> torch.Tensor:
     return revealed.any(-1).sum(0)
 
 
-def ter_interval(language: Any, samples: torch.Tensor, reference: float) -> tuple[float, float]:
-    """95% interval of the TER relative increase: exp(mean -log q(x)/L +- 1.96 standard errors) / TER(q) - 1
-    (infinite when a sample is outside the support)."""
-    nll = -language.log_prob(samples).double() / samples.shape[1]
-    if not bool(torch.isfinite(nll).all()):
-        return math.inf, math.inf
-    half = 1.96 * float(nll.std()) / math.sqrt(nll.numel()) if nll.numel() > 1 else 0.0
-    mean = float(nll.mean())
-    return math.exp(mean - half) / reference - 1.0, math.exp(mean + half) / reference - 1.0
-
-
 def fast_table(rows: list[dict], preset: dict, value: str, interval: tuple[str, str], label: str) -> str:
-    """Markdown: one line per fast-sampling row: the metric with its 95% interval, forwards per token, and the
-    change against the preset's ``fast_samplers.baseline`` sampler of the same language and model."""
+    """Markdown: one line per fast-sampling row: the metric with its 95% interval, the costs (`FAST_COSTS`), and
+    the change against the preset's ``fast_samplers.baseline`` sampler (an exact one) of the same language and
+    model."""
     if not rows:
         return ""
-    baseline = preset["fast_samplers"].get("baseline")
+    baseline = preset["fast_samplers"]["baseline"]
     base = {(r["language"], r["model"]): r[value] for r in rows if r["sampler"] == baseline}
     lines = [
         "",
-        f"Fast sampling at L = {rows[0]['length']} (temperature 1, {rows[0]['num_samples']} samples per row):",
+        f"Fast sampling at L = {rows[0]['length']} (temperature 1, blocks of "
+        f"{preset['fast_samplers'].get('block_length')}, {rows[0]['num_samples']} samples per row); {label}; "
+        f"baseline: {baseline} (exact with the oracle: its law is the language's).",
         "",
-        f"| language | model | sampler | {label} | 95% CI | forwards / token | change vs {baseline} |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"| language | model | sampler | value | 95% CI | {' | '.join(FAST_COSTS.values())} | change vs baseline |",
+        "| --- " * (6 + len(FAST_COSTS)) + "|",
     ]
     for r in rows:
         ref = base.get((r["language"], r["model"]))
         change = f"{r[value] - ref:+.4f}" if ref is not None and math.isfinite(r[value]) else ""
+        costs = " | ".join(f"{r[k]:.3f}" if k in r else "" for k in FAST_COSTS)
         lines.append(
             f"| {r['language']} | {r['model']} | {r['sampler']} | {r[value]:.4f} | "
-            f"[{r[interval[0]]:.4f}, {r[interval[1]]:.4f}] | {r['forwards_per_token']:.3f} | {change} |"
+            f"[{r[interval[0]]:.4f}, {r[interval[1]]:.4f}] | {costs} | {change} |"
         )
     return "\n".join(lines) + "\n"

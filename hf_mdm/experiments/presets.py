@@ -25,6 +25,9 @@ MINIATURE = {
     "block_sizes": [1, 4, 16],
     "steps_per_block": [1, 4],
     "length": 8,
+    "ter_samples": 16,
+    "ter_orders": 2,
+    "exact": {"length": 3, "steps": [1, 2]},
 }
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {

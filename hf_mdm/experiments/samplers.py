@@ -1,11 +1,13 @@
-"""Beyond Theorem 4.4: which samplers beat the paper's on sequence error at equal sequential forwards, measured exactly.
+"""Beyond Theorem 4.4: which samplers beat the paper's on sequence error at equal sequential forwards, with the oracle.
 
 The paper's sampler (stochastic transfer, random order) needs a number of steps N growing with L to keep the
 sequence error rate low (Theorem 4.4). Other samplers spend their forwards differently: confidence ordering,
 threshold and entropy-bound decoding (several tokens a forward where the model is sure), remasking (ReMDM:
 revealed tokens can be masked again and predicted anew) and exact speculative decoding (the left-to-right
 factorisation, drafted from the marginals of the previous forward and verified in one batched forward). On a
-synthetic language their cost is exact to measure: SER and TER of their samples against the true language, with
+synthetic language their cost is measured against the language's exact likelihood: SER and generative perplexity
+of their samples (the samples scored by the language; the paper's TER needs the sampler's law, known for the
+paper's sampler only: `hf_mdm.sampler_likelihood`), with
 the exact-posterior oracle (no learning error) and with trained MDMs.
 
 A preset (``evaluation/configs/samplers.yaml``) lists languages, each with its ``metric`` (``ser`` or ``ter``) and
@@ -23,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +46,19 @@ from .common import (
 from .fast import active_steps, generate_batches
 from .plotting import pyplot, save_figure
 from .ser import ser_cell
-from .ter import ter_cell
+from .ter_cells import gen_ppl_cell
 
 #: Keys of a language entry that are this experiment's, not the language's.
 ENTRY_FIELDS = ("metric", "lengths")
 #: The cell of each metric: samples -> values with a 95% interval, and the names of value / interval keys.
 METRICS = {
     "ser": (ser_cell, "ser", ("ser_ci_low", "ser_ci_high"), "SER"),
-    "ter": (ter_cell, "relative_increase", ("ci_low", "ci_high"), "TER(p)/TER(q) - 1"),
+    "gen_ppl": (gen_ppl_cell, "gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), "GenPPL(p)/TER(q) - 1"),
 }
 #: The sampler every other is compared with (its ``name`` in the preset).
 PAPER = "paper (stochastic, random)"
+#: The exact sampler whose law speculative decoding keeps (its ``name`` in the preset).
+LEFT_TO_RIGHT = "left-to-right, 1 token/step"
 
 
 def compare_samplers(preset: dict, out: Path) -> dict[str, Any]:
@@ -150,21 +155,27 @@ def _cell_key(model: str, language: str, length: int, preset: dict, settings: di
 def measure(
     model: Any, language: Any, metric: str, length: int, settings: dict, preset: dict, batch_size: int = 256
 ) -> dict:
-    """One point: ``preset["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with the
-    sequential forwards per token and (where the sampler computes several canvases a forward) computed rows per
-    token, and tokens accepted per round for speculative decoding."""
+    """One point: ``preset["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with its costs
+    per token on the same axes as every table: sequential forwards, positions computed (rows x positions of every
+    forward) and wall-clock milliseconds (this machine, batches of ``batch_size``); the canvases computed per token
+    and, for speculative decoding, the tokens accepted per round."""
     num = preset["num_samples"]
-    samples, forwards, computed, accepted = [], [], 0.0, []
+    samples, forwards, computed, positions, accepted = [], [], 0.0, 0.0, []
+    start = time.perf_counter()
     for out in generate_batches(model, num, length, preset.get("seed", 0), settings, batch_size):
         samples.append(out.sequences.cpu())
         forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
         computed += float(out.forward_rows)
+        positions += float(out.forward_tokens)
         if getattr(out, "accepted_per_round", None) is not None:
             accepted.append(out.accepted_per_round.float().cpu())
+    seconds = time.perf_counter() - start
     cell = METRICS[metric][0](language, torch.cat(samples))
     cell.update(
         forwards_per_token=float(torch.cat(forwards).double().mean()) / length,
         computed_per_token=computed / (num * length),
+        positions_per_token=positions / (num * length),
+        ms_per_token=1000 * seconds / (num * length),
         num_samples=num,
     )
     if accepted:
@@ -180,15 +191,16 @@ def samplers_table(rows: list[dict]) -> str:
     """Markdown: one line per point, grouped by language, length and model."""
     lines = [
         "| language | L | model | sampler | setting | metric | value | 95% CI | sequential forwards / token "
-        "| computed rows / token | accepted / round |",
-        "| --- " * 11 + "|",
+        "| positions computed / token | wall ms / token | canvases / token | accepted / round |",
+        "| --- " * 13 + "|",
     ]
     for r in rows:
         _, value, (low, high), label = METRICS[r["metric"]]
         accepted = f"{r['accepted_per_round']:.2f}" if "accepted_per_round" in r else ""
+        costs = " | ".join(f"{r[k]:.3f}" if k in r else "" for k in ("positions_per_token", "ms_per_token"))
         lines.append(
             f"| {r['language']} | {r['length']} | {r['model']} | {r['sampler']} | {r['setting']} | {label} | "
-            f"{r[value]:.4f} | [{r[low]:.4f}, {r[high]:.4f}] | {r['forwards_per_token']:.3f} | "
+            f"{r[value]:.4f} | [{r[low]:.4f}, {r[high]:.4f}] | {r['forwards_per_token']:.3f} | {costs} | "
             f"{r['computed_per_token']:.3f} | {accepted} |"
         )
     return "\n".join(lines) + "\n"
@@ -216,7 +228,8 @@ def verdict(rows: list[dict]) -> str:
         "Against the paper's sampler at equal sequential forwards per token (its curve interpolated in log "
         "forwards; *below* / *above*: the point's 95% interval lies entirely below / above the paper's there; "
         "past the paper's last point, a point counts as above when it lies above that point, which spent fewer "
-        "forwards). For SER below is better. For TER, below 0 means samples more likely than the language's own "
+        "forwards). For SER below is better. For generative perplexity (GenPPL(p)/TER(q) - 1, the samples scored by "
+        "the language, not the paper's TER), below 0 means samples more likely than the language's own "
         "(a mode-seeking, lower-entropy distribution), so below the paper's is not a better fit of the language: "
         "it is the cost in diversity."
     ]
@@ -238,7 +251,8 @@ def verdict(rows: list[dict]) -> str:
 
 def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
     """One line per sampler: the oracle SER ``panels`` (group -> `_compared`) where some point lies below / above
-    the paper's sampler, the forwards per token of its points there, and the range of its TER relative increase."""
+    the paper's sampler, the forwards per token of its points there, and the range of its generative perplexity
+    relative increase."""
     lines = []
     for name in dict.fromkeys(r["sampler"] for r in rows if r["sampler"] != PAPER):
         sides = [
@@ -246,9 +260,9 @@ def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
             for i in (0, 1)
         ]
         ter = [
-            r["relative_increase"]
+            r["gen_ppl_increase"]
             for r in rows
-            if r["sampler"] == name and r["metric"] == "ter" and r["model"] == "oracle MDM"
+            if r["sampler"] == name and r["metric"] == "gen_ppl" and r["model"] == "oracle MDM"
         ]
         forwards = [r["forwards_per_token"] for r in rows if r["sampler"] == name and _group(r) in panels]
         if not forwards:
@@ -256,7 +270,7 @@ def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
         lines.append(
             f"- **{name}** (SER, oracle): below the paper's on {', '.join(sides[0]) or 'no panel'}; above on "
             f"{', '.join(sides[1]) or 'no panel'}; {min(forwards):.2f}-{max(forwards):.2f} forwards / token"
-            + (f"; TER relative increase {min(ter):+.3f} to {max(ter):+.3f}" if ter else "")
+            + (f"; GenPPL(p)/TER(q) - 1 from {min(ter):+.3f} to {max(ter):+.3f}" if ter else "")
             + "."
         )
     return lines
@@ -323,7 +337,7 @@ def plot_samplers(rows: list[dict], path: Path) -> None:
     save_figure(
         fig,
         path,
-        "Samplers at equal sequential forwards (oracle, solid: exact; trained MDM, dashed)",
+        "Samplers at equal sequential forwards (oracle: solid; trained MDM: dashed)",
         bottom=0.04 * math.ceil(len(handles) / 4) / axes.shape[0],
     )
 

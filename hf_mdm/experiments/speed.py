@@ -2,20 +2,27 @@
 
 ``wallclock`` times one batch at each length L of ``preset["lengths"]``: the same-size AR model (Llama) decoding
 with its KV cache (L forwards of one new token each), and the MDM at each step count of ``preset["mdm_steps"]``
-(the paper's 512) and, with ``equal_ter_from``, at the steps where the trained MDM's TER matched the trained AR's
-in that experiment's results (``equal_ter_steps``; Theorem 4.2: those steps do not grow with L). The MDM does
+(the paper's 512) and at N chosen *per L* from the paper's TER at that L (`steps_per_length`): the smallest N
+whose TER relative increase is within ``ter_target`` of the optimum, from the chain language's closed form (exact,
+every L) and, with ``steps_from``, from the oracle's measured TER in that experiment's results (upper 95% bound
+within the target; only at the lengths it measured: an L without a measurement is not timed). The MDM does
 min(N, L) forwards of the whole sequence (steps that would reveal nothing are skipped). With
 ``dual_cache_blocks``, every MDM setting is timed again with Fast-dLLM's dual KV cache in that many blocks
 (``hf_mdm.kv_cache``). The models are untrained: the time does not depend on the weights.
 
-Each row holds the median seconds of ``repeats`` runs (``hf_mdm.timer.Stopwatch``, the device synchronised at both
-ends), the forwards of one run (counted by a forward hook) and the milliseconds per forward (their quotient), so a
-crossover reads as forwards x cost per forward. Writes ``wallclock.{json,md,png}``; cells are cached in
-``<out>/cache/wallclock.json`` keyed on the model, L, the batch size, the steps and the device type.
+At each L every setting runs once untimed (warm-up), then ``repeats`` rounds time each setting once in turn
+(interleaved, so a slow spell of a shared machine hits them alike); a row holds the median seconds
+(``hf_mdm.timer.Stopwatch``, the device synchronised at both ends), the forwards of one run (counted by a forward
+hook, with the positions they computed) and the milliseconds per forward (their quotient), so a crossover reads as
+forwards x cost per forward; every row also gives its costs per token on the axes of the other tables: sequential
+forwards, positions computed and wall milliseconds.
+Writes ``wallclock.{json,md,png}``; cells are cached in ``<out>/cache/wallclock.json`` keyed on L, the batch
+size, the settings and the device type.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import statistics
 from pathlib import Path
@@ -25,11 +32,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation import diffusion_generate
-from ..timer import Stopwatch
+from ..languages import ChainLanguage
+from ..timer import Stopwatch, interleaved_medians
 from .common import CellCache, experiment_result, write_outputs
 from .plotting import pyplot, save_figure
 
 AR_MODEL = "AR, KV cache"
+#: The source of the exact per-length steps.
+CHAIN_SOURCE = "chain (closed form, exact)"
 
 
 @torch.no_grad()
@@ -38,15 +48,15 @@ def wallclock(preset: dict, out: Path) -> dict[str, Any]:
     cache = CellCache(out / "cache" / "wallclock.json")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     mdm, ar = untrained_models(preset, device)
-    equal = equal_ter_steps(out / f"{preset['equal_ter_from']}.json") if preset.get("equal_ter_from") else None
-    settings = mdm_settings(preset, equal)
+    chosen = steps_per_length(preset, out)
+    settings = mdm_settings(preset, chosen)
     rows: list[dict] = []
     for length in tqdm(preset["lengths"], desc="wall-clock", leave=False):
         rows += timing_rows(mdm, ar, length, preset, settings, cache, device)
     parameters = {"mdm": sum(p.numel() for p in mdm.parameters()), "ar": sum(p.numel() for p in ar.parameters())}
     crossovers = {s["model"]: crossover_length(rows, s["model"]) for s in settings}
     result = experiment_result(
-        "wallclock", preset, rows, crossover_length=crossovers, parameters=parameters, equal_ter=equal
+        "wallclock", preset, rows, crossover_length=crossovers, parameters=parameters, steps_per_length=chosen
     )
     write_outputs(out, "wallclock", result, wallclock_table(result), lambda p: plot_wallclock(rows, p))
     return result
@@ -66,39 +76,51 @@ def untrained_models(preset: dict, device: torch.device) -> tuple[Any, Any]:
     return mdm, ar
 
 
-def equal_ter_steps(path: Path) -> Optional[dict]:
-    """The smallest N at which the trained MDM's TER relative increase is indistinguishable from the trained AR's
-    (their 95% intervals overlap) in a ``ter_vs_steps.json``; None when that file is missing. Without such an N,
-    the largest N measured, with ``matched`` False."""
-    if not path.exists():
-        return None
-    result = json.loads(path.read_text())
-    ar = next(r for r in result["rows"] if r["model"] == "trained AR")
-    mdm = sorted(
-        (r for r in result["rows"] if r["model"] == "trained MDM" and r["language"] == ar["language"]),
-        key=lambda r: r["steps"],
-    )
-    matched = [r for r in mdm if r["ci_low"] <= ar["ci_high"]]
-    pick = matched[0] if matched else mdm[-1]
-    return {
-        "steps": pick["steps"],
-        "matched": bool(matched),
-        "language": ar["language"],
-        "length": ar["length"],
-        "mdm_increase": pick["relative_increase"],
-        "mdm_ci": [pick["ci_low"], pick["ci_high"]],
-        "ar_increase": ar["relative_increase"],
-        "ar_ci": [ar["ci_low"], ar["ci_high"]],
-        "num_samples": pick["num_samples"],
-    }
+def steps_per_length(preset: dict, out: Path) -> dict[str, dict]:
+    """``{source: {"L": N, ...}}``: per length, the smallest N whose paper TER relative increase is within
+    ``preset["ter_target"]``: ``chain (closed form, exact)`` at every L of the preset, and (with ``steps_from``) the
+    oracle's measured TER per language of that experiment's JSON, upper 95% bound within the target, at the lengths
+    it measured (where no N measured qualifies, the length is left out). Keys are strings (JSON)."""
+    target = preset.get("ter_target")
+    if target is None:
+        return {}
+    chain = {str(length): chain_steps(length, target) for length in preset["lengths"]}
+    chosen = {CHAIN_SOURCE: chain}
+    path = out / f"{preset['steps_from']}.json" if preset.get("steps_from") else None
+    if path is not None and path.exists():
+        rows = [r for r in json.loads(path.read_text())["rows"] if r["model"] == "oracle MDM" and "ter_ci_high" in r]
+        for name in dict.fromkeys(r["language"] for r in rows):
+            found = {}
+            for r in sorted((r for r in rows if r["language"] == name), key=lambda r: r["steps"]):
+                if r["ter_ci_high"] <= target and str(r["length"]) not in found:
+                    found[str(r["length"])] = r["steps"]
+            chosen[f"{name} oracle (measured, n = {rows[0]['ter_num_sequences']})"] = found
+    return chosen
 
 
-def mdm_settings(preset: dict, equal: Optional[dict]) -> list[dict]:
-    """The MDM settings to time: ``{"model": label, "steps": N, "dual": bool}``, each step count of
-    ``preset["mdm_steps"]`` and the equal-TER one, then each again with the dual cache (``dual_cache_blocks``)."""
-    plain = [{"model": f"MDM, {n} steps", "steps": n, "dual": False} for n in preset["mdm_steps"]]
-    if equal is not None:
-        plain.append({"model": f"MDM, {equal['steps']} steps (TER as AR)", "steps": equal["steps"], "dual": False})
+def chain_steps(length: int, target: float) -> int:
+    """The smallest N with ``ChainLanguage.predicted_ter_increase(length, N) <= target`` (it falls with N)."""
+    low, high = 1, 1
+    while ChainLanguage.predicted_ter_increase(length, high) > target:
+        low, high = high + 1, 2 * high
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if ChainLanguage.predicted_ter_increase(length, mid) > target else (low, mid)
+    return low
+
+
+def mdm_settings(preset: dict, chosen: dict[str, dict]) -> list[dict]:
+    """The MDM settings to time: ``{"model": label, "steps": {L: N}, "dual": bool}``, each step count of
+    ``preset["mdm_steps"]`` (the same N at every L) and each per-length choice of ``chosen``, then each again with
+    the dual cache (``dual_cache_blocks``)."""
+    lengths = [str(length) for length in preset["lengths"]]
+    plain = [
+        {"model": f"MDM, {n} steps", "steps": dict.fromkeys(lengths, n), "dual": False} for n in preset["mdm_steps"]
+    ]
+    target = preset.get("ter_target")
+    for source, steps in chosen.items():
+        label = f"MDM, TER within {100 * target:g}% ({source})"
+        plain.append({"model": label, "steps": steps, "dual": False})
     blocks = preset.get("dual_cache_blocks")
     dual = (
         [{**s, "model": s["model"].replace("MDM", f"MDM + dual cache ({blocks} blocks)"), "dual": True} for s in plain]
@@ -111,8 +133,9 @@ def mdm_settings(preset: dict, equal: Optional[dict]) -> list[dict]:
 def timing_rows(
     mdm: Any, ar: Any, length: int, preset: dict, settings: list[dict], cache: CellCache, device: torch.device
 ) -> list[dict]:
-    """One row per model at one length: AR first, then each MDM setting (``row``)."""
-    vocab, batch, repeats, blocks = (preset[k] for k in ("vocab_size", "batch_size", "repeats", "dual_cache_blocks"))
+    """One row per model at one length: AR first, then each MDM setting with an N at this length, timed together
+    (`timed_together`: warm-up, interleaved repeats, medians)."""
+    vocab, batch, blocks = preset["vocab_size"], preset["batch_size"], preset["dual_cache_blocks"]
     prompt = torch.zeros(batch, 0, dtype=torch.long, device=device)
     bos = torch.full((batch, 1), vocab, dtype=torch.long, device=device)
 
@@ -141,36 +164,52 @@ def timing_rows(
             **cached,
         )
 
-    where = f"{length}|{batch}|{device.type}"
-    rows = [row(AR_MODEL, length, length, cache.get(f"ar|{where}", lambda: timed(run_ar, ar, repeats, device)))]
-    for s in settings:
-        kind = f"dual|{blocks}" if s["dual"] else "mdm"
-        cell = cache.get(
-            f"{kind}|{s['steps']}|{where}", lambda: timed(run_mdm(s["steps"], s["dual"]), mdm, repeats, device)
-        )
-        rows.append(row(s["model"], length, s["steps"], cell))
-    return rows
+    here = [s for s in settings if str(length) in s["steps"]]
+    runs = {AR_MODEL: (run_ar, ar, length)}
+    for s in here:
+        steps = s["steps"][str(length)]
+        runs[s["model"]] = (run_mdm(steps, s["dual"]), mdm, steps)
+    described = json.dumps([[name, steps] for name, (_, _, steps) in runs.items()])
+    digest = hashlib.sha1(described.encode()).hexdigest()[:10]
+    key = f"v2|{length}|{batch}|{device.type}|{preset['repeats']}|{digest}"
+    cells = cache.get(key, lambda: timed_together(runs, preset["repeats"], device))
+    return [row(name, length, runs[name][2], cell, batch) for name, cell in cells.items()]
 
 
-def row(model: str, length: int, steps: int, cell: dict) -> dict:
+def row(model: str, length: int, steps: int, cell: dict, batch: int) -> dict:
+    """A timing row: the cell, the milliseconds per forward, and the costs per token generated (``batch`` x L)."""
     return {
         "length": length,
         "model": model,
         "steps": steps,
         **cell,
         "ms_per_forward": 1000 * cell["seconds"] / cell["forwards"],
+        "forwards_per_token": cell["forwards"] / length,
+        "positions_per_token": cell["positions"] / (batch * length),
+        "ms_per_token": 1000 * cell["seconds"] / (batch * length),
     }
 
 
-def timed(fn: Callable[[], Any], model: Any, repeats: int, device: torch.device) -> dict:
-    """``{"seconds": median of repeats, "forwards": forwards of ``model`` per run}``."""
-    calls = []
-    hook = model.register_forward_hook(lambda *args: calls.append(1))
-    try:
-        seconds = median_seconds(fn, repeats, device)
-    finally:
-        hook.remove()
-    return {"seconds": seconds, "forwards": len(calls) / repeats}
+def timed_together(runs: dict[str, tuple], repeats: int, device: torch.device) -> dict[str, dict]:
+    """``{name: {"seconds": median, "forwards": per run, "positions": per run}}`` for ``runs`` (name -> (fn, model,
+    steps)): each run once untimed with its forwards and the positions they computed (batch x input length) counted,
+    then ``repeats`` rounds timing each in turn."""
+    counts = {}
+    for name, (fn, model, _) in runs.items():
+        calls: list[int] = []
+
+        def count(module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+            ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+            calls.append(int(ids.shape[0] * ids.shape[1]))
+
+        hook = model.register_forward_hook(count, with_kwargs=True)
+        try:
+            fn()  # warm-up: allocations, kernels and caches are set up before any timed run
+        finally:
+            hook.remove()
+        counts[name] = {"forwards": len(calls), "positions": sum(calls)}
+    seconds = interleaved_medians({name: fn for name, (fn, _, _) in runs.items()}, repeats, device, warmup=0)
+    return {name: {"seconds": seconds[name], **counts[name]} for name in runs}
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
@@ -209,47 +248,61 @@ def crossover_sentence(rows: list[dict], model: str) -> str:
     return f"AR is faster than the {model} at every L measured"
 
 
-def equal_ter_sentence(equal: Optional[dict]) -> str:
-    """Where the equal-TER steps come from, in words."""
-    if equal is None:
-        return "No TER results in the output folder: the MDM is not timed at equal-TER steps."
-    found = (
-        f"N = {equal['steps']} is the smallest N at which the trained MDM's TER relative increase"
-        if equal["matched"]
-        else f"No N measured brings the trained MDM's TER relative increase to within the 95% "
-        f"interval of the trained AR's; N = {equal['steps']}, the largest measured, is timed instead"
-    )
+def steps_sentence(chosen: dict[str, dict], target: Optional[float]) -> str:
+    """Where the per-length steps come from, in words, with the N chosen at each L."""
+    if not chosen:
+        return "No `ter_target` in the preset: the MDM is timed at fixed step counts only."
+    parts = []
+    for source, steps in chosen.items():
+        ordered = sorted(steps.items(), key=lambda item: int(item[0]))
+        listed = ", ".join(f"L = {length}: N = {n}" for length, n in ordered) or "no length measured qualifies"
+        parts.append(f"{source}: {listed}")
     return (
-        f"{found} ({100 * equal['mdm_increase']:.2f}%, 95% CI [{100 * equal['mdm_ci'][0]:.2f}%, "
-        f"{100 * equal['mdm_ci'][1]:.2f}%]) "
-        + ("overlaps the 95% interval of the trained AR's" if equal["matched"] else "against the trained AR's")
-        + f" ({100 * equal['ar_increase']:.2f}%, [{100 * equal['ar_ci'][0]:.2f}%, "
-        f"{100 * equal['ar_ci'][1]:.2f}%]) on the {equal['language']} at L = {equal['length']}, "
-        f"{equal['num_samples']} samples per cell (ter_vs_steps); Theorem 4.2: this N does not grow with L."
+        f"Per-length steps: the smallest N whose paper TER relative increase TER(p)/TER(q) - 1 is within "
+        f"{100 * target:g}% (for a measured source: the upper end of its 95% interval), chosen at each L from the TER "
+        f"at that L ({'; '.join(parts)}). A length without such an N is not timed for that source."
+    )
+
+
+def size_sentence(result: dict) -> str:
+    """Why these times are not the paper's, in words: the model size, batch and machine."""
+    preset = result["preset"]
+    return (
+        f"Absolute times are not comparable with the paper's: these are untrained `{preset['size']}` models "
+        f"({result['parameters']['mdm']:,} / {result['parameters']['ar']:,} parameters, MDM / AR; the paper published "
+        f"neither its model size nor its hardware) at batch {preset['batch_size']} on {result['machine']}. At this "
+        "size a forward's fixed overhead weighs more than its arithmetic, and on a CPU a forward's cost grows with "
+        "the positions it computes, so the shape against L, read as forwards x cost per forward, is what compares."
     )
 
 
 def wallclock_table(result: dict) -> str:
-    """Markdown: each model's forwards, milliseconds per forward and seconds per batch at each L, then the set-up,
-    the equal-TER steps and the crossovers in words."""
+    """Markdown: each model's steps, forwards, milliseconds per forward and seconds per batch at each L, then the
+    set-up, the per-length steps, the model size and the crossovers in words."""
     preset, rows = result["preset"], result["rows"]
-    lines = ["| L | model | forwards | ms / forward | seconds | AR / model |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| L | model | steps | sequential forwards / token | positions computed / token | wall ms / token "
+        "| ms / forward | seconds | AR / model |",
+        "| --- " * 9 + "|",
+    ]
     ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR_MODEL}
     for r in rows:
         ratio = "" if r["model"] == AR_MODEL else f"{ar[r['length']] / r['seconds']:.2f}"
         lines.append(
-            f"| {r['length']} | {r['model']} | {r['forwards']:g} | {r['ms_per_forward']:.2f} | "
+            f"| {r['length']} | {r['model']} | {r['steps']} | {r['forwards_per_token']:.3f} | "
+            f"{r['positions_per_token']:.2f} | {r['ms_per_token']:.3f} | {r['ms_per_forward']:.2f} | "
             f"{r['seconds']:.3f} | {ratio} |"
         )
     models = list(dict.fromkeys(r["model"] for r in rows if r["model"] != AR_MODEL))
     lines += [
         "",
-        f"Untrained `{preset['size']}` models ({result['parameters']['mdm']:,} / "
-        f"{result['parameters']['ar']:,} parameters, MDM / AR), {preset['vocab_size']} tokens, batch "
-        f"{preset['batch_size']}, {result['machine']}; medians of {preset['repeats']} runs. The MDM samples "
-        "with deterministic transfer by confidence (argmax), AR decodes greedily; forwards are counted per run.",
+        f"{preset['vocab_size']} tokens, batch {preset['batch_size']}; at each L every setting ran once untimed "
+        f"(warm-up), then {preset['repeats']} interleaved rounds timed each once: medians. The MDM samples with "
+        "deterministic transfer in confidence order (argmax), AR decodes greedily; forwards are counted per run.",
         "",
-        equal_ter_sentence(result.get("equal_ter")),
+        steps_sentence(result.get("steps_per_length") or {}, preset.get("ter_target")),
+        "",
+        size_sentence(result),
         "",
     ]
     lines += [f"- {crossover_sentence(rows, m)}." for m in models]

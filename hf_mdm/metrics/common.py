@@ -1,6 +1,7 @@
-"""What the TER and SER metric scripts share: resolving the language, exact log-likelihoods, the Wilson interval.
+"""What the metric scripts share: resolving the language, exact log-likelihoods, the intervals.
 
-Imported absolutely by `hf_mdm/metrics/ter/ter.py` and `hf_mdm/metrics/ser/ser.py`, since `evaluate.load` copies a
+Imported absolutely by `hf_mdm/metrics/ter/ter.py`, `.../generative_perplexity/generative_perplexity.py` and
+`.../ser/ser.py`, since `evaluate.load` copies a
 metric script on its own into a cache folder, where relative imports would not resolve.
 """
 
@@ -85,6 +86,18 @@ def reference_ter(
     return ter, ter * spread
 
 
+def mean_interval(values: torch.Tensor, confidence_level: float = 0.95) -> Tuple[float, float, float]:
+    """``(mean, low, high)`` of ``values`` (1-D): the mean and its normal interval, mean +- z * std / sqrt(n) (the
+    interval is the mean itself for one value; all three infinite when a value is +inf)."""
+    values = values.double()
+    mean = float(values.mean())
+    if not math.isfinite(mean) or values.numel() < 2:
+        return mean, mean, mean
+    z = NormalDist().inv_cdf(0.5 + confidence_level / 2)
+    half = z * float(values.std()) / math.sqrt(values.numel())
+    return mean, mean - half, mean + half
+
+
 def wilson_interval(successes: int, trials: int, confidence_level: float = 0.95) -> Tuple[float, float]:
     """The Wilson score interval of a binomial proportion ``successes / trials``."""
     if trials < 1:
@@ -100,16 +113,19 @@ def wilson_interval(successes: int, trials: int, confidence_level: float = 0.95)
     return low, high
 
 
-def metric_info(description: str, inputs_description: str) -> Any:
-    """The `evaluate.MetricInfo` of hf_mdm's metrics: token-id sequences in, the paper's citation and address."""
+def metric_info(description: str, inputs_description: str, features: Any = None) -> Any:
+    """The `evaluate.MetricInfo` of hf_mdm's metrics: ``features`` (default: token-id sequences as predictions)
+    in, the paper's citation and address."""
     import datasets
     import evaluate
 
+    if features is None:
+        features = datasets.Features({"predictions": datasets.Sequence(datasets.Value("int64"))})
     return evaluate.MetricInfo(
         module_type="metric",
         description=description,
         citation=CITATION,
         inputs_description=inputs_description,
-        features=datasets.Features({"predictions": datasets.Sequence(datasets.Value("int64"))}),
+        features=features,
         reference_urls=["https://arxiv.org/abs/2502.09622"],
     )
