@@ -326,7 +326,7 @@ def test_trained_findings_claim_only_what_the_intervals_support():
     text = trained_findings([ar, *apart], [])
     assert "overlapping" not in text and "no setting measured reaches AR's SER; the lowest is 0.300" in text
     finite = trained_findings([_point(AR, 0.1, 0.07, 0.14, 1.0), *apart], [])
-    assert "- hmm, generative perplexity (GenPPL(p)/TER(q) - 1): AR's 0.000 [0.000, 0.000] (256 samples)." in finite
+    assert "- hmm, generative perplexity: AR's 0.000 [0.000, 0.000] (256 samples)." in finite
 
 
 def test_the_time_verdict_needs_every_longer_length_faster():

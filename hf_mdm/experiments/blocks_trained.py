@@ -28,7 +28,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation import diffusion_generate
-from .common import CellCache, language_name, make_language, sample_ar, trained_model
+from .common import CellCache, language_name, make_language, sample_ar, trained_model, training_steps
 from .ser import ser_cell
 from .speed import timed_together, untrained_models
 from .ter_cells import gen_ppl_cell
@@ -231,7 +231,7 @@ def timing_table(rows: list[dict]) -> str:
 #: The quality metrics of the findings: (row key, interval keys, name).
 METRICS = (
     ("ser", ("ser_ci_low", "ser_ci_high"), "SER"),
-    ("gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), "generative perplexity (GenPPL(p)/TER(q) - 1)"),
+    ("gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), "generative perplexity"),  # GenPPL(p)/TER(q) - 1
 )
 
 
@@ -314,20 +314,32 @@ def plot_trained(rows: list[dict], timing: list[dict], path: Path) -> None:
     save_figure(fig, path, "Trained block diffusion against the MDM and AR")
 
 
+def _budgets(section: dict) -> str:
+    """Per language: the training sequences and steps of its diffusion models and of its AR model."""
+    parts = []
+    for entry in section["languages"]:
+        cfg = {**section["training"], **entry.get("training", {})}
+        name = language_name({k: v for k, v in entry.items() if k != "training"})
+        parts.append(
+            f"{name}: {cfg['num_train']} sequences, {training_steps(cfg, 'mdm')} steps, AR {training_steps(cfg, 'ar')}"
+        )
+    return "; ".join(parts)
+
+
 def trained_text(preset: dict, trained: list[dict], timing: list[dict]) -> str:
     """The markdown of the trained part: set-up, tables, findings, the plot."""
     section = preset["trained"]
-    training = section["training"]
     text = (
         f"Trained models (L = {section['length']}): AR, the MDM and block diffusion models with b in "
-        f"{section['block_sizes']}, size {training['size']!r}, each trained {training['max_steps']} steps on the same "
-        f"{training['num_train']} sequences; the paper's sampler block by block with the exact block cache, "
+        f"{section['block_sizes']}, size {section['training']['size']!r}, all models of a language trained on the same "
+        f"sequences ({_budgets(section)}); the paper's sampler block by block with the exact block cache, "
         f"{section['num_samples']} samples per point.\n\n" + trained_table(trained)
     )
     if timing:
         t = section["timing"]
         text += (
-            f"\nWall-clock, untrained models of size {t['size']!r}, one sequence, one CPU thread (on a CPU), median of {t['repeats']} "
+            f"\nWall-clock, untrained models of size {t['size']!r}, one sequence, one CPU thread (on a CPU), median of "
+            f"{t['repeats']} "
             "interleaved repeats after a warm-up; AR with its KV cache, block diffusion with the exact block cache, "
             "the MDM without a cache:\n\n" + timing_table(timing)
         )
