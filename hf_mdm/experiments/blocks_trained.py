@@ -289,8 +289,8 @@ def _faster_than_ar(timing: list[dict], model: str) -> str:
 
 
 def plot_trained(rows: list[dict], timing: list[dict], path: Path) -> None:
-    """Per language, SER against sequential forwards per token for each trained model (AR a star); then seconds
-    against L for every timed model (log-log)."""
+    """Per language, SER (or, where every sequence is valid, the generative perplexity increase) against sequential
+    forwards per token for each trained model (AR a star); then seconds against L for every timed model (log-log)."""
     from .plotting import pyplot, save_figure
 
     plt = pyplot()
@@ -298,10 +298,11 @@ def plot_trained(rows: list[dict], timing: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, len(languages) + 1, figsize=(4.5 * (len(languages) + 1), 3.8), squeeze=False)
     for ax, language in zip(axes[0], languages):
         here = [r for r in rows if r["language"] == language and not r.get("validation")]
+        key, label = ("ser", "SER") if any(r["ser"] for r in here) else ("gen_ppl_increase", "GenPPL(p)/TER(q) - 1")
         for model in dict.fromkeys(r["model"] for r in here):
-            pts = sorted((r["forwards_per_token"], r["ser"]) for r in here if r["model"] == model)
+            pts = sorted((r["forwards_per_token"], r[key]) for r in here if r["model"] == model)
             ax.plot(*zip(*pts), "*" if model == AR else "-o", ms=8 if model == AR else 3, label=model)
-        ax.set(xscale="log", xlabel="sequential forwards / token", ylabel="SER", ylim=(-0.02, 1.02), title=language)
+        ax.set(xscale="log", xlabel="sequential forwards / token", ylabel=label, title=language)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     ax = axes[0][-1]
@@ -309,6 +310,8 @@ def plot_trained(rows: list[dict], timing: list[dict], path: Path) -> None:
         pts = sorted((r["length"], r["seconds"]) for r in timing if r["model"] == model)
         ax.plot(*zip(*pts), "-o", ms=3, label=model)
     ax.set(xscale="log", yscale="log", xlabel="L", ylabel="seconds per sequence", title="wall-clock (untrained)")
+    ax.set_xticks(sorted({r["length"] for r in timing}), [str(n) for n in sorted({r["length"] for r in timing})])
+    ax.minorticks_off()
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
     save_figure(fig, path, "Trained block diffusion against the MDM and AR")
