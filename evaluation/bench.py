@@ -194,7 +194,8 @@ def main(argv: Any = None) -> list[dict]:
     )
     rows = []
     for batch in args.batches:
-        series = interleave(runs_of(args, models, batch), repeats=args.repeats, warmup=args.warmup)
+        say = lambda line, b=batch: print(f"  batch {b}: {line}", file=sys.stderr, flush=True)  # noqa: E731
+        series = interleave(runs_of(args, models, batch), args.repeats, args.warmup, progress=say)
         rows += rows_of(args, series, batch)
     print(format_table(rows))
     if args.json:

@@ -117,14 +117,22 @@ def outside_share(total: float, inside: float) -> float:
 
 
 def interleave(
-    runs: dict[str, tuple[torch.nn.Module, Callable[[], Any]]], repeats: int, warmup: int = 1, device: Any = "cpu"
+    runs: dict[str, tuple[torch.nn.Module, Callable[[], Any]]],
+    repeats: int,
+    warmup: int = 1,
+    device: Any = "cpu",
+    progress: Optional[Callable[[str], None]] = None,
 ) -> dict[str, Series]:
     """Each run (its model, a call) called once per round, in turn, ``warmup`` untimed rounds then ``repeats``
-    timed ones; every call timed as a whole and its model's forwards metered in the same call."""
+    timed ones; every call timed as a whole and its model's forwards metered in the same call. ``progress`` gets a
+    line before each round."""
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     series = {name: Series() for name in runs}
     for round_ in range(warmup + repeats):
+        if progress is not None:
+            kind = "warm-up" if round_ < warmup else "timed"
+            progress(f"round {round_ + 1} of {warmup + repeats} ({kind})")
         for name, (model, fn) in runs.items():
             with ForwardMeter(model, device) as meter, Stopwatch(device) as watch:
                 fn()

@@ -106,8 +106,10 @@ def test_interleave_calls_every_run_once_a_round_after_warmup():
     order = []
     model = torch.nn.Linear(2, 2)
     runs = {name: (model, lambda n=name: order.append(n)) for name in ("a", "b")}
-    series = interleave(runs, repeats=2, warmup=1)
+    lines = []
+    series = interleave(runs, repeats=2, warmup=1, progress=lines.append)
     assert order == ["a", "b"] * 3
+    assert lines == ["round 1 of 3 (warm-up)", "round 2 of 3 (timed)", "round 3 of 3 (timed)"]
     assert [len(s.calls) for s in series.values()] == [2, 2]
     with pytest.raises(ValueError, match="repeats"):
         interleave(runs, repeats=0)
