@@ -57,7 +57,7 @@ def interleaved_ratios(ours, theirs, repeats: int, desc: str) -> dict:
                 fn()
             if round_:
                 times[name].append(watch.seconds)
-        print(f"  {desc}: round {round_ + 1} of {1 + repeats}", end="\r", flush=True)
+        print(f"  {desc}: round {round_ + 1} of {1 + repeats} done", file=sys.stderr, flush=True)
     ratios = [a / b for a, b in zip(times["ours"], times["theirs"])]
     return {
         "ours_s": statistics.median(times["ours"]),
