@@ -11,7 +11,7 @@
    generative perplexity relative increase (95% interval) of threshold 0.9 and entropy-bound decoding with the dual cache, beside the
    confidence-ordered one-token-a-step sampler (temperature 1, blocks of 8, ``hf_mdm.experiments.fast``).
 
-    python evaluation/bench_cache.py [--repeats 5] [--threads 2] [--batches 1 8] [--device cuda --dtype bfloat16]
+    python evaluation/bench_cache.py [--repeats 5] [--threads 1] [--batches 1 8] [--device cuda --dtype bfloat16]
         [--skip-trained]
 """
 
@@ -167,7 +167,7 @@ def trained(results: Path) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1 on a shared machine)")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

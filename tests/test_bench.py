@@ -1,0 +1,125 @@
+"""The arithmetic of `make bench` (evaluation/bench.py, evaluation/bench_measure.py) on cases computed by hand; no
+timing is asserted."""
+
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evaluation"))
+import bench  # noqa: E402
+from bench_measure import Call, ForwardMeter, Series, Target, cache_positions, interleave, outside_share  # noqa: E402
+
+from hf_mdm.generation import diffusion_generate  # noqa: E402
+
+# prompt 4, 12 new tokens, blocks of 4 (k = 3), 6 steps (s = 2 a block): canvas L = 16. Forward by forward:
+# no cache: 6 x 16 = 96; prefix: each block's first forward 16, its second from the block's start: 12, 8, 4 -> 72;
+# dual: 16 then the block (4), three times -> 60; exact (block-causal): 16, 4, then per later block the block before
+# it and the block (8), then the block (4) -> 16 + 4 + 12 + 12 = 44.
+HAND = dict(prompt=4, new=12, block=4, steps=6)
+HAND_LENGTHS = {
+    None: [16] * 6,
+    "prefix": [16, 12, 16, 8, 16, 4],
+    "dual": [16, 4, 16, 4, 16, 4],
+    "exact": [16, 4, 8, 4, 8, 4],
+}
+
+
+@pytest.mark.parametrize("cache, positions", [(None, 96), ("prefix", 72), ("dual", 60), ("exact", 44)])
+def test_cache_positions_by_hand(cache, positions):
+    assert cache_positions(cache, **HAND) == positions == sum(HAND_LENGTHS[cache])
+
+
+def test_cache_positions_refuses_blocks_that_do_not_divide():
+    with pytest.raises(ValueError, match="divide"):
+        cache_positions("dual", prompt=4, new=10, block=4, steps=6)
+    with pytest.raises(ValueError, match="unknown cache"):
+        cache_positions("suffix", **HAND)
+
+
+def tiny(block_size=None):
+    args = Namespace(vocab=32, hidden=16, layers=1, prompt=HAND["prompt"], new_tokens=HAND["new"])
+    return bench.mdm(args, block_size=block_size)
+
+
+@pytest.mark.parametrize("cache", [None, "prefix", "dual", "exact"])
+def test_the_hook_counts_what_the_denoiser_computes(cache):
+    """The forward hook's input lengths are the hand-derived ones, and its positions the sampler's own count."""
+    model = tiny(block_size=HAND["block"] if cache == "exact" else None)
+    kv_cache = {"exact": "prefix", None: "none"}.get(cache, cache)
+    prompt = torch.randint(0, 30, (2, HAND["prompt"]), generator=torch.Generator().manual_seed(0))
+    with ForwardMeter(model) as meter:
+        out = diffusion_generate(
+            model,
+            prompt,
+            max_new_tokens=HAND["new"],
+            steps=HAND["steps"],
+            block_length=HAND["block"],
+            kv_cache=kv_cache,
+            return_dict_in_generate=True,
+            **bench.GREEDY,
+        )
+    assert meter.lengths == HAND_LENGTHS[cache]
+    assert meter.positions == out.forward_tokens == 2 * cache_positions(cache, **HAND)
+    assert meter.forwards == out.nfe == HAND["steps"]
+    assert 0 < meter.seconds
+
+
+def test_outside_share():
+    assert outside_share(2.0, 1.5) == 0.25
+    assert outside_share(1.0, 1.0) == 0.0
+    with pytest.raises(ValueError, match="inside <= total"):
+        outside_share(1.0, 1.5)
+    calls = [Call(1.0, 0.9, 1, 1), Call(2.0, 1.0, 1, 1), Call(4.0, 1.0, 1, 1)]  # shares 0.1, 0.5, 0.75
+    series = Series(calls)
+    assert series.outside_share == 0.5
+    assert (series.min, series.median, series.forward_median) == (1.0, 2.0, 1.0)
+
+
+def test_target_verdicts():
+    assert Target("outside", 0.05, 0.05, at_most=True).holds
+    assert not Target("outside", 0.06, 0.05, at_most=True).holds
+    assert Target("measured/ideal", 0.8, 0.8, at_most=False).holds
+    assert not Target("measured/ideal", 0.79, 0.8, at_most=False).holds
+
+
+def test_cache_row_arithmetic():
+    """measured = median over rounds of (no cache / cache); ideal = positions without / with; the target on their
+    ratio. Dual cache, batch 1 on HAND: ideal 96 / 60 = 1.6; rounds 2/1, 4/1, 3/2 -> median 2; 2 / 1.6 = 1.25."""
+    args = Namespace(prompt=HAND["prompt"], new_tokens=HAND["new"], block=HAND["block"], steps=HAND["steps"])
+    plain = Series([Call(t, 0.0, 6, 96) for t in (2.0, 4.0, 3.0)])
+    cached = Series([Call(t, 0.0, 6, 60) for t in (1.0, 1.0, 2.0)])
+    row = bench.cache_row("dual", 1, cached, plain, "dual", args)
+    assert row["target"].value == pytest.approx(1.25)
+    assert row["target"].holds
+    assert "2.00x / ideal 1.60x = 1.25" in row["measured"]
+    slow = Series([Call(t, 0.0, 6, 60) for t in (2.0, 4.0, 3.0)])  # no gain: 1 / 1.6
+    assert not bench.cache_row("dual", 1, slow, plain, "dual", args)["target"].holds
+    wrong = Series([Call(1.0, 0.0, 6, 59)])
+    with pytest.raises(RuntimeError, match="by hand"):
+        bench.cache_row("dual", 1, wrong, plain, "dual", args)
+
+
+def test_interleave_calls_every_run_once_a_round_after_warmup():
+    order = []
+    model = torch.nn.Linear(2, 2)
+    runs = {name: (model, lambda n=name: order.append(n)) for name in ("a", "b")}
+    lines = []
+    series = interleave(runs, repeats=2, warmup=1, progress=lines.append)
+    assert order == ["a", "b"] * 3
+    assert lines == ["round 1 of 3 (warm-up)", "round 2 of 3 (timed)", "round 3 of 3 (timed)"]
+    assert [len(s.calls) for s in series.values()] == [2, 2]
+    with pytest.raises(ValueError, match="repeats"):
+        interleave(runs, repeats=0)
+
+
+def test_quick_run_prints_every_row(capsys):
+    rows = bench.main(["--quick", "--batches", "1"])
+    table = capsys.readouterr().out
+    names = [*bench.SAMPLERS, *bench.CACHES, bench.EXACT[0], "mdm forward / llama forward"]
+    assert [row["name"] for row in rows] == names
+    for name in names:
+        line = next(line for line in table.splitlines() if line.startswith(f"| {name} | 1 |"))
+        assert line.endswith(("| PASS |", "| FAIL |"))
