@@ -21,3 +21,5 @@ with torch.no_grad():
 sharded = [name for name, p in model.named_parameters() if type(p.data).__name__ == "DTensor"]
 result = {"max_abs_diff": float((logits - inputs["logits"]).abs().max()), "sharded": len(sharded)}
 (checkpoint / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+dist.barrier()  # no rank leaves while another still needs it (an early exit aborts the other under load)
+dist.destroy_process_group()
