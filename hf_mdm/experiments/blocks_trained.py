@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..generation import diffusion_generate
 from .common import CellCache, language_name, make_language, sample_ar, trained_model, training_steps
 from .ser import ser_cell
-from .speed import timed_together, untrained_models
+from .speed import ar_run, timed_together, untrained_models
 from .ter_cells import gen_ppl_cell
 
 AR = "AR (KV cache)"
@@ -143,7 +143,7 @@ def _time_length(mdm: Any, ar: Any, length: int, timing: dict, device: torch.dev
     """Every model at ``length``, timed together (`speed.timed_together`: a counted warm-up, then interleaved
     rounds): AR, then the MDM and each block size at each number of tokens revealed per forward
     (``tokens_per_forward``: ``b / k`` steps per block)."""
-    runs = {AR: (_ar_run(ar, length, timing["vocab_size"], device), ar, length)}
+    runs = {AR: (ar_run(ar, length, timing["vocab_size"], 1, device), ar, length)}
     for block in block_sizes({**timing, "length": length}):
         model = copy.deepcopy(mdm)  # the same weights, block-causal attention over blocks of b (b = L: the MDM)
         model.config.block_size = None if block == length else block
@@ -157,20 +157,6 @@ def _time_length(mdm: Any, ar: Any, length: int, timing: dict, device: torch.dev
             )
     cells = timed_together(runs, timing["repeats"], device)
     return [{"length": length, "model": name, **cell} for name, cell in cells.items()]
-
-
-def _ar_run(ar: Any, length: int, vocab: int, device: torch.device) -> Callable[[], Any]:
-    bos = torch.full((1, 1), vocab, dtype=torch.long, device=device)
-    return lambda: ar.generate(
-        bos,
-        attention_mask=torch.ones_like(bos),
-        max_new_tokens=length,
-        min_new_tokens=length,
-        do_sample=False,
-        use_cache=True,
-        pad_token_id=vocab,
-        eos_token_id=None,
-    )
 
 
 def _mdm_run(model: Any, length: int, block: int, steps: int, device: torch.device) -> Callable[[], Any]:

@@ -137,19 +137,7 @@ def timing_rows(
     (`timed_together`: warm-up, interleaved repeats, medians)."""
     vocab, batch, blocks = preset["vocab_size"], preset["batch_size"], preset["dual_cache_blocks"]
     prompt = torch.zeros(batch, 0, dtype=torch.long, device=device)
-    bos = torch.full((batch, 1), vocab, dtype=torch.long, device=device)
-
-    def run_ar() -> None:
-        ar.generate(
-            bos,
-            attention_mask=torch.ones_like(bos),
-            max_new_tokens=length,
-            min_new_tokens=length,
-            do_sample=False,
-            use_cache=True,
-            pad_token_id=vocab,
-            eos_token_id=None,
-        )
+    run_ar = ar_run(ar, length, vocab, batch, device)
 
     def run_mdm(steps: int, dual: bool) -> Callable[[], None]:
         cached = {"block_length": -(-length // blocks), "kv_cache": "dual"} if dual else {}
@@ -174,6 +162,21 @@ def timing_rows(
     key = f"v2|{length}|{batch}|{device.type}|{preset['repeats']}|{digest}"
     cells = cache.get(key, lambda: timed_together(runs, preset["repeats"], device))
     return [row(name, length, runs[name][2], cell, batch) for name, cell in cells.items()]
+
+
+def ar_run(ar: Any, length: int, vocab: int, batch: int, device: torch.device) -> Callable[[], Any]:
+    """AR decoding of ``length`` tokens for ``batch`` rows from BOS (id ``vocab``), greedy, with its KV cache."""
+    bos = torch.full((batch, 1), vocab, dtype=torch.long, device=device)
+    return lambda: ar.generate(
+        bos,
+        attention_mask=torch.ones_like(bos),
+        max_new_tokens=length,
+        min_new_tokens=length,
+        do_sample=False,
+        use_cache=True,
+        pad_token_id=vocab,
+        eos_token_id=None,
+    )
 
 
 def row(model: str, length: int, steps: int, cell: dict, batch: int) -> dict:
