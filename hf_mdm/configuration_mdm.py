@@ -85,25 +85,9 @@ class MDMConfig(PretrainedConfig):
         block_size: Optional[int] = None,
         **kwargs: Any,
     ):
-        if mask_token_id is None:
-            raise ValueError("MDMConfig needs mask_token_id: the id of the [MASK] token (e.g. vocab_size - 1)")
-        if not 0 <= mask_token_id < vocab_size:
-            raise ValueError(f"mask_token_id={mask_token_id} must be in [0, vocab_size={vocab_size})")
-        if hidden_size % num_attention_heads:
-            raise ValueError(
-                f"hidden_size={hidden_size} must be divisible by num_attention_heads={num_attention_heads}"
-            )
         num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
-        if num_attention_heads % num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads={num_attention_heads} must be a multiple of num_key_value_heads={num_key_value_heads}"
-            )
-        if logits_shift not in (0, 1):
-            raise ValueError(f"logits_shift must be 0 or 1, got {logits_shift}")
-        if block_size is not None and (
-            isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1
-        ):
-            raise ValueError(f"block_size must be None (bidirectional) or an integer >= 1, got {block_size!r}")
+        _check_dimensions(vocab_size, hidden_size, num_attention_heads, num_key_value_heads, mask_token_id)
+        _check_attention(logits_shift, block_size)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.num_hidden_layers = num_hidden_layers
@@ -130,3 +114,23 @@ class MDMConfig(PretrainedConfig):
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+
+def _check_dimensions(vocab_size: int, hidden_size: int, heads: int, kv_heads: int, mask_token_id: Any) -> None:
+    """Clear errors for a [MASK] id outside the vocabulary and heads that do not divide the model."""
+    if mask_token_id is None:
+        raise ValueError("MDMConfig needs mask_token_id: the id of the [MASK] token (e.g. vocab_size - 1)")
+    if not 0 <= mask_token_id < vocab_size:
+        raise ValueError(f"mask_token_id={mask_token_id} must be in [0, vocab_size={vocab_size})")
+    if hidden_size % heads:
+        raise ValueError(f"hidden_size={hidden_size} must be divisible by num_attention_heads={heads}")
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads={heads} must be a multiple of num_key_value_heads={kv_heads}")
+
+
+def _check_attention(logits_shift: Any, block_size: Any) -> None:
+    """Clear errors for a logits shift other than 0 or 1 and a block size that is not a positive integer."""
+    if logits_shift not in (0, 1):
+        raise ValueError(f"logits_shift must be 0 or 1, got {logits_shift}")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1):
+        raise ValueError(f"block_size must be None (bidirectional) or an integer >= 1, got {block_size!r}")

@@ -41,8 +41,8 @@ class Strategy:
     needs_distributions: bool = False
 
     def score(self, proposals: "Proposals") -> torch.Tensor:
-        """(B, K) scores of the K proposed positions."""
-        raise NotImplementedError
+        """(B, K) scores of the K proposed positions: every strategy that ranks proposals defines it."""
+        raise NotImplementedError(f"strategy {type(self).__name__} ranks proposals and must define score")
 
     def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
         """(B, L) scores: `score` at the columns ``keep`` (K,), -inf elsewhere."""
@@ -54,8 +54,8 @@ class Strategy:
         return full
 
     def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
-        """(B, L) scores of a positional strategy, before any proposal."""
-        raise NotImplementedError
+        """(B, L) scores of a positional strategy (``positional = True``), before any proposal."""
+        raise NotImplementedError(f"positional strategy {type(self).__name__} must define positional_scores")
 
 
 STRATEGY_REGISTRY: dict[str, Strategy] = {}

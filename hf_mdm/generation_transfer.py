@@ -168,8 +168,11 @@ class Transfer:
 
     def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:
         """Counts (B,) from the step's (B, K) proposals: confidences, distributions (B, K, V), strategy scores
-        and ``candidates`` (the block's masked positions among the K columns)."""
-        raise NotImplementedError
+        and ``candidates`` (the block's masked positions among the K columns). Called only where `count_rule`
+        gives no fixed counts: an adaptive transfer defines it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no fixed counts (count_rule) and must define adaptive_counts"
+        )
 
 
 TRANSFER_REGISTRY: dict[str, type] = {}

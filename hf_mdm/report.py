@@ -74,8 +74,8 @@ SER_TEXT = (
     "(computed from the rows; a change is claimed only where the 95% intervals are disjoint):"
 )
 
-SAMPLERS_TEXT = """The paper leaves open whether samplers other than its own (remasking, verification) escape the
-sequence-error limit of Theorem 4.4. With the exact-posterior oracle there is no learning error: each point draws
+SAMPLERS_TEXT = """Whether samplers other than the paper's (remasking, verification) avoid the
+sequence-error limit of Theorem 4.4 is measured here. With the exact-posterior oracle there is no learning error: each point draws
 sequences at temperature 1 in one block and is placed at its *sequential forwards per token*, the forwards one row
 needs on its own (the steps or rounds in which it revealed something; a remasking step that only takes tokens back
 runs no forward) over L; one token a forward (1.0) is the cost of left-to-right or AR decoding. Speculative decoding

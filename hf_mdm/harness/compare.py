@@ -30,9 +30,7 @@ Config (YAML)::
 from __future__ import annotations
 
 import argparse
-import csv
 import gc
-import io
 import json
 import math
 import os
@@ -44,6 +42,7 @@ from typing import Any, Optional, Sequence
 import yaml
 
 from ..fileio import write_atomic
+from .compare_tables import csv_text, markdown, plot
 
 __all__ = [
     "CompareConfig",
@@ -64,24 +63,6 @@ DEFAULT_METRICS = {
     "mdm_humaneval": "pass_at_1,sandbox",
 }
 PAPER_NUMBERS = Path(__file__).resolve().parent / "paper_numbers.json"
-CSV_FIELDS = [
-    "benchmark",
-    "task",
-    "model",
-    "setting",
-    "metric",
-    "accuracy",
-    "stderr",
-    "time_s",
-    "summed_s",
-    "generate_s",
-    "requests",
-    "nfe_per_request",
-    "tokens_per_s",
-    "paper_accuracy",
-    "paper_time_s",
-    "limit",
-]
 
 
 @dataclass
@@ -329,123 +310,10 @@ def write_report(config: CompareConfig) -> dict[str, Path]:
     rows = collect_rows(config)
     out = config.output_dir
     paths = {"csv": out / "results.csv", "markdown": out / "results.md", "plot": out / "accuracy_vs_time.png"}
-    write_atomic(paths["csv"], _csv(rows))
-    write_atomic(paths["markdown"], _markdown(config, rows))
-    write_atomic(paths["plot"], _plot(config, rows))
+    write_atomic(paths["csv"], csv_text(rows))
+    write_atomic(paths["markdown"], markdown(config, rows, PAPER_NUMBERS))
+    write_atomic(paths["plot"], plot(config, rows))
     return paths
-
-
-def _csv(rows: Sequence[dict]) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buffer.getvalue()
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def _markdown(config: CompareConfig, rows: Sequence[dict]) -> str:
-    header = [
-        "benchmark",
-        "model",
-        "setting",
-        "accuracy (%)",
-        "time (s)",
-        "requests",
-        "NFE / request",
-        "tokens / s",
-        "paper accuracy (%)",
-        "paper time (s)",
-    ]
-    lines = [
-        f"# {config.name}: accuracy against time",
-        "",
-        "Time: the run's wall-clock seconds (device synchronised; with several processes the slowest one's); the "
-        "paper's time is for the whole benchmark"
-        + (", ours for `limit` requests." if any(r["limit"] for r in rows) else "."),
-        "Paper: " + json.loads(PAPER_NUMBERS.read_text(encoding="utf-8"))["source"],
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join(["---"] * 3 + ["---:"] * (len(header) - 3)) + "|",
-    ]
-    for r in rows:
-        cells = [
-            r["benchmark"],
-            r["model"],
-            r["setting"],
-            _fmt(r["accuracy"]),
-            _fmt(r["time_s"]),
-            _fmt(r["requests"]),
-            _fmt(r["nfe_per_request"]),
-            _fmt(r["tokens_per_s"]),
-            _fmt(r["paper_accuracy"]),
-            _fmt(r["paper_time_s"]),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _plot(config: CompareConfig, rows: Sequence[dict]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    benchmarks = sorted({r["benchmark"] for r in rows}) or ["(no finished cells)"]
-    figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4.2), squeeze=False)
-    colors = {}
-    palette = plt.get_cmap("tab10")
-    for axis, benchmark in zip(axes[0], benchmarks):
-        subset = [r for r in rows if r["benchmark"] == benchmark]
-        for model in dict.fromkeys(r["model"] for r in subset):
-            color = colors.setdefault(model, palette(len(colors) % 10))
-            points = sorted(
-                (r for r in subset if r["model"] == model and r["accuracy"] is not None), key=lambda r: r["time_s"]
-            )
-            _series(axis, [(r["time_s"], r["accuracy"], r["setting"]) for r in points], color, model, filled=True)
-            published = sorted((r for r in points if r["paper_accuracy"] is not None), key=lambda r: r["paper_time_s"])
-            _series(
-                axis,
-                [(r["paper_time_s"], r["paper_accuracy"], r["setting"]) for r in published],
-                color,
-                f"{model} (paper)",
-                filled=False,
-            )
-        axis.set_title(benchmark)
-        axis.set_xlabel("time for the benchmark (s)")
-        axis.set_ylabel("accuracy (%)")
-        if any(r["time_s"] > 0 for r in subset):
-            axis.set_xscale("log")
-        axis.set_ylim(-2, 102)
-        axis.grid(True, alpha=0.3)
-        if subset:
-            axis.legend(fontsize=7)
-    figure.suptitle(f"{config.name}: accuracy vs time (filled: ours, hollow: the paper)")
-    figure.tight_layout()
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120)
-    plt.close(figure)
-    return buffer.getvalue()
-
-
-def _series(axis: Any, points: Sequence[tuple], color: Any, label: str, filled: bool) -> None:
-    if not points:
-        return
-    xs, ys, names = zip(*points)
-    axis.plot(xs, ys, linestyle="-" if filled else "--", color=color, alpha=0.8)
-    axis.scatter(xs, ys, color=color if filled else "none", edgecolors=color, label=label, zorder=3)
-    for x, y, name in points:
-        axis.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-
-
-# -- command line --------------------------------------------------------------------------------------------------
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

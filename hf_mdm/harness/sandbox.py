@@ -61,7 +61,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 from . import bubblewrap, plain_data, sandbox_guard, sandbox_limits, verdict
 from .bubblewrap import Bubblewrap
@@ -412,17 +412,29 @@ def _run(
             _end(process, reply_read, cgroup)
     elapsed = time.perf_counter() - start
     stdout, stderr = _read_tail(stdout_path, limits.max_output_chars), _read_tail(stderr_path, limits.max_output_chars)
-    returncode = process.returncode
-    if bwrap is not None and returncode is not None and returncode > 128:
+    result = _outcome(judgement, process.returncode, timed_out, stdout, stderr, elapsed, bubblewrap=bwrap is not None)
+    return result if bwrap is None else replace(result, layer="bubblewrap")
+
+
+def _outcome(
+    judgement: Any,
+    returncode: Optional[int],
+    timed_out: bool,
+    stdout: str,
+    stderr: str,
+    elapsed: float,
+    bubblewrap: bool,
+) -> ExecutionResult:
+    """The result of a run: from the exit status (a program judged in the sandbox), or from the trusted side's
+    judgement, with how the process ended where that is the reason."""
+    if bubblewrap and returncode is not None and returncode > 128:
         returncode = 128 - returncode  # bwrap exits with 128 + N when its command is killed by signal N
     if judgement is None:
-        result = _result(returncode, timed_out, stdout, stderr, elapsed)
-    else:
-        reason = judgement.reason
-        if reason == verdict.PROCESS_ENDED:  # say how: a limit, a signal, an exit status
-            reason = f"{reason} ({_result(returncode, False, stdout, stderr, elapsed).reason or 'exit status 0'})"
-        result = ExecutionResult(judgement.status, reason, returncode, stdout, stderr, elapsed, verdict="trusted")
-    return result if bwrap is None else replace(result, layer="bubblewrap")
+        return _result(returncode, timed_out, stdout, stderr, elapsed)
+    reason = judgement.reason
+    if reason == verdict.PROCESS_ENDED:  # say how: a limit, a signal, an exit status
+        reason = f"{reason} ({_result(returncode, False, stdout, stderr, elapsed).reason or 'exit status 0'})"
+    return ExecutionResult(judgement.status, reason, returncode, stdout, stderr, elapsed, verdict="trusted")
 
 
 def _end(process: subprocess.Popen, reply_read: Optional[int], cgroup: Optional[sandbox_limits.PidsCgroup]) -> None:
