@@ -219,22 +219,8 @@ class ReferencePresets:
                 f"steps = min(steps, gen_length // minimal_topk) must be >= 1, got {steps!r} (gen_length={gen_length}, "
                 f"minimal_topk={minimal_topk}): raise gen_length or lower minimal_topk"
             )
-        values = dict(
-            max_new_tokens=gen_length,
-            block_length=block_length,
-            steps=steps,
-            transfer="llada2",
-            strategy="confidence",
-            threshold=threshold,
-            eos_early_stop=eos_early_stop,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            eos_token_id=eos_id,
-            mask_token_id=mask_id,
-            whole_blocks=True,
-            stop_at_eos=True,
-        )
+        shared = _llada2_fields(gen_length, block_length, threshold, temperature, top_p, top_k, eos_id, mask_id)
+        values = dict(shared, steps=steps, transfer="llada2", eos_early_stop=eos_early_stop)
         return cls(**{**values, **kwargs})
 
     @classmethod
@@ -273,22 +259,40 @@ class ReferencePresets:
 
         Differences as for `llada2` ([MASK] never proposed; the random stream at temperature > 0).
         """
+        shared = _llada2_fields(gen_length, block_length, threshold, temperature, top_p, top_k, eos_id, mask_id)
         values = dict(
-            max_new_tokens=gen_length,
-            block_length=block_length,
+            shared,
             transfer="llada21_editing",
-            strategy="confidence",
-            threshold=threshold,
             editing_threshold=editing_threshold,
             max_post_steps=max_post_steps,
             num_to_transfer=num_to_transfer,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            eos_token_id=eos_id,
-            mask_token_id=mask_id,
-            whole_blocks=True,
-            stop_at_eos=True,
             finish_at_eos=bool(eos_early_stop),
         )
         return cls(**{**values, **kwargs})
+
+
+def _llada2_fields(
+    gen_length: int,
+    block_length: int,
+    threshold: float,
+    temperature: float,
+    top_p: Optional[float],
+    top_k: Optional[int],
+    eos_id: Optional[int],
+    mask_id: Optional[int],
+) -> dict[str, Any]:
+    """The settings LLaDA2.0's and LLaDA2.1's ``generate()`` share: a canvas of whole attention blocks, confidence
+    order, the reveal threshold, the proposals' sampling and the stop at EOS."""
+    return dict(
+        max_new_tokens=gen_length,
+        block_length=block_length,
+        strategy="confidence",
+        threshold=threshold,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        eos_token_id=eos_id,
+        mask_token_id=mask_id,
+        whole_blocks=True,
+        stop_at_eos=True,
+    )
