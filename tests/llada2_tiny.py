@@ -97,11 +97,12 @@ def _scale(name: str) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def fill_weights(model: torch.nn.Module, seed: int) -> list[float]:
-    """Overwrite every tensor of ``model.state_dict()`` (parameters and persistent buffers) from one generator, in
-    sorted name order; returns the per-tensor checksums (sum of absolute values, float64)."""
+def fill_weights(model: torch.nn.Module | dict[str, torch.Tensor], seed: int) -> list[float]:
+    """Overwrite every tensor of ``model.state_dict()`` (parameters and persistent buffers), or of a state dict in
+    the published layout, from one generator, in sorted name order; returns the per-tensor checksums (sum of
+    absolute values, float64)."""
     generator = torch.Generator().manual_seed(seed)
-    state = model.state_dict()
+    state = model if isinstance(model, dict) else model.state_dict()
     checksums = []
     for name in sorted(state):
         tensor = state[name]

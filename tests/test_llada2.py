@@ -16,8 +16,10 @@ from types import SimpleNamespace
 import llada2_tiny as tiny
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM
+from transformers.core_model_loading import revert_weight_conversion
 
 import hf_mdm  # noqa: F401  (registers the Auto classes)
 from hf_mdm import MaskedDiffusionGenerationConfig
@@ -32,15 +34,21 @@ def build(model_type: str, attn_implementation: str = "sdpa") -> torch.nn.Module
     """The tiny model of ``model_type`` with the reference's weights, through the Auto classes."""
     config = AutoConfig.for_model(**tiny.CONFIGS[model_type], mask_token_id=tiny.MASK_ID, eos_token_id=tiny.MASK_ID - 1)
     config._attn_implementation = attn_implementation
-    model = AutoModel.from_config(config).eval()
-    checksums = tiny.fill_weights(model, tiny.SEEDS[model_type])
+    model = AutoModel.from_config(config)
+    published = revert_weight_conversion(model, model.state_dict())  # the published per-expert layout
+    checksums = tiny.fill_weights(published, tiny.SEEDS[model_type])
     assert checksums == pytest.approx(REFERENCE["models"][model_type]["checksums"], rel=1e-12)
-    return model
+    return type(model).from_pretrained(None, config=config, state_dict=published).eval()
 
 
 @pytest.fixture(scope="module", params=MODEL_TYPES)
 def model_type(request) -> str:
     return request.param
+
+
+def published_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as a checkpoint holds them (what save_pretrained writes)."""
+    return revert_weight_conversion(model, model.state_dict())
 
 
 def reference_logits(model_type: str) -> tuple[torch.Tensor, int, torch.Tensor]:
@@ -52,7 +60,7 @@ def test_classes_and_parameter_names_are_the_published_ones(model_type):
     model = build(model_type)
     expected = {"llada2_moe": (LLaDA2MoeConfig, LLaDA2MoeModelLM), "llada21_moe": (LLaDA21MoeConfig, LLaDA21MoeModelLM)}
     assert (type(model.config), type(model)) == expected[model_type]
-    names = set(model.state_dict())
+    names = set(published_state_dict(model))
     assert len(names) == len(REFERENCE["models"][model_type]["checksums"])
     first_moe = tiny.CONFIGS[model_type]["first_k_dense_replace"]
     for name in (
@@ -83,6 +91,36 @@ def test_logits_equal_the_published_code(model_type, attn_implementation, mask_k
     if mask_kind == "boolean":
         published_boolean = torch.tensor(REFERENCE["models"][model_type]["logits_boolean_mask"])
         torch.testing.assert_close(logits, published_boolean, atol=LOGITS_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("experts_implementation", ["eager", "grouped_mm", "batched_mm"])
+def test_every_experts_implementation_gives_the_published_logits(model_type, experts_implementation):
+    """The routed experts are held fused (one 3-D tensor per projection), so transformers' experts implementations
+    run them; each gives the published code's logits."""
+    canvas, block_length, expected = reference_logits(model_type)
+    model = build(model_type)
+    model.set_experts_implementation(experts_implementation)
+    assert model.config._experts_implementation == experts_implementation
+    with torch.no_grad():
+        logits = model(canvas, block_size=block_length).logits[0]
+    torch.testing.assert_close(logits, expected, atol=LOGITS_ATOL, rtol=0)
+
+
+def test_saved_checkpoints_keep_the_published_layout(model_type, tmp_path):
+    """save_pretrained splits the fused experts back into the published per-expert tensors, and loading fuses them
+    again: the same weights and logits."""
+    model = build(model_type)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as saved:
+        names = set(saved.keys())
+    assert names == set(published_state_dict(model))
+    assert len(names) == len(REFERENCE["models"][model_type]["checksums"])
+    num_experts, first_moe = model.config.num_experts, model.config.first_k_dense_replace
+    assert f"model.layers.{first_moe}.mlp.experts.{num_experts - 1}.up_proj.weight" in names
+    assert not any(name.endswith(("gate_up_proj", "experts.down_proj")) for name in names)
+    reloaded = AutoModel.from_pretrained(tmp_path).eval()
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
 
 
 def test_block_size_changes_the_logits(model_type):
@@ -134,13 +172,13 @@ def published_config_json(model_type: str) -> dict:
 @pytest.mark.parametrize("auto_class", [AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM])
 def test_published_checkpoint_loads_without_remote_code(model_type, auto_class, tmp_path):
     canvas, block_length, expected = reference_logits(model_type)
-    weights = {name: tensor.clone().contiguous() for name, tensor in build(model_type).state_dict().items()}
+    weights = {name: tensor.clone().contiguous() for name, tensor in published_state_dict(build(model_type)).items()}
     (tmp_path / "config.json").write_text(json.dumps(published_config_json(model_type)))
     save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     model = auto_class.from_pretrained(tmp_path).eval()
     assert model.config.model_type == model_type
     assert model.config.mask_token_id == 156895 and model.config.block_size == 32  # the published generate()'s
-    loaded = model.state_dict()
+    loaded = published_state_dict(model)
     for name, tensor in weights.items():
         assert torch.equal(loaded[name], tensor), name
     mask = tiny.block_causal_additive_mask(canvas.shape[1], block_length)

@@ -211,23 +211,60 @@ def test_gradient_checkpointing_gives_the_same_gradients(model_class):
         torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
 
 
+TP_STYLES = {"colwise", "rowwise", "colwise_gather_output", "embedding_rowwise", "packed_colwise", "moe_tp_experts"}
+
+
+def plan_matches(plan: dict[str, str], names: list[str]) -> None:
+    """Every pattern of a parallel plan names a real module or parameter (``*`` = a layer index)."""
+    for pattern in plan:
+        regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"\d+") + "$")
+        assert any(regex.match(name) for name in names), pattern
+
+
 def test_tensor_parallel_plan_names_real_modules(model_class):
     model = build(model_class)
-    names = [name for name, _ in model.named_modules()]
-    plan = model._tp_plan  # the head's plan and the config's base_model_tp_plan, as transformers merges them
+    names = [name for name, _ in model.named_modules()] + [name for name, _ in model.named_parameters()]
+    plan = dict(model._tp_plan)  # the head's plan and the config's base_model_tp_plan, as transformers merges them
     # attention is split by heads, unless its projection is fused over query, key and value heads of unequal widths
     # (LLaDA2's query_key_value), which no column cut splits: then it stays replicated
     fused_qkv = any(name.endswith("query_key_value") for name in names)
     assert fused_qkv or any(key.endswith("q_proj") for key in plan)
     assert any(key.endswith("up_proj") for key in plan)
-    for pattern, style in plan.items():
-        regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"\d+") + "$")
-        if pattern.endswith("transformer.ff_out") and model.config.weight_tying:
-            continue
-        assert any(regex.match(name) for name in names), pattern
-        assert style in ("colwise", "rowwise", "colwise_gather_output", "embedding_rowwise"), style
+    if getattr(model.config, "weight_tying", False):
+        plan = {key: style for key, style in plan.items() if not key.endswith("transformer.ff_out")}
+    plan_matches(plan, names)
+    assert set(plan.values()) <= TP_STYLES, plan
+    plan_matches(model.ep_plan, names)  # the mixtures of experts' expert-parallel plan
     split = {type(module).__name__ for module in model.modules()}
     assert set(model._no_split_modules) <= split
+
+
+def planned_weights(model) -> int:
+    """How many weight tensors the TP plan shards: parameters named by a pattern, or weights of a module it names."""
+    patterns = [re.compile("^" + re.escape(key).replace(r"\*", r"\d+") + "$") for key in model._tp_plan]
+    names = [name for name, _ in model.named_parameters()]
+    planned = lambda name: any(p.match(name) or p.match(name.removesuffix(".weight")) for p in patterns)  # noqa: E731
+    return sum(planned(name) for name in names)
+
+
+def run_in_two_processes(model, tmp_path, layout: str) -> list[dict]:
+    """The model saved, its padded forward's logits beside it, and `tp_worker.py` run in two CPU processes (gloo)
+    with ``layout``; each rank's report."""
+    model.save_pretrained(tmp_path)
+    with torch.no_grad():
+        logits = model(IDS, attention_mask=PADDING).logits
+    torch.save({"ids": IDS, "attention_mask": PADDING, "logits": logits}, tmp_path / "inputs.pt")
+    worker = Path(__file__).with_name("tp_worker.py")
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(worker), str(tmp_path)]
+    result = subprocess.run(
+        [*command, layout],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
 @pytest.mark.skipif(
@@ -238,23 +275,25 @@ def test_tensor_parallel_in_two_processes_gives_the_same_logits(model_class, tmp
     """``from_pretrained(..., tp_plan="auto")`` in two CPU processes (gloo) shards the weights and gives the
     single-process logits."""
     model = build(model_class)
-    model.save_pretrained(tmp_path)
-    with torch.no_grad():
-        logits = model(IDS, attention_mask=PADDING).logits
-    torch.save({"ids": IDS, "attention_mask": PADDING, "logits": logits}, tmp_path / "inputs.pt")
-    worker = Path(__file__).with_name("tp_worker.py")
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(worker), str(tmp_path)]
-    result = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"},
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    for rank in (0, 1):
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
-        assert report["sharded"] >= 7 * model.config.num_hidden_layers, report  # every planned projection
+    for report in run_in_two_processes(model, tmp_path, "tp"):
+        assert report["sharded"] >= planned_weights(model) >= 4 * model.config.num_hidden_layers, report
+        assert report["max_abs_diff"] < 1e-5, report
+
+
+@pytest.mark.skipif(
+    version.parse(transformers.__version__) < version.parse(TP_VERIFIED_FROM),
+    reason=f"expert parallelism is verified from transformers {TP_VERIFIED_FROM}",
+)
+@pytest.mark.parametrize("model_class", [LLaDA2MoeModelLM], ids=lambda c: c.__name__)
+def test_expert_parallel_in_two_processes_gives_the_same_logits(model_class, tmp_path):
+    """``DistributedConfig(ep_size=2, tp_size=2)``: each process holds half of the routed experts, whole (the
+    fused expert weights cut along the expert dimension), and the logits are the single-process ones."""
+    model = build(model_class)
+    experts = model.model.layers[-1].mlp.experts
+    full = list(experts.gate_up_proj.shape)
+    for report in run_in_two_processes(model, tmp_path, "ep"):
+        assert report["local_experts"] == model.config.num_experts // 2, report
+        assert report["gate_up_proj"] == [full[0] // 2, *full[1:]], report
         assert report["max_abs_diff"] < 1e-5, report
 
 

@@ -42,20 +42,27 @@ class LLaDA2MoeConfig(PreTrainedConfig):
 
     model_type = "llada2_moe"
     keys_to_ignore_at_inference = ["cache", "past_key_values"]
-    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")``): the MLPs, dense and expert, split by columns then
-    # rows (every expert is split across the devices, each device holding a slice of all experts). The fused GQA
-    # projection ``query_key_value`` (query, key and value heads side by side, of unequal widths) cannot be split by
-    # one column cut, so attention stays replicated.
+    # Tensor parallelism (``from_pretrained(..., tp_plan="auto")``): the MLPs, dense and shared, split by columns then
+    # rows, and every routed expert split the same way across the devices (each device holds a slice of all experts).
+    # The fused GQA projection ``query_key_value`` (query, key and value heads side by side, of unequal widths)
+    # cannot be split by one column cut, so attention stays replicated.
     base_model_tp_plan = {
         "layers.*.mlp.gate_proj": "colwise",
         "layers.*.mlp.up_proj": "colwise",
         "layers.*.mlp.down_proj": "rowwise",
-        "layers.*.mlp.experts.*.gate_proj": "colwise",
-        "layers.*.mlp.experts.*.up_proj": "colwise",
-        "layers.*.mlp.experts.*.down_proj": "rowwise",
+        "layers.*.mlp.experts.gate_up_proj": "packed_colwise",
+        "layers.*.mlp.experts.down_proj": "rowwise",
+        "layers.*.mlp.experts": "moe_tp_experts",
         "layers.*.mlp.shared_experts.gate_proj": "colwise",
         "layers.*.mlp.shared_experts.up_proj": "colwise",
         "layers.*.mlp.shared_experts.down_proj": "rowwise",
+    }
+    # Expert parallelism (``distributed_config=DistributedConfig(ep_size=n, ...)``): whole experts per device,
+    # ``num_experts / n`` each, the tokens brought to them by transformers' expert-parallel implementations.
+    base_model_ep_plan = {
+        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts.down_proj": "grouped_gemm",
+        "layers.*.mlp.experts": "ep_dispatch_experts",
     }
     base_model_pp_plan = {
         "word_embeddings": (["input_ids"], ["inputs_embeds"]),

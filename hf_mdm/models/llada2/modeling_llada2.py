@@ -14,7 +14,8 @@ names, exactly as in the published safetensors:
     model.layers.{i}.post_attention_layernorm.weight               RMSNorm before the MLP
     model.layers.{i}.mlp.{gate,up,down}_proj.weight                SwiGLU (the first first_k_dense_replace layers)
     model.layers.{i}.mlp.gate.weight, .gate.expert_bias            router (num_experts, hidden), routing bias
-    model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight    routed experts (SwiGLU)
+    model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight    routed experts (SwiGLU; fused in memory, see
+                                                                   `LLaDA2MoeExperts`)
     model.layers.{i}.mlp.shared_experts.{gate,up,down}_proj.weight shared expert (SwiGLU)
     model.norm.weight                                              final RMSNorm
     lm_head.weight                                                 (vocab_size, hidden_size)
@@ -31,6 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Cache, PreTrainedModel
 from transformers.activations import ACT2FN
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter
+from transformers.integrations import use_experts_implementation
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -170,43 +174,58 @@ class LLaDA2MoeGate(nn.Module):
         return experts, weights * self.routed_scaling_factor
 
 
+@use_experts_implementation
+class LLaDA2MoeExperts(nn.Module):
+    """The routed experts' SwiGLU weights, one 3-D tensor per projection as transformers' mixtures of experts keep
+    them (so its experts implementations and expert-parallel plans apply): ``gate_up_proj`` (num_experts,
+    2 * moe_intermediate_size, hidden), each expert's ``gate_proj`` rows then its ``up_proj`` rows, and
+    ``down_proj`` (num_experts, hidden, moe_intermediate_size). Checkpoints keep the published per-expert tensors
+    (``experts.{e}.{gate,up,down}_proj.weight``): the conversion registered in ``hf_mdm.models.llada2`` fuses them on
+    loading and splits them again on saving.
+
+    This forward is ``experts_implementation="eager"``; transformers' ``grouped_mm`` (the default) and ``batched_mm``
+    run the same sum without data-dependent shapes.
+    """
+
+    def __init__(self, config: LLaDA2MoeConfig):
+        super().__init__()
+        self.num_experts = config.num_experts
+        width, hidden = config.moe_intermediate_size, config.hidden_size
+        self.gate_up_proj = nn.Parameter(torch.empty(config.num_experts, 2 * width, hidden))
+        self.down_proj = nn.Parameter(torch.empty(config.num_experts, hidden, width))
+        self.act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, x: torch.Tensor, experts: torch.LongTensor, weights: torch.Tensor) -> torch.Tensor:
+        """x (N, hidden), each token's experts (N, top_k) and weights (N, top_k) -> (N, hidden): the chosen experts'
+        outputs weighted and summed in the weights' dtype (float32, as published). An expert id ``>= num_experts``
+        is a route to another rank's experts under expert parallelism and is skipped."""
+        out = torch.zeros(x.shape, dtype=weights.dtype, device=x.device)
+        for index in experts[experts < self.num_experts].unique().tolist():
+            token, slot = (experts == index).nonzero(as_tuple=True)
+            gate, up = F.linear(x[token], self.gate_up_proj[index]).chunk(2, dim=-1)
+            expert_out = F.linear(self.act_fn(gate) * up, self.down_proj[index]).to(weights.dtype)
+            out.index_add_(0, token, expert_out * weights[token, slot, None])
+        return out.to(x.dtype)
+
+
 class LLaDA2MoeSparseMoeBlock(nn.Module):
     """Routed experts (``gate`` chooses ``num_experts_per_tok`` per token) plus the shared expert."""
 
     def __init__(self, config: LLaDA2MoeConfig):
         super().__init__()
         self.gate = LLaDA2MoeGate(config)
-        self.experts = nn.ModuleList(
-            LLaDA2MoeMLP(config, config.moe_intermediate_size) for _ in range(config.num_experts)
-        )
+        self.experts = LLaDA2MoeExperts(config)
         if config.num_shared_experts:
             self.shared_experts = LLaDA2MoeMLP(config, config.moe_intermediate_size * config.num_shared_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, L, hidden) -> (B, L, hidden): each token's experts run on it, weighted and summed (in float32, as the
-        router's weights), then the shared expert added."""
+        """(B, L, hidden) -> (B, L, hidden): each token's experts run on it, weighted and summed, then the shared
+        expert added."""
         flat = x.reshape(-1, x.shape[-1])
         experts, weights = self.gate(flat)
-        if torch.compiler.is_compiling():
-            out = self._every_expert(flat, experts, weights)
-        else:
-            out = torch.zeros(flat.shape, dtype=weights.dtype, device=x.device)
-            for index in experts.unique().tolist():
-                token, slot = (experts == index).nonzero(as_tuple=True)
-                expert_out = self.experts[index](flat[token]).to(weights.dtype)
-                out.index_add_(0, token, expert_out * weights[token, slot, None])
-        out = out.to(x.dtype).view_as(x)
+        out = self.experts(flat, experts, weights).to(x.dtype).view_as(x)
         if hasattr(self, "shared_experts"):
             out = out + self.shared_experts(x)
-        return out
-
-    def _every_expert(self, flat: torch.Tensor, experts: torch.LongTensor, weights: torch.Tensor) -> torch.Tensor:
-        """The same sum with every expert run on every token, weighted 0 where not chosen: no data-dependent shapes,
-        for ``torch.compile(fullgraph=True)`` (``num_experts`` times the expert compute)."""
-        out = torch.zeros(flat.shape, dtype=weights.dtype, device=flat.device)
-        for index, expert in enumerate(self.experts):
-            weight = (weights * (experts == index)).sum(-1, keepdim=True)
-            out = out + expert(flat).to(weights.dtype) * weight
         return out
 
 
@@ -247,7 +266,7 @@ class LLaDA2MoePreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_attention_backend = True
-    _can_compile_fullgraph = True  # the experts' compiled path has no data-dependent shapes
+    _can_compile_fullgraph = True  # with transformers' experts implementations (grouped_mm, the default)
     _can_record_outputs = {"hidden_states": LLaDA2MoeDecoderLayer, "attentions": LLaDA2MoeAttention}
 
     @torch.no_grad()
@@ -256,6 +275,9 @@ class LLaDA2MoePreTrainedModel(PreTrainedModel):
         if isinstance(module, LLaDA2MoeGate):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
             module.expert_bias.zero_()
+        elif isinstance(module, LLaDA2MoeExperts):
+            nn.init.normal_(module.gate_up_proj, mean=0.0, std=self.config.initializer_range)
+            nn.init.normal_(module.down_proj, mean=0.0, std=self.config.initializer_range)
 
 
 class LLaDA2MoeModel(LLaDA2MoePreTrainedModel):
@@ -460,5 +482,22 @@ class LLaDA21MoeModelLM(LLaDA2MoeModelLM):
 __all__ = ["LLaDA21MoeModelLM", "LLaDA2MoeModel", "LLaDA2MoeModelLM", "LLaDA2MoePreTrainedModel"]
 
 
+# The published checkpoints keep each routed expert's projections as separate tensors; `LLaDA2MoeExperts` holds them
+# fused. transformers applies this conversion on loading and reverses it on saving, so checkpoints keep the
+# published layout.
+PUBLISHED_EXPERTS_LAYOUT = [
+    WeightConverter(
+        source_patterns=["mlp.experts.*.gate_proj.weight", "mlp.experts.*.up_proj.weight"],
+        target_patterns="mlp.experts.gate_up_proj",
+        operations=[MergeModulelist(dim=0), Concatenate(dim=1)],
+    ),
+    WeightConverter(
+        source_patterns="mlp.experts.*.down_proj.weight",
+        target_patterns="mlp.experts.down_proj",
+        operations=[MergeModulelist(dim=0)],
+    ),
+]
+for _config in (LLaDA2MoeConfig, LLaDA21MoeConfig):
+    register_checkpoint_conversion_mapping(_config.model_type, PUBLISHED_EXPERTS_LAYOUT, overwrite=True)
 register_family(LLaDA2MoeConfig.model_type, LLaDA2MoeModelLM.diffusion_facts)
 register_family(LLaDA21MoeConfig.model_type, LLaDA21MoeModelLM.diffusion_facts)
