@@ -248,8 +248,8 @@ def _output(canvas: Canvas, sampler: Sampler, trace: Trace, num_generated, secon
         tokens_per_forward=float(num_generated.sum()) / max(denoiser.nfe, 1),
         accepted_per_round=trace.accepted_per_round,
         history=tuple(trace.history) if history else None,
-        scores=recorder.output("scores") if recorder is not None else None,
-        logits=recorder.output("logits") if recorder is not None else None,
+        scores=recorder.output("scores", canvas.x.shape[1]) if recorder is not None else None,
+        logits=recorder.output("logits", canvas.x.shape[1]) if recorder is not None else None,
     )
 
 

@@ -12,7 +12,8 @@ LLaDA2.1's published generate() (modeling_llada21_moe.py) runs each block until 
 
 Rows of a batch run their own steps (a row that is done keeps its tokens while the others go on), so each row gets
 the tokens it gets alone. Under block-causal attention editing touches only the current block, whose keys/values
-the exact cache recomputes on every forward anyway. Exported with the model as remote code.
+the exact cache recomputes on every forward anyway. With ``output_scores`` / ``output_logits`` a position's scores
+are those of the step that last wrote it (an edit replaces the reveal's). Exported with the model as remote code.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from .generation_denoiser import Rows
-from .generation_sampler import Sampler, _propose_at
+from .generation_sampler import Sampler, _flat_records, _propose_at
 from .generation_strategy import choose
 from .generation_transfer import Transfer, register_transfer
 
@@ -77,7 +78,11 @@ class LLaDA21EditingTransfer(Transfer):
             revealed = self._reveals(sampler, proposals, keep, masked & running[:, None], x.shape[1])
             edited = region[:, keep] & ~masked & running[:, None]
             edited &= (proposals.confidence > self.editing_threshold) & (proposals.tokens != x[:, keep])
-            x[:, keep] = torch.where(revealed | edited, proposals.tokens, x[:, keep])
+            written = revealed | edited
+            x[:, keep] = torch.where(written, proposals.tokens, x[:, keep])
+            if sampler.recorder is not None:  # a position's scores are those of the step that last wrote it
+                flat_rows, k = written.nonzero(as_tuple=True)
+                sampler.record(rows, flat_rows, keep[k], _flat_records(proposals, flat_rows, k))
             on_step()
             running &= masked.any(1) | edited.any(1)
 

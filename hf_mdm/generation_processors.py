@@ -268,9 +268,10 @@ class ScoreRecorder:
                 self.buffers[name] = value.new_full((*self.shape, value.shape[-1]), -float("inf"))
             self.buffers[name][rows, cols] = value.to(self.buffers[name].dtype)
 
-    def output(self, name: str) -> Optional[tuple[torch.Tensor, ...]]:
-        """One (B, V) tensor per generated column (from the first generated column to the end), or None."""
+    def output(self, name: str, width: Optional[int] = None) -> Optional[tuple[torch.Tensor, ...]]:
+        """One (B, V) tensor per generated column, from the first generated column to ``width`` (the returned
+        sequences' width; default the canvas'), or None."""
         buffer = self.buffers[name]
         if not self.want[name] or buffer is None:
             return None
-        return tuple(buffer[:, self.first_column :].unbind(1))
+        return tuple(buffer[:, self.first_column : width].unbind(1))

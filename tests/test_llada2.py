@@ -239,6 +239,22 @@ def test_generate_equals_the_published_generate(models, name, kv_cache):
     assert out.nfe == case["nfe"]
 
 
+def test_editing_records_the_scores_of_the_last_write(models):
+    """output_scores / output_logits with LLaDA2.1's editing: every generated position's scores are those of the
+    step that last wrote it, so at temperature 0 their argmax is the final token, edited or not."""
+    case = CASES["edit_fires"]
+    prompt = torch.tensor([case["prompt"]])
+    model = models[case["model_type"]]
+    config = preset_of(case, output_scores=True, output_logits=True)
+    out = model.generate(prompt, generation_config=config)
+    assert torch.equal(out.sequences, model.generate(prompt, generation_config=preset_of(case)).sequences)
+    generated = out.sequences[0, prompt.shape[1] :]
+    assert len(out.scores) == len(out.logits) == generated.numel()
+    for token, scores, logits in zip(generated.tolist(), out.scores, out.logits):
+        assert torch.isfinite(logits).all()
+        assert int(scores[0].argmax()) == token == int(logits[0].argmax())
+
+
 def test_the_cases_cover_what_they_say():
     """The reference cases exercise what their names claim (so the equality above tests those paths)."""
     eos = {name: case["kwargs"]["eos_id"] in case["tokens"] for name, case in CASES.items()}
