@@ -175,10 +175,16 @@ class Target:
     value: float
     bound: float
     at_most: bool
+    judged: bool = True  # False: printed for information (not the size the targets are judged at)
 
     @property
     def holds(self) -> bool:
         return self.value <= self.bound if self.at_most else self.value >= self.bound
+
+    @property
+    def verdict(self) -> str:
+        passed = "PASS" if self.holds else "FAIL"
+        return passed if self.judged else f"({passed}, not judged)"
 
     def describe(self) -> str:
         return f"{self.name} {'<=' if self.at_most else '>='} {self.bound:g}"
@@ -189,7 +195,7 @@ HEADER = ("row", "B", "generate s min/med", "forward s med", "outside", "NFE", "
 
 def format_table(rows: list[dict]) -> str:
     """A markdown table: each row's ``name``, ``batch``, optional ``series`` (timings), ``measured`` text and
-    ``target`` (a `Target`)."""
+    optional ``target`` (a `Target`; a row without one is information)."""
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for row in rows:
         s: Optional[Series] = row.get("series")
@@ -202,8 +208,8 @@ def format_table(rows: list[dict]) -> str:
                 str(s.calls[0].forwards),
                 str(s.calls[0].positions),
             )
-        target: Target = row["target"]
-        verdict = "PASS" if target.holds else "FAIL"
-        cells = (row["name"], str(row["batch"]), *timing, row["measured"], target.describe(), verdict)
+        target: Optional[Target] = row.get("target")
+        judged = (target.describe(), target.verdict) if target is not None else ("-", "information")
+        cells = (row["name"], str(row["batch"]), *timing, row["measured"], *judged)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

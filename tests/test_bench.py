@@ -1,6 +1,7 @@
 """The arithmetic of `make bench` (evaluation/bench.py, evaluation/bench_measure.py) on cases computed by hand; no
 timing is asserted."""
 
+import json
 import sys
 from argparse import Namespace
 from pathlib import Path
@@ -88,7 +89,11 @@ def test_target_verdicts():
 def test_cache_row_arithmetic():
     """measured = median over rounds of (no cache / cache); ideal = positions without / with; the target on their
     ratio. Dual cache, batch 1 on HAND: ideal 96 / 60 = 1.6; rounds 2/1, 4/1, 3/2 -> median 2; 2 / 1.6 = 1.25."""
-    args = Namespace(prompt=HAND["prompt"], new_tokens=HAND["new"], block=HAND["block"], steps=HAND["steps"])
+    args = Namespace(
+        **{"prompt": HAND["prompt"], "new_tokens": HAND["new"], "block": HAND["block"], "steps": HAND["steps"]},
+        judge_batch=1,
+        batches=[1],
+    )
     plain = Series([Call(t, 0.0, 6, 96) for t in (2.0, 4.0, 3.0)])
     cached = Series([Call(t, 0.0, 6, 60) for t in (1.0, 1.0, 2.0)])
     row = bench.cache_row("dual", 1, cached, plain, "dual", args)
@@ -115,11 +120,35 @@ def test_interleave_calls_every_run_once_a_round_after_warmup():
         interleave(runs, repeats=0)
 
 
-def test_quick_run_prints_every_row(capsys):
-    rows = bench.main(["--quick", "--batches", "1"])
+def test_quick_run_prints_every_row(capsys, tmp_path):
+    """Every row at each batch; the targets judged at --judge-batch only, the others marked; the cost row is
+    information."""
+    rows = bench.main(["--quick", "--batches", "1", "2", "--judge-batch", "2", "--json", str(tmp_path / "b.json")])
     table = capsys.readouterr().out
-    names = [*bench.SAMPLERS, *bench.CACHES, bench.EXACT[0], "mdm forward / llama forward"]
-    assert [row["name"] for row in rows] == names
+    cost = "forward cost per position, 8 vs 24 positions a row"
+    names = [*bench.SAMPLERS, *bench.CACHES, bench.EXACT[0], "mdm forward / llama forward", cost]
+    assert [row["name"] for row in rows] == names * 2
     for name in names:
-        line = next(line for line in table.splitlines() if line.startswith(f"| {name} | 1 |"))
-        assert line.endswith(("| PASS |", "| FAIL |"))
+        for batch, ends in ((1, (" not judged) |",)), (2, ("| PASS |", "| FAIL |"))):
+            line = next(line for line in table.splitlines() if line.startswith(f"| {name} | {batch} |"))
+            assert line.endswith("| information |" if name == cost else ends), line
+    numbers = json.loads((tmp_path / "b.json").read_text())
+    assert [n["judged"] for n in numbers if n["name"] == "threshold 0.9"] == [False, True]
+    assert "value" not in next(n for n in numbers if n["name"] == cost)
+
+
+def test_targets_are_judged_at_the_judge_batch_or_the_largest():
+    assert [bench.judged(Namespace(judge_batch=8, batches=[1, 8]), b) for b in (1, 8)] == [False, True]
+    assert [bench.judged(Namespace(judge_batch=8, batches=[1, 4]), b) for b in (1, 4)] == [False, True]
+    assert Target("x", 2.0, 1.0, True, judged=False).verdict == "(FAIL, not judged)"
+    assert Target("x", 0.5, 1.0, True).verdict == "PASS"
+
+
+def test_position_cost_row():
+    """(short time / block) / (full time / canvas), median over rounds: rounds 1/4, 2/4, 3/4 of the full forward's
+    time for 8 of 24 positions -> per position 0.5 * 3 = 1.5x."""
+    args = Namespace(prompt=8, new_tokens=16, block=8)
+    full = Series([Call(4.0, 0.0, 1, 24)] * 3)
+    short = Series([Call(t, 0.0, 1, 8) for t in (1.0, 2.0, 3.0)])
+    row = bench.position_cost_row(args, {"mdm forward": full, "mdm block-wide forward": short}, 1)
+    assert row["measured"] == "1.50x" and "target" not in row
