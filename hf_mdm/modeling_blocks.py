@@ -84,6 +84,13 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: t
     return rotated.to(x.dtype)
 
 
+def rotate_partially(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the first ``cos.shape[-1]`` dims of each head of x (B, heads, L, head_dim), the rest unchanged."""
+    rotary_dim = cos.shape[-1]
+    rotated = apply_rotary(x[..., :rotary_dim], cos, sin, x.dtype)
+    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
+
+
 def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """(B, L, heads * head_dim) -> (B, heads, L, head_dim); the number of heads is read off the input, so that a
     tensor-parallel shard (a share of the heads) works unchanged."""

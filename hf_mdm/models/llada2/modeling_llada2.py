@@ -52,21 +52,14 @@ from ...kv_cache import (
 )
 from ...modeling_blocks import (
     RMSNorm,
-    apply_rotary,
     attention_inputs,
     eager_attention_forward,
     keep_positions,
     masked_token_loss,
     rotary_cos_sin,
+    rotate_partially,
 )
 from .configuration_llada2 import LLaDA2MoeConfig, LLaDA21MoeConfig
-
-
-def rotate_partially(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE on the first ``cos.shape[-1]`` dims of each head of x (B, heads, L, head_dim), the rest unchanged."""
-    rotary_dim = cos.shape[-1]
-    rotated = apply_rotary(x[..., :rotary_dim], cos, sin, x.dtype)
-    return torch.cat((rotated, x[..., rotary_dim:]), dim=-1)
 
 
 def as_attention_mask(mask: Any, dtype: torch.dtype) -> Any:
