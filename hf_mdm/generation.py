@@ -34,7 +34,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from .families import attention_block_size
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
-from .generation_denoiser import Denoiser, logits_shift_of
+from .generation_denoiser import Denoiser, compile_options, logits_shift_of
 from .generation_processors import ScoreRecorder, config_processors, config_warpers
 from .generation_reference import (
     DREAM_ALGS,
@@ -166,6 +166,7 @@ def diffusion_generate(
         config.kv_cache,
         config.kv_cache_refresh,
         config.block_length,
+        compile_options(config),
     )
     sampler = _default_sampler(config, denoiser, logits_processor, generator, canvas, input_ids.shape[1])
     remasking = Remasking.from_config(config, streamer)  # None without remdm

@@ -18,7 +18,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.utils import ModelOutput
 
-from .generation_denoiser import KV_CACHES
+from .generation_denoiser import KV_CACHES, check_compile
 from .generation_editing import LLaDA21EditingTransfer  # noqa: F401  (registers the llada21_editing transfer)
 from .generation_presets import ReferencePresets
 from .generation_reference import check_reference_values, validate_reference
@@ -41,6 +41,7 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "draft_length": None,
     "kv_cache": None,
     "kv_cache_refresh": None,
+    "compile_forward": False,
     "remdm": None,
     "remdm_eta": None,
     "remdm_t_on": None,
@@ -130,6 +131,14 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             tokens equal ``kv_cache="none"`` (no cache) exactly.
         kv_cache_refresh (`int`, *optional*): a full forward (cache refresh) every ``k`` forwards inside a block
             (default: only at the block's start); ``1`` gives the tokens of ``kv_cache=None``.
+        compile_forward (`bool`, defaults to `False`): run the model's forward compiled with ``torch.compile``,
+            compiled once per model and kept on it, so later calls reuse the graphs; tokens equal the eager forward's
+            (exactly with the ``"eager"`` / ``"aot_eager"`` backends; inductor may reorder float sums). The options
+            come from transformers' ``compile_config`` (a `transformers.CompileConfig`: ``fullgraph``, ``dynamic``,
+            ``backend``, and for inductor ``mode`` or ``options``; ``dynamic=None`` reads True, one graph for every
+            number of positions a step asks logits for); unset, ``dynamic=True`` with inductor's default mode. A
+            CUDA-graph mode (``"reduce-overhead"``) needs ``kv_cache="none"``. ``disable_compile=True`` turns it off
+            (`hf_mdm.generation_denoiser.compile_options`).
         remdm (`str`, *optional*): ReMDM remasking, ``"cap"``, ``"rescale"``, ``"conf"`` or ``"loop"``
             (`hf_mdm.generation_remask`): the paper's sampler (``transfer="stochastic"``, ``strategy="random"``, which
             may be left unset) where a step may also remask revealed tokens of the current block. Combines with
@@ -223,6 +232,7 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
         if self.logits_shift not in (None, 0, 1):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
         self._validate_fast_sampling()
+        check_compile(self)
         validate_speculative(self)
         validate_remdm(self)
         self._validate_reference()

@@ -17,6 +17,8 @@ exact-posterior oracle) and is the only place that calls it:
   keeps every layer's keys/values; the block's other forwards run only the block and what follows it
   (``"prefix"``) or the block alone (``"dual"``) against them. With a logits shift the span starts one column
   before the block, so the logits predicting the block's first position come from a fresh hidden state;
+- ``compile_forward``: the model's forward compiled with ``torch.compile`` (`compile_options`, `compiled_forward`),
+  once per model and options and kept on the model, so later calls reuse its graphs;
 - block-causal models (`attention_block_size`: ``config.block_size`` set): every forward takes ``block_size`` = the
   decoding block length, so attention blocks are the decoding blocks (as LLaDA2's generate builds its mask), and
   the rows' positions when they are padded (a row's blocks count from its first token). Under such attention a
@@ -33,9 +35,10 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
+from transformers import CompileConfig
 
 from .families import attention_block_size, facts_of
 from .kv_cache import output_cache
@@ -99,6 +102,74 @@ class Rows:
 
 
 KV_CACHES = ("prefix", "dual")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile modes that replay CUDA graphs
+_COMPILED_FORWARDS = "_hf_mdm_compiled_forwards"  # the attribute of a model that keeps its compiled forwards
+
+
+def compile_options(config: Any) -> Optional[dict[str, Any]]:
+    """The ``torch.compile`` arguments of the model call of ``config``, or None (eager): ``compile_forward=True``
+    without ``disable_compile``. From ``config.compile_config`` (a `transformers.CompileConfig`) when given:
+    ``fullgraph``, ``backend``, ``dynamic`` (None, CompileConfig's default, reads True: the positions a step asks
+    logits for change in number from step to step, and fixed shapes would compile a graph for each), and for the
+    inductor backend ``options`` or else ``mode``; without it, ``dynamic=True`` with inductor's default mode."""
+    if not getattr(config, "compile_forward", False) or getattr(config, "disable_compile", False):
+        return None
+    compile_config = getattr(config, "compile_config", None)
+    if compile_config is None:
+        return {"dynamic": True, "fullgraph": False, "backend": "inductor"}
+    dynamic = True if compile_config.dynamic is None else bool(compile_config.dynamic)
+    options = {"dynamic": dynamic, "fullgraph": bool(compile_config.fullgraph), "backend": compile_config.backend}
+    if compile_config.backend == "inductor":
+        if compile_config.options:
+            options["options"] = dict(compile_config.options)
+        elif compile_config.mode is not None:
+            options["mode"] = compile_config.mode
+    return options
+
+
+def check_compile(config: Any) -> None:
+    """ValueErrors, naming what to change, for ``compile_forward``, ``disable_compile`` and ``compile_config``
+    values that cannot run."""
+    for name in ("compile_forward", "disable_compile"):
+        value = getattr(config, name, None)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+    compile_config = getattr(config, "compile_config", None)
+    if compile_config is None:
+        return
+    if not isinstance(compile_config, CompileConfig):
+        raise ValueError(
+            f"compile_config must be a transformers.CompileConfig, e.g. CompileConfig(backend='inductor', "
+            f"dynamic=True), got {type(compile_config).__name__}"
+        )
+    if not config.compile_forward:
+        raise ValueError("compile_config is read only with compile_forward=True: set compile_forward=True, or drop it")
+    backend = compile_config.backend
+    if isinstance(backend, str):
+        known = torch.compiler.list_backends(exclude_tags=())
+        if backend not in known:
+            raise ValueError(f"unknown torch.compile backend {backend!r} in compile_config: use one of {known}")
+    elif not callable(backend):
+        raise ValueError(f"compile_config.backend must be a backend name or a callable, got {backend!r}")
+    if compile_config.dynamic not in (None, True, False):
+        raise ValueError(f"compile_config.dynamic must be True, False or None, got {compile_config.dynamic!r}")
+    cuda_graphs = backend == "inductor" and compile_config.mode in CUDA_GRAPH_MODES and not compile_config.options
+    if cuda_graphs and getattr(config, "kv_cache", None) not in (None, "none"):
+        raise ValueError(
+            f"compile_config.mode={compile_config.mode!r} replays CUDA graphs, whose outputs the next replay "
+            f"overwrites, and kv_cache={config.kv_cache!r} keeps a forward's keys/values for later ones: use "
+            "mode='default' (or 'max-autotune-no-cudagraphs'), or kv_cache='none'"
+        )
+
+
+def compiled_forward(model: Any, options: dict[str, Any]) -> Callable[..., Any]:
+    """``torch.compile(model.forward, **options)``, compiled once per model and ``options``: kept on the model
+    (not in a global), so every later call with the same options reuses its graphs."""
+    compiled = model.__dict__.setdefault(_COMPILED_FORWARDS, {})
+    key = tuple(sorted((name, repr(value)) for name, value in options.items()))
+    if key not in compiled:
+        compiled[key] = torch.compile(getattr(model, "forward", model), **options)
+    return compiled[key]
 
 
 def supports_kv_cache(model: Any) -> bool:
@@ -141,6 +212,7 @@ class Denoiser:
     kv_cache_refresh: Optional[int] = None
     block_size: Optional[int] = None  # block-causal models: the attention block of every forward (block_length)
     pass_block_size: bool = False
+    forward: Optional[Callable[..., Any]] = None  # the compiled forward (`compiled_forward`); None: the model itself
     nfe: int = 0
     forward_rows: int = 0
     forward_tokens: int = 0
@@ -157,9 +229,11 @@ class Denoiser:
         kv_cache: Optional[str] = None,
         kv_cache_refresh: Optional[int] = None,
         block_length: Optional[int] = None,
+        compile: Optional[dict[str, Any]] = None,
     ) -> "Denoiser":
         """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model; ``block_length`` is the
-        attention block of a block-causal model's forwards (default its own). A ValueError when ``kv_cache`` is
+        attention block of a block-causal model's forwards (default its own); ``compile``: the ``torch.compile``
+        arguments of its forward (`compile_options`), None for eager. A ValueError when ``kv_cache`` is
         asked of a model that cannot keep keys/values."""
         if kv_cache is not None and not supports_kv_cache(model):
             raise ValueError(
@@ -179,6 +253,7 @@ class Denoiser:
             block_size=_attention_block(model, block_length),
             pass_block_size=accepts(model, "block_size"),
             exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
+            forward=None if compile is None else compiled_forward(model, compile),
         )
 
     @property
@@ -293,7 +368,7 @@ class Denoiser:
         return shift_logits(self._combine(self._forward(inputs, kwargs)), self.shift).to(x.device)
 
     def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-        output = self.model(inputs, **kwargs)
+        output = (self.forward or self.model)(inputs, **kwargs)
         if kwargs.get("use_cache"):
             if self.exact is not None:
                 self.exact.cache = output_cache(output)
