@@ -223,18 +223,19 @@ def sample_blocks(
     the (B,) rows that finished early. Blocks are aligned to the model's attention blocks when it has them."""
     gen_mask0 = canvas.gen_mask0
     blocks = plan_blocks(canvas, block_length, sampler.denoiser.block_causal)
-    steps_per_block = sampler.transfer.block_steps(steps, [int(block.region.sum(1).max()) for block in blocks])
+    masked = torch.stack([block.region.sum(1).max() for block in blocks]).tolist() if blocks else []
+    steps_per_block = sampler.transfer.block_steps(steps, masked)
     denoise = denoise or sampler.transfer.block_denoiser or denoise_block
     finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
     for block, num_steps in zip(blocks, steps_per_block):
         if num_steps == 0:
             continue
-        active = (~finished).nonzero().flatten()
+        active = (~finished).nonzero().flatten()  # the one read of the loop per block
+        if active.numel() == 0:
+            break
         _denoise_active_rows(sampler, canvas, active, block, num_steps, trace, denoise)
         x = canvas.x
         finished |= finished_rows(x, gen_mask0, block.end, eos_ids, stopping_criteria, x == sampler.mask_id)
-        if bool(finished.all()):
-            break
     return finished
 
 
@@ -269,11 +270,18 @@ def _denoise_active_rows(
 def denoise_block(
     sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
 ) -> None:
-    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``."""
+    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``: with counts
+    decided at the block's start (`_counts_up_front`), steps of fixed shapes that read nothing back from the device
+    (`_denoise_block_by_table`); otherwise step by step, each step reading the columns still masked and the
+    largest count (an adaptive rule's counts come from the step's proposals, so whether the block is done is known
+    only after each step)."""
     if sampler.transfer.name == "stochastic" and sampler.strategy.name == "random":
         return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
     mask_id = sampler.mask_id
     m0 = ((rows.x == mask_id) & region).sum(1)
+    if _counts_up_front(sampler):
+        table = sampler.transfer.count_table(sampler.schedule, num_steps, m0, sampler.generator)
+        return _denoise_block_by_table(sampler, rows, region, table, on_step)
     counts_at = sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)
     if sampler.early_stop_eos is not None:
         region = region.clone()  # rows that stop inside the block leave it
@@ -289,6 +297,34 @@ def denoise_block(
         on_step()
         if sampler.early_stop_eos is not None:
             region &= ~stops_inside_block(rows, block_mask, sampler.early_stop_eos, mask_id)[:, None]
+
+
+def _counts_up_front(sampler: Sampler) -> bool:
+    """Whether a block's counts are decided at its start (`Transfer.count_table`): a fixed transfer, no row that may
+    stop inside the block, and proposals that draw no random numbers (at temperature > 0 a step draws one token per
+    column it proposes at, and the stochastic counts are drawn between those draws)."""
+    fixed = not sampler.transfer.adaptive and type(sampler.transfer).count_table is not Transfer.count_table
+    return fixed and sampler.early_stop_eos is None and not sampler.proposer.temperature
+
+
+def _denoise_block_by_table(
+    sampler: Sampler, rows: Rows, region: torch.Tensor, table: torch.Tensor, on_step: Callable[[], None]
+) -> None:
+    """The steps of a block whose counts ``table`` (B, S) are decided at its start, with no host read inside the
+    block: two reads at its start, the block's columns (the model's logits are asked at all of them every step,
+    revealed or not: a fixed shape, and at temperature 0 the same tokens) and the largest count of each step (a
+    step that reveals nothing skips its forward, the others take that many top scores). The tokens and forwards are
+    those of the step-by-step loop, but for scores tied within a rounding error: the LM head's matrix product may
+    round a column's logits differently when it computes more columns, so such a tie may break the other way."""
+    block_mask = (rows.x == sampler.mask_id) & region
+    keep = block_mask.any(0).nonzero().flatten()
+    num_steps = table.shape[1]
+    for i, most in enumerate(table.amax(0).tolist()):
+        if most == 0:
+            continue  # nothing to reveal: skipping the forward changes no token
+        _step(sampler, rows, block_mask, keep, table[:, i], num_steps - i, most)
+        on_step()
+        block_mask = (rows.x == sampler.mask_id) & region
 
 
 def stops_inside_block(rows: Rows, block_mask: torch.Tensor, eos_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -339,22 +375,32 @@ def _denoise_block_independently(sampler: Sampler, rows: Rows, region, num_steps
             on_step()
 
 
-def _step(sampler: Sampler, rows: Rows, block_mask, keep, counts: Optional[torch.Tensor], steps_left: int) -> None:
+def _step(
+    sampler: Sampler,
+    rows: Rows,
+    block_mask,
+    keep,
+    counts: Optional[torch.Tensor],
+    steps_left: int,
+    most: Optional[int] = None,
+) -> None:
     """One denoising step on ``rows``, in place. ``block_mask`` (B, L) marks the block's masked positions, ``keep``
-    (K,) the columns where any row is masked, ``counts`` (B,) the tokens each row reveals (None for the threshold
-    transfer, which decides from the confidences)."""
+    (K,) columns that hold every one of them, ``counts`` (B,) the tokens each row reveals (None for the adaptive
+    transfers, which decide from the proposals), ``most`` their largest when the host knows it."""
     remaining = block_mask.sum(1)
     if counts is not None and sampler.strategy.positional:
         # positions first, then logits only at their columns and proposals only where they are revealed
         scores = sampler.strategy.positional_scores(rows.x.shape, sampler.generator, rows.x.device)
-        return reveal_rows(sampler, rows, choose(scores, block_mask, torch.minimum(counts, remaining)))
+        return reveal_rows(sampler, rows, choose(scores, block_mask, torch.minimum(counts, remaining), most))
     proposals = _propose_at(sampler, rows, keep)
     scores = sampler.strategy.scores(proposals, keep, rows.x.shape[1], sampler.generator)
     if counts is None:
         counts = sampler.transfer.adaptive_counts(
             proposals.confidence, proposals.probs, scores[:, keep], block_mask[:, keep], steps_left
         )
-    chosen = choose(scores, block_mask, torch.minimum(counts, remaining))[:, keep]  # only kept columns can be chosen
+    chosen = choose(scores, block_mask, torch.minimum(counts, remaining), most)[
+        :, keep
+    ]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
     if sampler.recorder is not None:
         flat_rows, k = chosen.nonzero(as_tuple=True)

@@ -251,10 +251,13 @@ class Proposer:
         return ProcessorIds(canvas, left)
 
 
-def choose(scores: torch.Tensor, candidates: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """(B, L) bool: the ``counts`` (B,) best-scored ``candidates`` (B, L) of each row (torch.topk's tie order)."""
+def choose(
+    scores: torch.Tensor, candidates: torch.Tensor, counts: torch.Tensor, kmax: Optional[int] = None
+) -> torch.Tensor:
+    """(B, L) bool: the ``counts`` (B,) best-scored ``candidates`` (B, L) of each row (torch.topk's tie order);
+    ``kmax``: the largest count when the host knows it (else read from ``counts``)."""
     chosen = torch.zeros_like(candidates)
-    kmax = int(counts.max())
+    kmax = int(counts.max()) if kmax is None else kmax
     if kmax == 0:
         return chosen
     idx = torch.topk(scores.masked_fill(~candidates, -float("inf")), kmax, dim=-1).indices

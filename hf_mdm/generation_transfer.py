@@ -62,10 +62,22 @@ def deterministic_counts(num_masked: torch.Tensor, num_steps: int, schedule: Any
 
 def reveal_probability(schedule: Any, t: float, s: float) -> float:
     """(alpha(s) - alpha(t)) / (1 - alpha(t)): chance that a position masked at time t is revealed by time s."""
-    alpha_t, alpha_s = float(schedule.alpha(t)), float(schedule.alpha(s))
+    return _reveal_probability(float(schedule.alpha(t)), float(schedule.alpha(s)), s)
+
+
+def _reveal_probability(alpha_t: float, alpha_s: float, s: float) -> float:
     if s <= 0 or alpha_t >= 1:
         return 1.0
     return min(max((alpha_s - alpha_t) / (1.0 - alpha_t), 0.0), 1.0)
+
+
+def reveal_probabilities(schedule: Any, num_steps: int) -> list[float]:
+    """`reveal_probability` of each step of a block of ``num_steps`` steps (`time_grid`), the schedule read once:
+    alpha is evaluated one time at a time, as `reveal_probability` does, so the floats are the same (a schedule's
+    vectorised exp or cos may round differently), then read in one ``tolist``."""
+    grid = time_grid(num_steps)
+    alphas = torch.stack([torch.as_tensor(schedule.alpha(t), dtype=torch.float64) for t in grid.unbind()]).tolist()
+    return [_reveal_probability(alphas[i], alphas[i + 1], 1.0 - (i + 1) / num_steps) for i in range(num_steps)]
 
 
 def normalised_alpha(schedule: Any, t: torch.Tensor) -> torch.Tensor:
@@ -163,8 +175,16 @@ class Transfer:
         return split_steps(steps, block_counts)
 
     def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
-        """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start."""
-        return lambda i, block_mask: None
+        """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start, step by step
+        (default: the columns of `count_table`)."""
+        table = self.count_table(schedule, num_steps, m0, generator)
+        return lambda i, block_mask: None if table is None else table[:, i]
+
+    def count_table(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> Optional[torch.Tensor]:
+        """(B, num_steps) the tokens each row reveals at each step, all decided at the block's start on the device
+        (so a step reads nothing back), or None: an adaptive rule decides in each step (`adaptive_counts`). Each
+        step reveals exactly its count (the counts of a row add up to at most its ``m0``)."""
+        return None
 
     def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:
         """Counts (B,) from the step's (B, K) proposals: confidences, distributions (B, K, V), strategy scores
@@ -191,17 +211,28 @@ class StochasticTransfer(Transfer):
     name = "stochastic"
 
     def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
-        grid = time_grid(num_steps).tolist()
+        """Each step's counts drawn at the step, from the positions still masked (so the draws interleave with the
+        step's other random numbers, e.g. sampling at temperature > 0)."""
+        probabilities = reveal_probabilities(schedule, num_steps)
+        return lambda i, block_mask: _binomial(block_mask.sum(1), probabilities[i], generator)
 
-        def counts(i: int, block_mask: torch.Tensor) -> torch.Tensor:
-            remaining = block_mask.sum(1)
-            p = reveal_probability(schedule, grid[i], grid[i + 1])
-            if p >= 1.0:
-                return remaining
-            probs = torch.full(remaining.shape, p, dtype=torch.float64, device=remaining.device)
-            return torch.binomial(remaining.double(), probs, generator=generator).long()
+    def count_table(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> Optional[torch.Tensor]:
+        """Every step's counts drawn at the block's start, in step order: the draws of `count_rule` (a step
+        reveals exactly its count, so the masked counts it draws from are known), when nothing else draws between
+        them (a draw from zero masked positions takes no random number on the CPU)."""
+        remaining, columns = m0, []
+        for p in reveal_probabilities(schedule, num_steps):
+            columns.append(_binomial(remaining, p, generator))
+            remaining = remaining - columns[-1]
+        return torch.stack(columns, 1)
 
-        return counts
+
+def _binomial(remaining: torch.Tensor, p: float, generator) -> torch.Tensor:
+    """(B,) Binomial(``remaining``, p) draws (``remaining`` itself when p is 1: no draw)."""
+    if p >= 1.0:
+        return remaining
+    probs = torch.full(remaining.shape, p, dtype=torch.float64, device=remaining.device)
+    return torch.binomial(remaining.double(), probs, generator=generator).long()
 
 
 @register_transfer
@@ -210,9 +241,8 @@ class DeterministicTransfer(Transfer):
 
     name = "deterministic"
 
-    def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
-        table = deterministic_counts(m0, num_steps, schedule)
-        return lambda i, block_mask: table[:, i]
+    def count_table(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> Optional[torch.Tensor]:
+        return deterministic_counts(m0, num_steps, schedule)
 
 
 @register_transfer

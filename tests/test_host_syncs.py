@@ -1,0 +1,74 @@
+"""Host synchronisations: `count_host_syncs` counts the operations a GPU run waits on, and the count-based samplers
+(deterministic and stochastic counts) read nothing back inside a block: their reads per call do not grow with the
+number of steps, and grow by a small constant per block."""
+
+import pytest
+import torch
+
+from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+from hf_mdm.host_syncs import count_host_syncs
+
+MASK = 30
+READS_PER_BLOCK = 3  # the rows still running, the block's columns and its count table
+# the stochastic counts also read the block's reveal probabilities from the schedule: a tensor on the host (the time
+# grid), which the counter cannot tell from a device tensor on a CPU run
+SCHEDULE_READS = {"deterministic": 0, "stochastic": 1}
+
+
+@pytest.fixture(scope="module")
+def model() -> MDMForMaskedDiffusion:
+    torch.manual_seed(0)
+    config = MDMConfig(
+        vocab_size=MASK + 1,
+        mask_token_id=MASK,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=96,
+    )
+    return MDMForMaskedDiffusion(config).eval()
+
+
+def test_the_counter_counts_reads_and_data_dependent_shapes():
+    t = torch.arange(6)
+    with count_host_syncs() as syncs:
+        int(t[0]), bool(t.any()), t.tolist(), t.nonzero(), t[t > 2], torch.unique(t)
+        t.clone()[t > 4] = 0
+        t + 1, t.sum(), t[1:3], torch.where(t > 2, t, 0), t.topk(2)  # fixed shapes, nothing read
+    assert dict(syncs.by_op) == {
+        "_local_scalar_dense": 2,
+        "tolist": 1,
+        "nonzero": 1,
+        "index": 1,
+        "_unique2": 1,
+        "index_put_": 1,
+    }
+    assert syncs.total == 7
+
+
+def _syncs(model, **settings) -> tuple[int, torch.Tensor, int]:
+    prompt = torch.randint(0, MASK, (2, 5), generator=torch.Generator().manual_seed(1))
+    with count_host_syncs() as syncs:
+        out = model.generate(prompt, max_new_tokens=24, return_dict_in_generate=True, seed=0, **settings)
+    return syncs.total, out.sequences, out.nfe
+
+
+@pytest.mark.parametrize("transfer", ["deterministic", "stochastic"])
+@pytest.mark.parametrize("strategy", ["confidence", "margin", "entropy"])
+def test_count_based_samplers_read_nothing_inside_a_block(model, transfer, strategy):
+    few, _, few_nfe = _syncs(model, steps=6, block_length=8, transfer=transfer, strategy=strategy)
+    many, _, many_nfe = _syncs(model, steps=24, block_length=8, transfer=transfer, strategy=strategy)
+    assert many_nfe > 2 * few_nfe  # more forwards ...
+    assert many == few  # ... and not one more read
+    one_block, _, _ = _syncs(model, steps=24, transfer=transfer, strategy=strategy)
+    six_blocks, _, _ = _syncs(model, steps=24, block_length=4, transfer=transfer, strategy=strategy)
+    assert 0 < (six_blocks - one_block) / 5 <= READS_PER_BLOCK + SCHEDULE_READS[transfer]
+
+
+def test_sampling_at_temperature_reads_per_step(model):
+    """At temperature > 0 a step draws one token per column it proposes at, so the masked columns are read each
+    step (fixed shapes would change the random stream, hence the tokens of a seed)."""
+    few, _, _ = _syncs(model, steps=6, block_length=8, temperature=1.0)
+    many, _, _ = _syncs(model, steps=24, block_length=8, temperature=1.0)
+    assert many > few
