@@ -270,19 +270,23 @@ def _denoise_active_rows(
 def denoise_block(
     sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
 ) -> None:
-    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``: with counts
-    decided at the block's start (`_counts_up_front`), steps of fixed shapes that read nothing back from the device
-    (`_denoise_block_by_table`); otherwise step by step, each step reading the columns still masked and the
-    largest count (an adaptive rule's counts come from the step's proposals, so whether the block is done is known
-    only after each step)."""
+    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``. Where the
+    steps can take fixed shapes (`_fixed_shapes`), the model is asked for logits at the block's columns every step:
+    a fixed rule's counts are decided at the block's start and no step reads anything back from the device
+    (`_denoise_block_by_table`); an adaptive rule's come from each step's proposals, so a step reads one value,
+    whether the block is done (`_denoise_block_adaptively`). Otherwise each step reads the columns still masked."""
     if sampler.transfer.name == "stochastic" and sampler.strategy.name == "random":
         return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
     mask_id = sampler.mask_id
     m0 = ((rows.x == mask_id) & region).sum(1)
-    if _counts_up_front(sampler):
+    fixed_shapes = _fixed_shapes(sampler)
+    if fixed_shapes and not sampler.transfer.adaptive:
         table = sampler.transfer.count_table(sampler.schedule, num_steps, m0, sampler.generator)
-        return _denoise_block_by_table(sampler, rows, region, table, on_step)
+        if table is not None:
+            return _denoise_block_by_table(sampler, rows, region, table, on_step)
     counts_at = sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)
+    if fixed_shapes and sampler.transfer.adaptive:
+        return _denoise_block_adaptively(sampler, rows, region, num_steps, on_step)
     if sampler.early_stop_eos is not None:
         region = region.clone()  # rows that stop inside the block leave it
     for i in range(num_steps):
@@ -299,12 +303,11 @@ def denoise_block(
             region &= ~stops_inside_block(rows, block_mask, sampler.early_stop_eos, mask_id)[:, None]
 
 
-def _counts_up_front(sampler: Sampler) -> bool:
-    """Whether a block's counts are decided at its start (`Transfer.count_table`): a fixed transfer, no row that may
-    stop inside the block, and proposals that draw no random numbers (at temperature > 0 a step draws one token per
+def _fixed_shapes(sampler: Sampler) -> bool:
+    """Whether a block's steps may propose at all its columns with the same tokens: no row may stop inside the block
+    (which would end it early) and proposals draw no random numbers (at temperature > 0 a step draws one token per
     column it proposes at, and the stochastic counts are drawn between those draws)."""
-    fixed = not sampler.transfer.adaptive and type(sampler.transfer).count_table is not Transfer.count_table
-    return fixed and sampler.early_stop_eos is None and not sampler.proposer.temperature
+    return sampler.early_stop_eos is None and not sampler.proposer.temperature
 
 
 def _denoise_block_by_table(
@@ -324,6 +327,23 @@ def _denoise_block_by_table(
             continue  # nothing to reveal: skipping the forward changes no token
         _step(sampler, rows, block_mask, keep, table[:, i], num_steps - i, most)
         on_step()
+        block_mask = (rows.x == sampler.mask_id) & region
+
+
+def _denoise_block_adaptively(
+    sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
+) -> None:
+    """The steps of a block under an adaptive rule, with fixed shapes: the block's columns read once at its start,
+    then one read per step (`_step`'s: its largest count, for the top scores, with whether the block is done)."""
+    block_mask = (rows.x == sampler.mask_id) & region
+    keep = block_mask.any(0).nonzero().flatten()
+    if keep.numel() == 0:
+        return
+    for i in range(num_steps):
+        left = _step(sampler, rows, block_mask, keep, None, num_steps - i)
+        on_step()
+        if left == 0:
+            break
         block_mask = (rows.x == sampler.mask_id) & region
 
 
@@ -383,10 +403,12 @@ def _step(
     counts: Optional[torch.Tensor],
     steps_left: int,
     most: Optional[int] = None,
-) -> None:
+) -> Optional[int]:
     """One denoising step on ``rows``, in place. ``block_mask`` (B, L) marks the block's masked positions, ``keep``
     (K,) columns that hold every one of them, ``counts`` (B,) the tokens each row reveals (None for the adaptive
-    transfers, which decide from the proposals), ``most`` their largest when the host knows it."""
+    transfers, which decide from the proposals), ``most`` their largest when the host knows it. Without ``most``,
+    the step reads it back with, in the same read, the most positions a row of the block has left masked after the
+    step, which it returns (else None)."""
     remaining = block_mask.sum(1)
     if counts is not None and sampler.strategy.positional:
         # positions first, then logits only at their columns and proposals only where they are revealed
@@ -398,13 +420,15 @@ def _step(
         counts = sampler.transfer.adaptive_counts(
             proposals.confidence, proposals.probs, scores[:, keep], block_mask[:, keep], steps_left
         )
-    chosen = choose(scores, block_mask, torch.minimum(counts, remaining), most)[
-        :, keep
-    ]  # only kept columns can be chosen
+    counts, left = torch.minimum(counts, remaining), None  # a step reveals exactly counts
+    if most is None:
+        most, left = torch.stack([counts.max(), (remaining - counts).max()]).tolist()
+    chosen = choose(scores, block_mask, counts, most)[:, keep]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
     if sampler.recorder is not None:
         flat_rows, k = chosen.nonzero(as_tuple=True)
         sampler.record(rows, flat_rows, keep[k], _flat_records(proposals, flat_rows, k))
+    return left
 
 
 def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:

@@ -1,6 +1,6 @@
-"""Host synchronisations: `count_host_syncs` counts the operations a GPU run waits on, and the count-based samplers
+"""Host synchronisations: `count_host_syncs` counts the operations a GPU run waits on; the count-based samplers
 (deterministic and stochastic counts) read nothing back inside a block: their reads per call do not grow with the
-number of steps, and grow by a small constant per block."""
+number of steps, and grow by a small constant per block; the adaptive ones read one value per step."""
 
 import pytest
 import torch
@@ -72,3 +72,14 @@ def test_sampling_at_temperature_reads_per_step(model):
     few, _, _ = _syncs(model, steps=6, block_length=8, temperature=1.0)
     many, _, _ = _syncs(model, steps=24, block_length=8, temperature=1.0)
     assert many > few
+
+
+@pytest.mark.parametrize(
+    "settings", [dict(transfer="threshold", threshold=1.0), dict(transfer="entropy_bound", entropy_bound=1e-3)]
+)
+def test_adaptive_samplers_read_one_value_per_step(model, settings):
+    """An adaptive rule's counts come from the step's proposals: one read per step says whether the block is done."""
+    few, _, few_nfe = _syncs(model, steps=6, block_length=8, **settings)
+    many, _, many_nfe = _syncs(model, steps=24, block_length=8, **settings)
+    assert many_nfe > 2 * few_nfe
+    assert many - few == many_nfe - few_nfe
