@@ -69,8 +69,9 @@ lock: test-newest
 	$(PYTHON) tools/envs.py lock .venv-newest
 
 # One table (evaluation/bench.py): each sampler's time outside model.forward, the caches' speed-ups against their
-# ideal from positions computed, hf_mdm's forward against a transformers Llama's, with issue 22's targets and
-# PASS/FAIL; 1 thread, interleaved rounds. About 20 minutes on 2 CPU cores; BENCH_ARGS="--batches 1" for 2.
+# ideal from positions computed, hf_mdm's forward against a transformers Llama's, each sampler's host syncs per
+# forward, the compiled model call against the eager one (tokens equal), with issue 22's targets and PASS/FAIL;
+# 1 thread, interleaved rounds. About 20 minutes on 2 CPU cores; BENCH_ARGS="--batches 1" for 2.
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)

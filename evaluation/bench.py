@@ -23,6 +23,12 @@ Where targets are judged: at ``--judge-batch`` (default 8), a size where a forwa
 8 x 32 = 256 positions a weight matrix is read for); the other batch sizes are printed with their verdict in brackets,
 "not judged". At batch 1 a block forward reads every weight for 32 rows, and the "forward cost per position" row
 measures what that costs.
+- compiled: ``compile_forward=True`` (``--compile-backend``, dynamic shapes) on the deterministic+confidence
+  sampler, interleaved with the eager one; *measured* = median over rounds of (eager time / compiled time), and
+  whether the tokens are the eager ones (the target).
+
+*host syncs / NFE*: the host synchronisations of one untimed call of the sampler (`bench_measure.count_syncs`) per
+forward: ~0 for the count-based samplers at temperature 0, ~1 for the adaptive ones.
 
 Method: all runs of a batch size interleaved in one process, each called once per round in turn (`interleave`), after
 ``--warmup`` untimed rounds, ``--repeats`` timed rounds; min and median shown. ``--threads`` (default 1: on a shared
@@ -31,7 +37,8 @@ machine more threads measure contention) is set with ``torch.set_num_threads``. 
 
     python evaluation/bench.py [--repeats 3] [--warmup 1] [--threads 1] [--batches 1 8] [--judge-batch 8]
         [--hidden 256] [--layers 4]
-        [--prompt 64] [--new-tokens 192] [--block 32] [--steps 48] [--quick] [--json out.json]
+        [--prompt 64] [--new-tokens 192] [--block 32] [--steps 48] [--compile-backend inductor] [--quick]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -45,10 +52,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import CompileConfig, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import Series, Target, cache_positions, format_table, interleave  # noqa: E402
+from bench_measure import Series, Target, cache_positions, count_syncs, format_table, interleave  # noqa: E402
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion  # noqa: E402
 from hf_mdm.generation import diffusion_generate  # noqa: E402
@@ -65,9 +72,22 @@ SAMPLERS = {
 }
 CACHES = {"mdm prefix cache": ("mdm", "prefix", "prefix"), "mdm dual cache": ("mdm", "dual", "dual")}
 EXACT = ("block-causal exact cache", ("block", "prefix", "exact"))
+COMPILED = "deterministic+confidence compiled"
+COMPILED_ROW = "compiled / eager forward"
 OUTSIDE_MAX, CACHE_MIN, FORWARD_MAX = 0.05, 0.8, 1.05
 FORWARD_CALLS = 4
-QUICK = dict(hidden=32, layers=1, vocab=64, prompt=8, new_tokens=16, block=8, steps=4, repeats=1, warmup=0)
+QUICK = dict(
+    hidden=32,
+    layers=1,
+    vocab=64,
+    prompt=8,
+    new_tokens=16,
+    block=8,
+    steps=4,
+    repeats=1,
+    warmup=0,
+    compile_backend="eager",
+)
 
 
 def mdm(args: argparse.Namespace, block_size: Any = None) -> MDMForMaskedDiffusion:
@@ -117,6 +137,8 @@ def runs_of(args: argparse.Namespace, models: dict, batch: int) -> dict:
     runs = {name: generate(models["mdm"], **settings) for name, settings in SAMPLERS.items()}
     for name, (model, cache, _) in CACHES.items():
         runs[name] = generate(models[model], kv_cache=cache, **GREEDY)
+    compiled = CompileConfig(backend=args.compile_backend, dynamic=True, mode="default")
+    runs[COMPILED] = generate(models["mdm"], compile_forward=True, compile_config=compiled, **GREEDY)
     runs["block-causal no cache"] = generate(models["block"], kv_cache="none", **GREEDY)  # its default is the cache
     runs[EXACT[0]] = generate(models["block"], kv_cache="prefix", **GREEDY)
     for name in ("mdm", "llama"):
@@ -158,7 +180,27 @@ def cache_row(name: str, batch: int, cached: Series, plain: Series, kind: str, a
     )
 
 
-def rows_of(args: argparse.Namespace, series: dict[str, Series], batch: int) -> list[dict]:
+def untimed_checks(runs: dict, series: dict[str, Series]) -> bool:
+    """The host syncs of each sampler (one untimed call each, kept in its series) and whether the compiled run's
+    tokens are the eager run's."""
+    for name in SAMPLERS:
+        series[name].syncs = count_syncs(runs[name][1])
+    return torch.equal(runs[COMPILED][1](), runs["deterministic+confidence"][1]())
+
+
+def compiled_row(series: dict[str, Series], batch: int, tokens_equal: bool, judge: bool) -> dict:
+    """The compiled run against the eager one; no timing columns (the forward hooks do not see a compiled forward)."""
+    eager, compiled = series["deterministic+confidence"], series[COMPILED]
+    speedup = round_ratio(eager, compiled)
+    measured = (
+        f"eager {eager.median:.3f}s / compiled {compiled.median:.3f}s = {speedup:.2f}x, "
+        f"tokens {'equal' if tokens_equal else 'differ'}"
+    )
+    target = Target("tokens equal", float(tokens_equal), 1.0, False, judge)
+    return dict(name=COMPILED_ROW, batch=batch, measured=measured, target=target)
+
+
+def rows_of(args: argparse.Namespace, series: dict[str, Series], batch: int, tokens_equal: bool) -> list[dict]:
     rows, judge = [], judged(args, batch)
     for name in SAMPLERS:
         s = series[name]
@@ -173,6 +215,7 @@ def rows_of(args: argparse.Namespace, series: dict[str, Series], batch: int) -> 
     name = "mdm forward / llama forward"
     rows.append(dict(name=name, batch=batch, series=series["mdm forward"], measured=f"{ratio:.3f}", target=target))
     rows.append(position_cost_row(args, series, batch))
+    rows.append(compiled_row(series, batch, tokens_equal, judge))
     return rows
 
 
@@ -203,6 +246,7 @@ def parse(argv: Any = None) -> argparse.Namespace:
         p.add_argument(f"--{name}", type=int, default=default)
     for name, default in (("new-tokens", 192), ("block", 32), ("steps", 48)):
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--compile-backend", default="inductor", help="torch.compile backend of the compiled row")
     p.add_argument("--quick", action="store_true", help="a tiny model, one round, no warm-up: a smoke run")
     p.add_argument("--json", default=None, help="also write the table's numbers here")
     args = p.parse_args(argv)
@@ -228,8 +272,9 @@ def main(argv: Any = None) -> list[dict]:
     rows = []
     for batch in args.batches:
         say = lambda line, b=batch: print(f"  batch {b}: {line}", file=sys.stderr, flush=True)  # noqa: E731
-        series = interleave(runs_of(args, models, batch), args.repeats, args.warmup, progress=say)
-        rows += rows_of(args, series, batch)
+        runs = runs_of(args, models, batch)
+        series = interleave(runs, args.repeats, args.warmup, progress=say)
+        rows += rows_of(args, series, batch, untimed_checks(runs, series))
     print(format_table(rows))
     if args.json:
         numbers = [

@@ -8,6 +8,8 @@ speed-ups from positions computed, the targets of issue 22 and the table.
   (`hf_mdm.timer.Stopwatch`) with the meter's forward time and positions of the same call;
 - `cache_positions`: the positions per row the denoiser computes with and without a cache, derived by hand from
   `hf_mdm.generation_denoiser` (checked against the meter in ``tests/test_bench.py``);
+- `count_syncs`: the host synchronisations of one call (`hf_mdm.host_syncs`), in an untimed call of its own (the
+  counting slows every operation);
 - `Target`: a threshold and its verdict; `format_table`: the one table.
 """
 
@@ -20,6 +22,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from hf_mdm.host_syncs import count_host_syncs
 from hf_mdm.timer import Stopwatch, synchronize
 
 __all__ = [
@@ -27,6 +30,7 @@ __all__ = [
     "Call",
     "Series",
     "interleave",
+    "count_syncs",
     "cache_positions",
     "outside_share",
     "Target",
@@ -90,6 +94,7 @@ class Series:
     """The timed calls of one run (warm-up left out)."""
 
     calls: list[Call] = field(default_factory=list)
+    syncs: Optional[int] = None  # host synchronisations of one call (`count_syncs`), when counted
 
     @property
     def median(self) -> float:
@@ -141,6 +146,13 @@ def interleave(
     return series
 
 
+def count_syncs(fn: Callable[[], Any]) -> int:
+    """The host synchronisations of one untimed call of ``fn`` (`hf_mdm.host_syncs.count_host_syncs`)."""
+    with count_host_syncs() as syncs:
+        fn()
+    return syncs.total
+
+
 def cache_positions(cache: Optional[str], prompt: int, new: int, block: int, steps: int) -> int:
     """Positions per row the denoiser computes for ``new`` tokens after ``prompt`` in blocks of ``block``, ``steps``
     forwards in all (``steps / blocks`` a block), canvas L = prompt + new, no guidance, no logits shift:
@@ -190,7 +202,19 @@ class Target:
         return f"{self.name} {'<=' if self.at_most else '>='} {self.bound:g}"
 
 
-HEADER = ("row", "B", "generate s min/med", "forward s med", "outside", "NFE", "positions", "measured", "target", "")
+HEADER = (
+    "row",
+    "B",
+    "generate s min/med",
+    "forward s med",
+    "outside",
+    "NFE",
+    "host syncs / NFE",
+    "positions",
+    "measured",
+    "target",
+    "",
+)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -199,13 +223,15 @@ def format_table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     for row in rows:
         s: Optional[Series] = row.get("series")
-        timing = ("", "", "", "", "")
+        timing = ("", "", "", "", "", "")
         if s is not None:
+            forwards = s.calls[0].forwards
             timing = (
                 f"{s.min:.3f} / {s.median:.3f}",
                 f"{s.forward_median:.3f}",
                 f"{100 * s.outside_share:.1f}%",
-                str(s.calls[0].forwards),
+                str(forwards),
+                "" if s.syncs is None or not forwards else f"{s.syncs / forwards:.2f}",
                 str(s.calls[0].positions),
             )
         target: Optional[Target] = row.get("target")

@@ -126,7 +126,7 @@ def test_quick_run_prints_every_row(capsys, tmp_path):
     rows = bench.main(["--quick", "--batches", "1", "2", "--judge-batch", "2", "--json", str(tmp_path / "b.json")])
     table = capsys.readouterr().out
     cost = "forward cost per position, 8 vs 24 positions a row"
-    names = [*bench.SAMPLERS, *bench.CACHES, bench.EXACT[0], "mdm forward / llama forward", cost]
+    names = [*bench.SAMPLERS, *bench.CACHES, bench.EXACT[0], "mdm forward / llama forward", cost, bench.COMPILED_ROW]
     assert [row["name"] for row in rows] == names * 2
     for name in names:
         for batch, ends in ((1, (" not judged) |",)), (2, ("| PASS |", "| FAIL |"))):
@@ -135,6 +135,10 @@ def test_quick_run_prints_every_row(capsys, tmp_path):
     numbers = json.loads((tmp_path / "b.json").read_text())
     assert [n["judged"] for n in numbers if n["name"] == "threshold 0.9"] == [False, True]
     assert "value" not in next(n for n in numbers if n["name"] == cost)
+    compiled = next(line for line in table.splitlines() if line.startswith(f"| {bench.COMPILED_ROW} | 2 |"))
+    assert "tokens equal" in compiled and compiled.endswith("| PASS |")
+    greedy, sampled = (next(r for r in rows if r["name"] == name)["series"] for name in list(bench.SAMPLERS)[:2])
+    assert 0 < greedy.syncs < sampled.syncs  # temperature 0 reads nothing inside a block
 
 
 def test_targets_are_judged_at_the_judge_batch_or_the_largest():
