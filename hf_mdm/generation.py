@@ -13,6 +13,7 @@ so they import only torch, transformers and each other):
 - `hf_mdm.generation_strategy`: which positions (proposals, scores, choice);
 - `hf_mdm.generation_denoiser`: the one model call (``logits_to_keep``, guidance, logits shift, NFE);
 - `hf_mdm.generation_sampler`: the canvas, blocks and the denoising steps of a block;
+- `hf_mdm.generation_reveal`: the logits, proposals and tokens at the positions a step reveals;
 - `hf_mdm.generation_speculative`: exact speculative decoding of the left-to-right factorisation;
 - `hf_mdm.generation_remask`: the remasking samplers (ReMDM), steps of a block that may take tokens back;
 - `hf_mdm.generation_stopping`: EOS, stopping criteria, padding after EOS, streaming;

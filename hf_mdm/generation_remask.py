@@ -46,7 +46,8 @@ from typing import Any, Callable, Optional
 import torch
 
 from .generation_denoiser import Rows
-from .generation_sampler import Sampler, reveal_rows
+from .generation_reveal import reveal_rows
+from .generation_sampler import Sampler
 from .generation_strategy import canonical_strategy
 from .generation_transfer import draw_steps, normalised_alpha, time_grid
 from .generation_values import is_number

@@ -11,7 +11,7 @@
 3. a step asks the `Denoiser` for logits at the block's masked positions, proposes tokens (`Proposer`), and
    reveals as many positions per row as the transfer rule says, chosen by the strategy (`denoise_block`).
    Revealed tokens stay; the remasking samplers (`hf_mdm.generation_remask`) run their own block steps through
-   the same block loop (`sample_blocks`'s ``denoise``) and reveal through `reveal_rows`.
+   the same block loop (`sample_blocks`'s ``denoise``) and reveal through `hf_mdm.generation_reveal.reveal_rows`.
 
 The loop mutates a `Canvas` and records into a `Trace`; the model is reached only through the `Denoiser`.
 Exported with the model as remote code.
@@ -26,6 +26,7 @@ import torch
 
 from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
+from .generation_reveal import reveal_rows, reveal_top
 from .generation_stopping import Streamer, finished_rows
 from .generation_strategy import (
     Proposals,
@@ -413,7 +414,10 @@ def _step(
     if counts is not None and sampler.strategy.positional:
         # positions first, then logits only at their columns and proposals only where they are revealed
         scores = sampler.strategy.positional_scores(rows.x.shape, sampler.generator, rows.x.device)
-        return reveal_rows(sampler, rows, choose(scores, block_mask, torch.minimum(counts, remaining), most))
+        counts = torch.minimum(counts, remaining)
+        if most is not None and sampler.denoiser.per_row_logits:
+            return reveal_top(sampler, rows, scores, block_mask, counts, most)  # fixed shapes
+        return reveal_rows(sampler, rows, choose(scores, block_mask, counts, most))
     proposals = _propose_at(sampler, rows, keep)
     scores = sampler.strategy.scores(proposals, keep, rows.x.shape[1], sampler.generator)
     if counts is None:
@@ -445,40 +449,3 @@ def _flat_records(proposals: Proposals, flat_rows: torch.Tensor, k: torch.Tensor
     """The recorded scores and logits (N, V) of (B, K) proposals at (``flat_rows``, ``k``)."""
     pick = lambda v: None if v is None else v[flat_rows, k]  # noqa: E731
     return proposals._replace(scores=pick(proposals.scores), logits=pick(proposals.logits))
-
-
-def reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: Optional[torch.Tensor] = None) -> None:
-    """Propose and write tokens at the ``chosen`` (B, L) positions, running the model only on rows with one;
-    ``confidence`` (B, L), when given, receives the probability of each written token (`Proposer`'s)."""
-    active = chosen.any(1)
-    if bool(active.all()) or not sampler.denoiser.row_subsets:
-        return _reveal_chosen(sampler, rows, chosen, confidence)
-    sub = active.nonzero().flatten()  # rows never see each other: the others need no forward
-    subset = rows.select(sub)
-    sub_confidence = None if confidence is None else confidence[sub]
-    _reveal_chosen(sampler, subset, chosen[sub], sub_confidence)
-    rows.x[sub] = subset.x
-    if confidence is not None:
-        confidence[sub] = sub_confidence
-
-
-def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: Optional[torch.Tensor]) -> None:
-    x = rows.x
-    if sampler.denoiser.per_row_logits:
-        flat_rows, cols = chosen.nonzero(as_tuple=True)  # row-major
-        per_row = chosen.sum(1)
-        first = per_row.cumsum(0) - per_row
-        slot = torch.arange(flat_rows.numel(), device=x.device) - first[flat_rows]
-        positions = cols.new_zeros((x.shape[0], int(per_row.max())))  # unused slots ask for position 0
-        positions[flat_rows, slot] = cols
-        logits = sampler.denoiser.logits(rows, positions)[flat_rows, slot]
-    else:
-        keep = chosen.any(0).nonzero().flatten()
-        flat_rows, k = chosen[:, keep].nonzero(as_tuple=True)
-        cols = keep[k]
-        logits = sampler.denoiser.logits(rows, keep)[flat_rows, k]
-    proposals = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows, cols))
-    x[flat_rows, cols] = proposals.tokens
-    sampler.record(rows, flat_rows, cols, proposals)
-    if confidence is not None:
-        confidence[flat_rows, cols] = proposals.confidence.to(confidence.dtype)

@@ -55,7 +55,7 @@ def _syncs(model, **settings) -> tuple[int, torch.Tensor, int]:
 
 
 @pytest.mark.parametrize("transfer", ["deterministic", "stochastic"])
-@pytest.mark.parametrize("strategy", ["confidence", "margin", "entropy"])
+@pytest.mark.parametrize("strategy", ["confidence", "margin", "entropy", "left_to_right"])
 def test_count_based_samplers_read_nothing_inside_a_block(model, transfer, strategy):
     few, _, few_nfe = _syncs(model, steps=6, block_length=8, transfer=transfer, strategy=strategy)
     many, _, many_nfe = _syncs(model, steps=24, block_length=8, transfer=transfer, strategy=strategy)
