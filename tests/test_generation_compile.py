@@ -12,6 +12,7 @@ from transformers import AutoConfig, AutoModel, CompileConfig
 
 from hf_mdm import MaskedDiffusionGenerationConfig, MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation_denoiser import compile_options
+from hf_mdm.harness.sampler_config import RequestConfigs, check_reference_args
 
 MASK = 30
 MAX_GRAPHS = 6  # graphs one generate call may compile: a few argument sets (cache, no cache), never one per step
@@ -157,3 +158,13 @@ def test_inductor_tokens_equal_eager_tokens(models):
     eager = _generate(models["mdm"], BASE)
     compiled = _generate(models["mdm"], BASE, compile_forward=True)
     assert torch.equal(compiled.sequences, eager.sequences) and compiled.nfe == eager.nfe
+
+
+@pytest.mark.parametrize("reference", ["none", "llada", "dream"])
+def test_lm_eval_model_argument_reaches_every_sampler(reference):
+    """``compile_forward`` is how the model runs, not how it samples: the reference samplers take it too."""
+    check_reference_args("llada", {"compile_forward": True}, "model arguments")  # no ValueError
+    base = MaskedDiffusionGenerationConfig(mask_token_id=MASK, compile_forward=True)
+    config = RequestConfigs(reference, base, {"compile_forward": True}, [], 0)(8, {})
+    assert config.compile_forward is True
+    assert config.reference == (None if reference == "none" else reference)

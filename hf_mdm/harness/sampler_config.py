@@ -38,6 +38,7 @@ REFERENCE_CHOICES = ("auto", "llada", "dream", "none")
 LM_EVAL_ONLY_KWARGS = ("do_sample",)  # request kwargs that are not sampler settings
 SAMPLING_FIELDS = frozenset({"temperature", "top_k", "top_p", "eos_token_id", "pad_token_id"})
 EXPLICIT_WINS = frozenset({"temperature", "top_k", "top_p"})  # model arguments that win over a request's value
+RUN_ARGS = ("compile_forward",)  # how the model runs, not how it samples: every sampler takes them
 _REFERENCE_NAMES = {"llada": "LLaDA's generate()", "dream": "Dream's diffusion_generate()"}
 
 
@@ -80,7 +81,7 @@ def foreign_message(reference: str, names: Sequence[str], what: str) -> str:
 
 def check_reference_args(reference: str, overrides: dict[str, Any], how: str) -> None:
     """Model arguments that are sampler settings the reference does not have: a ValueError naming them."""
-    foreign = sorted(set(overrides) - set(REFERENCE_ARGS[reference] + REFERENCE_TOKEN_ARGS))
+    foreign = sorted(set(overrides) - set(REFERENCE_ARGS[reference] + REFERENCE_TOKEN_ARGS + RUN_ARGS))
     if foreign:
         given = ", ".join(f"{name}={overrides[name]!r}" for name in foreign)
         raise ValueError(
@@ -205,7 +206,7 @@ class RequestConfigs:
 
     def _reference_values(self, kwargs: dict) -> dict[str, Any]:
         """The reference's settings: model arguments, then the request's kwargs of the reference (None dropped)."""
-        allowed = REFERENCE_ARGS[self.reference] + REFERENCE_TOKEN_ARGS
+        allowed = REFERENCE_ARGS[self.reference] + REFERENCE_TOKEN_ARGS + RUN_ARGS
         values = {k: v for k, v in self.overrides.items() if k in allowed}
         for key, value in self._request_kwargs(kwargs).items():
             if key in allowed:
