@@ -285,6 +285,7 @@ def denoise_block(
         table = sampler.transfer.count_table(sampler.schedule, num_steps, m0, sampler.generator)
         if table is not None:
             return _denoise_block_by_table(sampler, rows, region, table, on_step)
+    # also where an adaptive rule sets up its block (LLaDA2's shares)
     counts_at = sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)
     if fixed_shapes and sampler.transfer.adaptive:
         return _denoise_block_adaptively(sampler, rows, region, num_steps, on_step)
