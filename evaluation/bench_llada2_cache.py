@@ -9,8 +9,8 @@ A random LLaDA2 architecture (``LLaDA2MoeModelLM``, sizes below, float32 on the 
 prompt, ``MaskedDiffusionGenerationConfig.llada2`` with the published defaults but ``gen_length``: the published
 loop (re-stated below on the same model, no cache) and hf_mdm's cached sampler timed A/B interleaved after a warm-up,
 ``--repeats`` times; medians and their ratio. Measured on a shared CPU, one thread (JSON fields abridged):
-prompt 64, gen_length 128: 128 forwards, positions 18432 vs 4352 (4.2x), median 5.90 s vs 3.23 s (1.8x);
-``--prompt 256 --gen-length 512``: 512 forwards, positions 270336 vs 17600 (15.4x), 78.8 s vs 14.5 s (5.5x).
+prompt 64, gen_length 128: 128 forwards, positions 18432 vs 4352 (4.2x), median 4.32 s vs 2.27 s (1.9x);
+``--prompt 256 --gen-length 512``: 512 forwards, positions 270336 vs 17600 (15.4x), 44.9 s vs 8.87 s (5.1x).
 
     python evaluation/bench_llada2_cache.py [--repeats 3] [--threads 1] [--prompt 64] [--gen-length 128]
         [--device cuda]
