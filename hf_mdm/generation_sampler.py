@@ -306,10 +306,11 @@ def denoise_block(
 
 
 def _fixed_shapes(sampler: Sampler) -> bool:
-    """Whether a block's steps may propose at all its columns with the same tokens: no row may stop inside the block
-    (which would end it early) and proposals draw no random numbers (at temperature > 0 a step draws one token per
-    column it proposes at, and the stochastic counts are drawn between those draws)."""
-    return sampler.early_stop_eos is None and not sampler.proposer.temperature
+    """Whether a block's steps may propose at all its columns: no row may stop inside the block (which would end it
+    early). At temperature > 0 a step then draws a token at every column of the block, revealed or not, and the
+    stochastic counts are drawn at the block's start: the same law as drawing them step by step at the masked
+    columns, with another random stream (a seed gives other tokens than the step-by-step loop would)."""
+    return sampler.early_stop_eos is None
 
 
 def _denoise_block_by_table(
@@ -317,7 +318,7 @@ def _denoise_block_by_table(
 ) -> None:
     """The steps of a block whose counts ``table`` (B, S) are decided at its start, with no host read inside the
     block: two reads at its start, the block's columns (the model's logits are asked at all of them every step,
-    revealed or not: a fixed shape, and at temperature 0 the same tokens) and the largest count of each step (a
+    revealed or not: a fixed shape, and at temperature 0 the same tokens as proposing at the masked ones) and the largest count of each step (a
     step that reveals nothing skips its forward, the others take that many top scores). The tokens and forwards are
     those of the step-by-step loop, but for scores tied within a rounding error: the LM head's matrix product may
     round a column's logits differently when it computes more columns, so such a tie may break the other way."""
