@@ -5,11 +5,12 @@ import math
 
 import pytest
 import torch
+from tiny_mdm import MASK, tiny_mdm
 from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 from transformers.modeling_outputs import MaskedLMOutput
 
-from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+from hf_mdm import MDMConfig
 from hf_mdm.generation import (
     MaskedDiffusionGenerationConfig,
     deterministic_counts,
@@ -18,26 +19,10 @@ from hf_mdm.generation import (
 )
 from hf_mdm.schedules import get_schedule
 
-MASK = 30
-VOCAB = 31
-
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = MDMConfig(
-        vocab_size=VOCAB,
-        mask_token_id=MASK,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=96,
-    )
-    model = MDMForMaskedDiffusion(config).eval()
-    with torch.no_grad():  # a sharper random network: fewer near-ties in the confidences
-        model.lm_head.weight.mul_(20)
-    return model
+    return tiny_mdm(sharpen=20)  # a sharper random network: fewer near-ties in the confidences
 
 
 def prompt(bsz=2, length=5, seed=0):

@@ -7,14 +7,14 @@ import shutil
 import llada2_tiny as tiny
 import pytest
 import torch
+from tiny_mdm import MASK, tiny_mdm
 from torch._dynamo.testing import CompileCounter
 from transformers import AutoConfig, AutoModel, CompileConfig
 
-from hf_mdm import MaskedDiffusionGenerationConfig, MDMConfig, MDMForMaskedDiffusion
+from hf_mdm import MaskedDiffusionGenerationConfig, MDMForMaskedDiffusion
 from hf_mdm.generation_denoiser import compile_options
 from hf_mdm.harness.sampler_config import RequestConfigs, check_reference_args
 
-MASK = 30
 MAX_GRAPHS = 6  # graphs one generate call may compile: a few argument sets (cache, no cache), never one per step
 
 
@@ -27,21 +27,7 @@ def fresh_dynamo():
 
 
 def _mdm(block_size=None) -> MDMForMaskedDiffusion:
-    torch.manual_seed(0)
-    config = MDMConfig(
-        vocab_size=MASK + 1,
-        mask_token_id=MASK,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=96,
-        block_size=block_size,
-    )
-    model = MDMForMaskedDiffusion(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)  # sharp confidences: tokens that do not hinge on last-bit ties
-    return model
+    return tiny_mdm(block_size, sharpen=20)  # sharp confidences: tokens that do not hinge on last-bit ties
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,11 @@ number of steps, and grow by a small constant per block; the adaptive ones read 
 
 import pytest
 import torch
+from tiny_mdm import MASK, tiny_mdm
 
-from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+from hf_mdm import MDMForMaskedDiffusion
 from hf_mdm.host_syncs import count_host_syncs
 
-MASK = 30
 READS_PER_BLOCK = 3  # the rows still running, the block's columns and its count table
 # the stochastic counts also read the block's reveal probabilities from the schedule: a tensor on the host (the time
 # grid), which the counter cannot tell from a device tensor on a CPU run
@@ -17,17 +17,7 @@ SCHEDULE_READS = {"deterministic": 0, "stochastic": 1}
 
 @pytest.fixture(scope="module")
 def model() -> MDMForMaskedDiffusion:
-    torch.manual_seed(0)
-    config = MDMConfig(
-        vocab_size=MASK + 1,
-        mask_token_id=MASK,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=96,
-    )
-    return MDMForMaskedDiffusion(config).eval()
+    return tiny_mdm()
 
 
 def test_the_counter_counts_reads_and_data_dependent_shapes():
