@@ -85,7 +85,8 @@ BLOCK_SIZE_ADVICE = (
     "sampler does not come from a small block size: with an exact model the paper's sampler errs at every b > 1 (on "
     "the chain language SER = 1 - (1 - 3/(4s))^(L - L/b) with s steps per block), and at the same number of steps "
     "more with smaller blocks; where sequences must be valid decode "
-    'one token a step or use `transfer="speculative"`, exact at every b. Trained on the same data, block '
+    'one token a step, or use `transfer="speculative"`, which keeps the model\'s left-to-right law at every b '
+    "(with a trained model, its errors too) in fewer sequential forwards. Trained on the same data, block "
     "diffusion models ended closer to the data's entropy than the bidirectional MDM, and an AR model closer still. "
     "With the exact block cache a forward computes one block, so revealing several tokens a forward stayed faster "
     "than AR with its KV cache at every length measured (32 to 256), where the bidirectional MDM's lead shrank."

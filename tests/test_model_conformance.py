@@ -214,11 +214,15 @@ def test_gradient_checkpointing_gives_the_same_gradients(model_class):
 TP_STYLES = {"colwise", "rowwise", "colwise_gather_output", "embedding_rowwise", "packed_colwise", "moe_tp_experts"}
 
 
+def plan_regex(pattern: str) -> re.Pattern:
+    """A parallel plan's key as a regex over module and parameter names (``*`` = a layer index)."""
+    return re.compile("^" + re.escape(pattern).replace(r"\*", r"\d+") + "$")
+
+
 def plan_matches(plan: dict[str, str], names: list[str]) -> None:
-    """Every pattern of a parallel plan names a real module or parameter (``*`` = a layer index)."""
+    """Every pattern of a parallel plan names a real module or parameter."""
     for pattern in plan:
-        regex = re.compile("^" + re.escape(pattern).replace(r"\*", r"\d+") + "$")
-        assert any(regex.match(name) for name in names), pattern
+        assert any(plan_regex(pattern).match(name) for name in names), pattern
 
 
 def test_tensor_parallel_plan_names_real_modules(model_class):
@@ -241,7 +245,7 @@ def test_tensor_parallel_plan_names_real_modules(model_class):
 
 def planned_weights(model) -> int:
     """How many weight tensors the TP plan shards: parameters named by a pattern, or weights of a module it names."""
-    patterns = [re.compile("^" + re.escape(key).replace(r"\*", r"\d+") + "$") for key in model._tp_plan]
+    patterns = [plan_regex(key) for key in model._tp_plan]
     names = [name for name, _ in model.named_parameters()]
     planned = lambda name: any(p.match(name) or p.match(name.removesuffix(".weight")) for p in patterns)  # noqa: E731
     return sum(planned(name) for name in names)
