@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from .generation_denoiser import Rows
-from .generation_sampler import Sampler, _flat_records, _propose_at
+from .generation_sampler import Sampler, _propose_at
 from .generation_strategy import choose
 from .generation_transfer import Transfer, register_transfer
 
@@ -80,9 +80,8 @@ class LLaDA21EditingTransfer(Transfer):
             edited &= (proposals.confidence > self.editing_threshold) & (proposals.tokens != x[:, keep])
             written = revealed | edited
             x[:, keep] = torch.where(written, proposals.tokens, x[:, keep])
-            if sampler.recorder is not None:  # a position's scores are those of the step that last wrote it
-                flat_rows, k = written.nonzero(as_tuple=True)
-                sampler.record(rows, flat_rows, keep[k], _flat_records(proposals, flat_rows, k))
+            # a position's scores are those of the step that last wrote it
+            sampler.record(rows, torch.arange(x.shape[0], device=x.device)[:, None], keep, proposals, written)
             on_step()
             running &= masked.any(1) | edited.any(1)
 

@@ -259,14 +259,25 @@ class ScoreRecorder:
         self.want = {"scores": scores, "logits": logits}
         self.buffers: dict[str, Optional[torch.Tensor]] = {"scores": None, "logits": None}
 
-    def record(self, rows: torch.Tensor, cols: torch.Tensor, **values: Optional[torch.Tensor]) -> None:
-        """Write the (N, V) ``scores`` / ``logits`` of canvas positions (``rows``, ``cols``) (N,)."""
+    def record(
+        self,
+        rows: torch.Tensor,
+        cols: torch.Tensor,
+        written: Optional[torch.Tensor] = None,
+        **values: Optional[torch.Tensor],
+    ) -> None:
+        """Write the (..., V) ``scores`` / ``logits`` of canvas positions (``rows``, ``cols``) (broadcast to one
+        shape); with ``written`` (that shape), only where it is True: fixed shapes, nothing read back."""
         for name, value in values.items():
             if not self.want[name] or value is None:
                 continue
             if self.buffers[name] is None:
                 self.buffers[name] = value.new_full((*self.shape, value.shape[-1]), -float("inf"))
-            self.buffers[name][rows, cols] = value.to(self.buffers[name].dtype)
+            buffer = self.buffers[name]
+            value = value.to(buffer.dtype)
+            if written is not None:
+                value = torch.where(written[..., None], value, buffer[rows, cols])
+            buffer[rows, cols] = value
 
     def output(self, name: str, width: Optional[int] = None) -> Optional[tuple[torch.Tensor, ...]]:
         """One (B, V) tensor per generated column, from the first generated column to ``width`` (the returned

@@ -46,7 +46,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .generation_denoiser import Rows
-from .generation_reveal import reveal_rows
+from .generation_reveal import reveal_where
 from .generation_sampler import Sampler
 from .generation_strategy import canonical_strategy
 from .generation_transfer import draw_steps, normalised_alpha, time_grid
@@ -190,7 +190,7 @@ class BlockState:
 
     reveal_step: torch.Tensor  # (B, L) long: the step that reveals each masked position of the block, else -1
     confidence: torch.Tensor  # (B, L) float64: probability of each revealed token when it was revealed
-    sigma: torch.Tensor  # (S,) float64, on the CPU: remasking probability of a revealed token (conf: eta sigma_max)
+    sigma: list[float]  # (S,) on the host: remasking probability of a revealed token (conf: eta sigma_max)
     hazard: torch.Tensor  # (S,) float64: probability that a position masked at step i is revealed there
 
 
@@ -250,32 +250,36 @@ class Remasking:
         sigma, hazard = self.rates(sampler.schedule, num_steps)
         x, hazard = rows.x, hazard.to(rows.x.device)
         reveal_step = _draw_reveal_steps(hazard, 0, (x == sampler.mask_id) & region, sampler.generator)
-        state = BlockState(reveal_step, torch.zeros(x.shape, dtype=torch.float64, device=x.device), sigma, hazard)
+        confidence = torch.zeros(x.shape, dtype=torch.float64, device=x.device)
+        state = BlockState(reveal_step, confidence, sigma.tolist(), hazard)
         for i in range(num_steps):
             if self._step(sampler, rows, region, state, i):
                 on_step()
 
     def _step(self, sampler: Sampler, rows: Rows, region: torch.Tensor, state: BlockState, i: int) -> bool:
         """Step i on ``rows``: remask (decided on the canvas at t), reveal (a forward on that canvas), then draw the
-        reveal steps of the remasked positions. Returns whether the canvas changed."""
+        reveal steps of the remasked positions. One read: the most positions a row reveals with whether any is
+        remasked (the step's shapes, and whether it runs a forward). Returns whether the canvas changed."""
         x = rows.x
-        revealed = region & (x != sampler.mask_id)
-        remask = self._remask(state, revealed, i, sampler.generator)
+        remask = self._remask(state, region & (x != sampler.mask_id), i, sampler.generator)
         reveal = state.reveal_step == i
-        if bool(reveal.any()):
-            reveal_rows(sampler, rows, reveal, state.confidence)
+        counts = reveal.sum(1)
+        any_remask = remask.any() if remask is not None else counts.new_zeros(())
+        most, remasked = torch.stack([counts.max(), any_remask.long()]).tolist()
+        if most:
+            reveal_where(sampler, rows, reveal, counts, most, state.confidence)
             state.reveal_step.masked_fill_(reveal, -1)
-        if remask is None or not bool(remask.any()):
-            return bool(reveal.any())
+        if not remasked:
+            return bool(most)
         x.masked_fill_(remask, sampler.mask_id)
         fresh = _draw_reveal_steps(state.hazard, i + 1, remask, sampler.generator)
         state.reveal_step = torch.where(remask, fresh, state.reveal_step)
         return True
 
     def _remask(self, state: BlockState, revealed: torch.Tensor, i: int, generator) -> Optional[torch.Tensor]:
-        """(B, L) the revealed positions remasked at step i; None (no random draw) when none can be."""
-        budget = float(state.sigma[i])
-        if budget <= 0 or not bool(revealed.any()):
+        """(B, L) the revealed positions remasked at step i; None (no random draw) when none can be (sigma 0)."""
+        budget = state.sigma[i]
+        if budget <= 0:
             return None
         if self.variant == "conf":
             weights = torch.softmax((-state.confidence).masked_fill(~revealed, -math.inf), dim=1)

@@ -2,9 +2,10 @@
 
 - `reveal_rows`: at the ``chosen`` (B, L) positions, whatever their number per row: the model runs only on rows
   with one, and asks logits only there (per-row positions, or the union of their columns); the shapes follow the
-  choice, so the host reads it (the remasking samplers and the positional strategies' steps by default);
+  choice, so the host reads it (a transfer's own step-by-step `count_rule`);
 - `reveal_top`: at each row's ``counts`` best-scored candidates with the largest count known on the host: logits at
-  (B, kmax) per-row positions, fixed shapes, nothing read back (the positional strategies under fixed counts).
+  (B, kmax) per-row positions, fixed shapes, nothing read back (the positional strategies under fixed counts);
+- `reveal_where`: `reveal_top` at given positions, left to right (the paper's sampler and ReMDM).
 
 Exported with the model as remote code.
 """
@@ -59,21 +60,51 @@ def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidenc
 
 
 def reveal_top(
-    sampler: Sampler, rows: Rows, scores: torch.Tensor, candidates: torch.Tensor, counts: torch.Tensor, kmax: int
+    sampler: Sampler,
+    rows: Rows,
+    scores: torch.Tensor,
+    candidates: torch.Tensor,
+    counts: torch.Tensor,
+    kmax: int,
+    confidence: Optional[torch.Tensor] = None,
 ) -> None:
     """Propose and write tokens at the ``counts`` (B,) best-``scores`` (B, L) ``candidates`` of each row (the
     positions `hf_mdm.generation_strategy.choose` takes), ``kmax`` the largest count: logits at every row's
-    ``kmax`` best positions (B, kmax), each row writing its first ``counts`` of them. Needs a model that takes
-    per-row positions (``Denoiser.per_row_logits``); every row runs, whether it reveals anything or not."""
+    ``kmax`` best positions (B, kmax), each row writing its first ``counts`` of them (``confidence`` as
+    `reveal_rows`'). Every row runs, whether it reveals anything or not, and nothing is read back."""
     x, bsz = rows.x, rows.x.shape[0]
     positions = torch.topk(scores.masked_fill(~candidates, -float("inf")), kmax, dim=-1).indices
     take = (torch.arange(kmax, device=x.device)[None, :] < counts[:, None]) & candidates.gather(1, positions)
-    logits = sampler.denoiser.logits(rows, positions.masked_fill(~take, 0))  # unused slots: position 0, in any span
+    logits = _logits_at(sampler, rows, positions.masked_fill(~take, 0))  # unused slots: position 0, in any span
     flat_rows, cols = torch.arange(bsz, device=x.device).repeat_interleave(kmax), positions.flatten()
-    proposals = sampler.proposer(logits.flatten(0, 1), sampler.proposer.processor_ids(x, flat_rows, cols))
-    x.scatter_(1, positions, torch.where(take, proposals.tokens.view(bsz, kmax), x.gather(1, positions)))
-    if sampler.recorder is not None:
-        written = take.flatten().nonzero().flatten()
-        pick = lambda v: None if v is None else v[written]  # noqa: E731
-        kept = proposals._replace(scores=pick(proposals.scores), logits=pick(proposals.logits))
-        sampler.record(rows, flat_rows[written], cols[written], kept)
+    flat = sampler.proposer(logits.flatten(0, 1), sampler.proposer.processor_ids(x, flat_rows, cols))
+    proposals = type(flat)(*(None if v is None else v.view(bsz, kmax, *v.shape[1:]) for v in flat))
+    x.scatter_(1, positions, torch.where(take, proposals.tokens, x.gather(1, positions)))
+    sampler.record(rows, torch.arange(bsz, device=x.device)[:, None], positions, proposals, take)
+    if confidence is not None:
+        written = proposals.confidence.to(confidence.dtype)
+        confidence.scatter_(1, positions, torch.where(take, written, confidence.gather(1, positions)))
+
+
+def _logits_at(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> torch.Tensor:
+    """Logits (B, K, V) at per-row ``positions`` (B, K): asked so of a model that takes per-row positions
+    (``Denoiser.per_row_logits``), else taken from the logits at every column (fixed shapes either way)."""
+    if sampler.denoiser.per_row_logits:
+        return sampler.denoiser.logits(rows, positions)
+    logits = sampler.denoiser.logits(rows, torch.arange(rows.x.shape[1], device=positions.device))
+    return logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def reveal_where(
+    sampler: Sampler,
+    rows: Rows,
+    chosen: torch.Tensor,
+    counts: torch.Tensor,
+    kmax: int,
+    confidence: Optional[torch.Tensor] = None,
+) -> None:
+    """Propose and write tokens at the ``chosen`` (B, L) positions, ``counts`` (B,) of them per row and ``kmax``
+    at most, left to right, with fixed shapes (`reveal_top`)."""
+    x = rows.x
+    left_to_right = -torch.arange(x.shape[1], device=x.device, dtype=torch.float32).expand(x.shape)
+    reveal_top(sampler, rows, left_to_right, chosen, counts, kmax, confidence)

@@ -8,10 +8,10 @@
    positions from 0 (`plan_blocks`); ``steps`` are split over the blocks in proportion to their masked counts
    (`hf_mdm.generation_transfer.split_steps`). Between blocks, rows that finished skip the rest
    (`hf_mdm.generation_stopping`);
-3. a step asks the `Denoiser` for logits at the block's masked positions, proposes tokens (`Proposer`), and
+3. a step asks the `Denoiser` for logits at the block's columns, proposes tokens (`Proposer`), and
    reveals as many positions per row as the transfer rule says, chosen by the strategy (`denoise_block`).
    Revealed tokens stay; the remasking samplers (`hf_mdm.generation_remask`) run their own block steps through
-   the same block loop (`sample_blocks`'s ``denoise``) and reveal through `hf_mdm.generation_reveal.reveal_rows`.
+   the same block loop (`sample_blocks`'s ``denoise``) and reveal through `hf_mdm.generation_reveal.reveal_where`.
 
 The loop mutates a `Canvas` and records into a `Trace`; the model is reached only through the `Denoiser`.
 Exported with the model as remote code.
@@ -26,7 +26,7 @@ import torch
 
 from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
-from .generation_reveal import reveal_rows, reveal_top
+from .generation_reveal import reveal_rows, reveal_top, reveal_where
 from .generation_stopping import Streamer, finished_rows
 from .generation_strategy import (
     Proposals,
@@ -98,10 +98,12 @@ class Sampler:
     recorder: Optional[ScoreRecorder] = None  # output_scores / output_logits
     early_stop_eos: Optional[torch.Tensor] = None  # (E,) EOS ids a row stops at inside a block (eos_early_stop)
 
-    def record(self, rows: Rows, flat_rows: torch.Tensor, cols: torch.Tensor, proposals: Proposals) -> None:
-        """Keep the scores and logits of the tokens written at (``flat_rows``, ``cols``) of ``rows``."""
+    def record(self, rows: Rows, index: torch.Tensor, cols: torch.Tensor, proposals: Proposals, written=None) -> None:
+        """Keep the scores and logits of the tokens written at (``index``, ``cols``) of ``rows`` (broadcast to one
+        shape), only where ``written`` is True when it is given (`ScoreRecorder.record`)."""
         if self.recorder is not None:
-            self.recorder.record(rows.canvas_rows(flat_rows), cols, scores=proposals.scores, logits=proposals.logits)
+            canvas_rows = rows.canvas_rows(index)
+            self.recorder.record(canvas_rows, cols, written, scores=proposals.scores, logits=proposals.logits)
 
     @property
     def mask_id(self) -> int:
@@ -271,26 +273,26 @@ def _denoise_active_rows(
 def denoise_block(
     sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
 ) -> None:
-    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``. Where the
-    steps can take fixed shapes (`_fixed_shapes`), the model is asked for logits at the block's columns every step:
-    a fixed rule's counts are decided at the block's start and no step reads anything back from the device
-    (`_denoise_block_by_table`); an adaptive rule's come from each step's proposals, so a step reads one value,
-    whether the block is done (`_denoise_block_adaptively`). Otherwise each step reads the columns still masked."""
+    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``. The model
+    is asked for logits at the block's columns every step (fixed shapes): a fixed rule's counts are decided at the
+    block's start and no step reads anything back from the device (`_denoise_block_by_table`); an adaptive rule's
+    come from each step's proposals, so a step reads one value, whether the block is done
+    (`_denoise_block_adaptively`). A transfer with neither (a `count_rule` of its own) runs step by step, each step
+    reading the columns still masked. With ``eos_early_stop``, a row that stops leaves the block's region, and a
+    fixed rule's step reads whether any row still runs."""
     if sampler.transfer.name == "stochastic" and sampler.strategy.name == "random":
         return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
     mask_id = sampler.mask_id
     m0 = ((rows.x == mask_id) & region).sum(1)
-    fixed_shapes = _fixed_shapes(sampler)
-    if fixed_shapes and not sampler.transfer.adaptive:
+    region = region.clone()  # rows that stop inside the block (eos_early_stop) leave it
+    if not sampler.transfer.adaptive:
         table = sampler.transfer.count_table(sampler.schedule, num_steps, m0, sampler.generator)
         if table is not None:
             return _denoise_block_by_table(sampler, rows, region, table, on_step)
     # also where an adaptive rule sets up its block (LLaDA2's shares)
     counts_at = sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)
-    if fixed_shapes and sampler.transfer.adaptive:
+    if sampler.transfer.adaptive:
         return _denoise_block_adaptively(sampler, rows, region, num_steps, on_step)
-    if sampler.early_stop_eos is not None:
-        region = region.clone()  # rows that stop inside the block leave it
     for i in range(num_steps):
         block_mask = (rows.x == mask_id) & region
         keep = block_mask.any(0).nonzero().flatten()
@@ -301,16 +303,16 @@ def denoise_block(
             continue  # nothing to reveal: skipping the forward changes no token
         _step(sampler, rows, block_mask, keep, counts, num_steps - i)
         on_step()
-        if sampler.early_stop_eos is not None:
-            region &= ~stops_inside_block(rows, block_mask, sampler.early_stop_eos, mask_id)[:, None]
+        _stop_rows(sampler, rows, region, block_mask)
 
 
-def _fixed_shapes(sampler: Sampler) -> bool:
-    """Whether a block's steps may propose at all its columns: no row may stop inside the block (which would end it
-    early). At temperature > 0 a step then draws a token at every column of the block, revealed or not, and the
-    stochastic counts are drawn at the block's start: the same law as drawing them step by step at the masked
-    columns, with another random stream (a seed gives other tokens than the step-by-step loop would)."""
-    return sampler.early_stop_eos is None
+def _stop_rows(sampler: Sampler, rows: Rows, region: torch.Tensor, block_mask: torch.Tensor) -> bool:
+    """With ``eos_early_stop``, take the rows that stop at this step out of ``region`` (in place, on the device);
+    returns whether that can happen."""
+    if sampler.early_stop_eos is None:
+        return False
+    region &= ~stops_inside_block(rows, block_mask, sampler.early_stop_eos, sampler.mask_id)[:, None]
+    return True
 
 
 def _denoise_block_by_table(
@@ -318,10 +320,14 @@ def _denoise_block_by_table(
 ) -> None:
     """The steps of a block whose counts ``table`` (B, S) are decided at its start, with no host read inside the
     block: two reads at its start, the block's columns (the model's logits are asked at all of them every step,
-    revealed or not: a fixed shape, and at temperature 0 the same tokens as proposing at the masked ones) and the largest count of each step (a
-    step that reveals nothing skips its forward, the others take that many top scores). The tokens and forwards are
-    those of the step-by-step loop, but for scores tied within a rounding error: the LM head's matrix product may
-    round a column's logits differently when it computes more columns, so such a tie may break the other way."""
+    revealed or not: a fixed shape, and at temperature 0 the same tokens as proposing at the masked ones) and the
+    largest count of each step (a step that reveals nothing skips its forward, the others take that many top
+    scores). At temperature > 0 a step draws a token at every column of the block, revealed or not, and the
+    stochastic counts are drawn at the block's start: the same law as drawing them step by step at the masked
+    columns, with another random stream. The tokens and forwards are those of the step-by-step loop, but for scores
+    tied within a rounding error: the LM head's matrix product may round a column's logits differently when it
+    computes more columns, so such a tie may break the other way. With ``eos_early_stop`` a step also reads whether
+    a row still runs (the block ends when none does)."""
     block_mask = (rows.x == sampler.mask_id) & region
     keep = block_mask.any(0).nonzero().flatten()
     num_steps = table.shape[1]
@@ -330,6 +336,8 @@ def _denoise_block_by_table(
             continue  # nothing to reveal: skipping the forward changes no token
         _step(sampler, rows, block_mask, keep, table[:, i], num_steps - i, most)
         on_step()
+        if _stop_rows(sampler, rows, region, block_mask) and not bool(region.any()):
+            break
         block_mask = (rows.x == sampler.mask_id) & region
 
 
@@ -337,17 +345,18 @@ def _denoise_block_adaptively(
     sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
 ) -> None:
     """The steps of a block under an adaptive rule, with fixed shapes: the block's columns read once at its start,
-    then one read per step (`_step`'s: its largest count, for the top scores, with whether the block is done)."""
+    then one read per step, after it: the most positions a row still has to reveal (the block is done at 0)."""
     block_mask = (rows.x == sampler.mask_id) & region
     keep = block_mask.any(0).nonzero().flatten()
     if keep.numel() == 0:
         return
     for i in range(num_steps):
-        left = _step(sampler, rows, block_mask, keep, None, num_steps - i)
+        _step(sampler, rows, block_mask, keep, None, num_steps - i, keep.numel())
         on_step()
-        if left == 0:
-            break
+        _stop_rows(sampler, rows, region, block_mask)
         block_mask = (rows.x == sampler.mask_id) & region
+        if int(block_mask.sum(1).max()) == 0:
+            break
 
 
 def stops_inside_block(rows: Rows, block_mask: torch.Tensor, eos_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
@@ -387,14 +396,17 @@ def fill_last_blocks(canvas: Canvas, block_length: int, mask_id: int) -> Canvas:
 def _denoise_block_independently(sampler: Sampler, rows: Rows, region, num_steps: int, on_step) -> None:
     """The paper's sampler: every masked position revealed independently with probability
     (alpha(s) - alpha(t)) / (1 - alpha(t)) at each step (the law of a Binomial count of uniformly random
-    positions). Each position's step is drawn up front, so a step costs one comparison outside the model."""
+    positions). Each position's step is drawn up front, with the table (B, S) of each row's reveals per step: one
+    read at the block's start (the largest count of each step); a step then writes its positions left to right
+    with fixed shapes (`hf_mdm.generation_reveal.reveal_where`)."""
     x = rows.x
     step_of = reveal_steps(sampler.schedule, num_steps, x.shape, sampler.generator, x.device)
     step_of.masked_fill_(~((x == sampler.mask_id) & region), -1)
-    per_step = torch.bincount(step_of[step_of >= 0], minlength=num_steps).tolist()
-    for i in range(num_steps):
-        if per_step[i]:
-            reveal_rows(sampler, rows, step_of == i)
+    table = torch.zeros((x.shape[0], num_steps + 1), dtype=torch.long, device=x.device)
+    table.scatter_add_(1, step_of + 1, torch.ones_like(step_of))  # column 0 counts the positions never revealed
+    for i, most in enumerate(table[:, 1:].amax(0).tolist()):
+        if most:
+            reveal_where(sampler, rows, step_of == i, table[:, i + 1], most)
             on_step()
 
 
@@ -406,18 +418,17 @@ def _step(
     counts: Optional[torch.Tensor],
     steps_left: int,
     most: Optional[int] = None,
-) -> Optional[int]:
+) -> None:
     """One denoising step on ``rows``, in place. ``block_mask`` (B, L) marks the block's masked positions, ``keep``
     (K,) columns that hold every one of them, ``counts`` (B,) the tokens each row reveals (None for the adaptive
-    transfers, which decide from the proposals), ``most`` their largest when the host knows it. Without ``most``,
-    the step reads it back with, in the same read, the most positions a row of the block has left masked after the
-    step, which it returns (else None)."""
+    transfers, which decide from the proposals), ``most`` their largest when the host knows it (else it is read:
+    the step-by-step loop of a transfer with its own `count_rule`)."""
     remaining = block_mask.sum(1)
     if counts is not None and sampler.strategy.positional:
         # positions first, then logits only at their columns and proposals only where they are revealed
         scores = sampler.strategy.positional_scores(rows.x.shape, sampler.generator, rows.x.device)
         counts = torch.minimum(counts, remaining)
-        if most is not None and sampler.denoiser.per_row_logits:
+        if most is not None:
             return reveal_top(sampler, rows, scores, block_mask, counts, most)  # fixed shapes
         return reveal_rows(sampler, rows, choose(scores, block_mask, counts, most))
     proposals = _propose_at(sampler, rows, keep)
@@ -426,15 +437,10 @@ def _step(
         counts = sampler.transfer.adaptive_counts(
             proposals.confidence, proposals.probs, scores[:, keep], block_mask[:, keep], steps_left
         )
-    counts, left = torch.minimum(counts, remaining), None  # a step reveals exactly counts
-    if most is None:
-        most, left = torch.stack([counts.max(), (remaining - counts).max()]).tolist()
+    counts = torch.minimum(counts, remaining)  # a step reveals exactly counts
     chosen = choose(scores, block_mask, counts, most)[:, keep]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
-    if sampler.recorder is not None:
-        flat_rows, k = chosen.nonzero(as_tuple=True)
-        sampler.record(rows, flat_rows, keep[k], _flat_records(proposals, flat_rows, k))
-    return left
+    sampler.record(rows, torch.arange(rows.x.shape[0], device=keep.device)[:, None], keep, proposals, chosen)
 
 
 def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
@@ -445,9 +451,3 @@ def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
     ids = sampler.proposer.processor_ids(rows.x, flat_rows, keep.repeat(bsz))
     flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions)
     return Proposals(*(None if v is None else v.view(bsz, k, *v.shape[1:]) for v in flat))
-
-
-def _flat_records(proposals: Proposals, flat_rows: torch.Tensor, k: torch.Tensor) -> Proposals:
-    """The recorded scores and logits (N, V) of (B, K) proposals at (``flat_rows``, ``k``)."""
-    pick = lambda v: None if v is None else v[flat_rows, k]  # noqa: E731
-    return proposals._replace(scores=pick(proposals.scores), logits=pick(proposals.logits))

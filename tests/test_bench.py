@@ -138,8 +138,7 @@ def test_quick_run_prints_every_row(capsys, tmp_path):
     compiled = next(line for line in table.splitlines() if line.startswith(f"| {bench.COMPILED_ROW} | 2 |"))
     assert "tokens equal" in compiled and compiled.endswith("| PASS |")
     greedy, sampled, paper = (next(r for r in rows if r["name"] == name)["series"] for name in list(bench.SAMPLERS)[:3])
-    assert 0 < greedy.syncs == sampled.syncs < paper.syncs  # fixed shapes at any temperature; the paper's sampler
-    # proposes only where it reveals, so it reads every step
+    assert 0 < paper.syncs <= greedy.syncs == sampled.syncs  # fixed shapes at any temperature, the paper's sampler too
 
 
 def test_targets_are_judged_at_the_judge_batch_or_the_largest():

@@ -68,3 +68,45 @@ def test_adaptive_samplers_read_one_value_per_step(model, settings):
     many, _, many_nfe = _syncs(model, steps=24, block_length=8, **settings)
     assert many_nfe > 2 * few_nfe
     assert many - few == many_nfe - few_nfe
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_papers_sampler_reads_nothing_inside_a_block(model, temperature):
+    """Each position's step is drawn at the block's start: the steps then write with fixed shapes."""
+    settings = dict(transfer="stochastic", strategy="random", temperature=temperature, block_length=8)
+    few, _, few_nfe = _syncs(model, steps=6, **settings)
+    many, _, many_nfe = _syncs(model, steps=24, **settings)
+    assert many_nfe > 2 * few_nfe
+    assert many == few
+
+
+@pytest.mark.parametrize("variant", ["cap", "conf", "loop"])
+def test_remdm_reads_one_value_per_step(model, variant):
+    """A remasked position's step is drawn when it is remasked: a step reads how many positions it reveals."""
+    settings = dict(transfer="stochastic", strategy="random", temperature=1.0, block_length=8, remdm=variant)
+    settings.update(
+        {"cap": dict(remdm_eta=0.2), "conf": {}, "loop": dict(remdm_t_on=0.6, remdm_t_off=0.2, remdm_eta=0.2)}[variant]
+    )
+    few, _, _ = _syncs(model, steps=6, **settings)
+    many, _, _ = _syncs(model, steps=24, **settings)
+    assert many - few == 24 - 6
+
+
+def test_recording_scores_reads_nothing(model):
+    """output_scores / output_logits write the step's scores where it reveals, with fixed shapes."""
+    plain, plain_tokens, _ = _syncs(model, steps=24, block_length=8)
+    recorded, tokens, _ = _syncs(model, steps=24, block_length=8, output_scores=True, output_logits=True)
+    assert torch.equal(tokens, plain_tokens)
+    assert recorded == plain
+
+
+@pytest.mark.parametrize("transfer", ["deterministic", "stochastic", "threshold"])
+def test_eos_early_stop_reads_one_value_per_step(model, transfer):
+    """A row that stops leaves the block on the device; a step reads whether any row still runs."""
+    settings = dict(transfer=transfer, block_length=8, eos_early_stop=True, eos_token_id=3)
+    if transfer == "threshold":
+        settings["threshold"] = 1.0
+    few, _, few_nfe = _syncs(model, steps=6, **settings)
+    many, _, many_nfe = _syncs(model, steps=24, **settings)
+    assert many_nfe > 2 * few_nfe
+    assert many - few == many_nfe - few_nfe

@@ -23,6 +23,7 @@ from transformers.core_model_loading import revert_weight_conversion
 
 import hf_mdm  # noqa: F401  (registers the Auto classes)
 from hf_mdm import MaskedDiffusionGenerationConfig
+from hf_mdm.host_syncs import count_host_syncs
 from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM, LLaDA21MoeConfig, LLaDA21MoeModelLM
 
 REFERENCE = json.loads((Path(__file__).parent / "fixtures/llada2_reference.json").read_text())
@@ -253,6 +254,18 @@ def test_editing_records_the_scores_of_the_last_write(models):
     for token, scores, logits in zip(generated.tolist(), out.scores, out.logits):
         assert torch.isfinite(logits).all()
         assert int(scores[0].argmax()) == token == int(logits[0].argmax())
+
+
+def test_recording_the_editing_loops_scores_reads_nothing(models):
+    """The editing loop reads one value a step (whether a row still runs); recording its scores adds no read."""
+    case = CASES["edit_fires"]
+    prompt = torch.tensor([case["prompt"]])
+    reads = []
+    for record in (False, True):
+        with count_host_syncs() as syncs:
+            models[case["model_type"]].generate(prompt, generation_config=preset_of(case, output_scores=record))
+        reads.append(syncs.total)
+    assert reads[0] == reads[1]
 
 
 def test_the_cases_cover_what_they_say():
