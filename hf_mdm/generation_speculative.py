@@ -23,6 +23,13 @@ current block, and rows finished by EOS or a stopping criterion stop as in the d
 the criteria are checked between blocks), so the output equals left-to-right's; ``steps`` and the schedule are not
 read. Batches: rows advance by different amounts, and each round forwards only the canvases its rows need.
 
+Reads: a round reads back one small tensor, which fixes its shapes (`_plan_round`): the rows still running in the
+block, the most drafts of one of them (the round's width) and the canvases to stack. The rest of the round runs on
+fixed shapes, so a call reads one value per round plus a few per block. Every row draws a draft for each of the
+round's width slots (those past its own count are drawn from the uniform law and ignored): the law is the same, but
+at temperature > 0, when rows draft different counts, a seed may give other tokens than when only each row's own
+drafts were drawn.
+
 Costs: ``nfe`` counts the rounds (one forward each), ``forward_rows`` the canvases they ran and ``forward_tokens``
 the positions (rows x length). Exported with the model as remote code.
 """
@@ -117,10 +124,10 @@ def speculative_sample(
         done_mask |= block.region
         limit, end = done_mask.sum(1), block.end  # generated positions of each row up to the block's end
         while True:
-            active = ((state.done < limit) & ~finished).nonzero().flatten()
-            if active.numel() == 0:
+            active, width, stacked = _plan_round(state, limit, finished, draft_length)
+            if active is None:
                 break
-            _round(sampler, canvas, state, active, draft_length, limit[active] - state.done[active])
+            _round(sampler, canvas, state, active, draft_length, limit[active] - state.done[active], width, stacked)
             trace.step(canvas.x)
             finished |= finished_rows(canvas.x, canvas.gen_mask0, end, eos_ids, None, canvas.x == sampler.mask_id)
         finished |= finished_rows(
@@ -132,11 +139,31 @@ def speculative_sample(
     return finished
 
 
-def _round(sampler: Sampler, canvas: Canvas, state: Rounds, active: torch.Tensor, k: int, left: torch.Tensor) -> None:
-    """One round on the rows ``active`` (A,), each with ``left`` (A,) positions before the block's end."""
-    num_drafts = torch.minimum(torch.minimum(state.held[active], left - 1), torch.full_like(left, k))
-    drafts = _draft(sampler, state, active, num_drafts)
-    rows, owner, slot, first = _stack(canvas, state, active, drafts, num_drafts)
+def _num_drafts(held: torch.Tensor, left: torch.Tensor, k: int) -> torch.Tensor:
+    """Drafts of a round for rows with ``held`` laws and ``left`` positions before the block's end: min(k, held,
+    left - 1)."""
+    return torch.minimum(torch.minimum(held, left - 1), torch.full_like(left, k))
+
+
+def _plan_round(state: Rounds, limit, finished, k: int) -> tuple[Optional[torch.Tensor], int, int]:
+    """The round's one read: the rows (A,) still running in the block (None when none is), the most drafts of one
+    of them (the round's ``width``) and the canvases the round stacks (the sum of their drafts + 1)."""
+    left = limit - state.done
+    running = (left > 0) & ~finished
+    stacked = torch.where(running, _num_drafts(state.held, left, k) + 1, 0)
+    *flags, width, total = torch.cat([running.long(), torch.stack([stacked.max() - 1, stacked.sum()])]).tolist()
+    rows = [b for b, flag in enumerate(flags) if flag]
+    if not rows:
+        return None, 0, 0
+    return torch.tensor(rows, dtype=torch.long, device=limit.device), width, total
+
+
+def _round(sampler: Sampler, canvas: Canvas, state: Rounds, active, k: int, left, width: int, stacked: int) -> None:
+    """One round on the rows ``active`` (A,), each with ``left`` (A,) positions before the block's end, ``width``
+    the most drafts of one row and ``stacked`` the canvases of all (read with the rows by `_plan_round`)."""
+    num_drafts = _num_drafts(state.held[active], left, k)
+    drafts = _draft(sampler, state, active, num_drafts, width)
+    rows, owner, slot, first = _stack(canvas, state, active, drafts, num_drafts, stacked)
     # verify: each canvas gives the law of its first masked position (its target) and of the k positions after it
     start = state.done[active][owner] + slot
     laws = _laws(sampler, rows, state.columns(active[owner], start[:, None] + torch.arange(k + 1, device=start.device)))
@@ -149,30 +176,30 @@ def _round(sampler: Sampler, canvas: Canvas, state: Rounds, active: torch.Tensor
     state.held[active] = torch.clamp(state.total[active] - state.done[active], max=k)
 
 
-def _draft(sampler: Sampler, state: Rounds, active: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
-    """Drafts (A, max drafts) drawn from the held laws q; entries past a row's own count are unused (0)."""
-    width = int(num_drafts.max())
-    drafts = torch.zeros((active.numel(), width), dtype=torch.long, device=num_drafts.device)
+def _draft(sampler: Sampler, state: Rounds, active, num_drafts: torch.Tensor, width: int) -> torch.Tensor:
+    """Drafts (A, width) drawn from the held laws q; entries past a row's own count are drawn from the uniform law
+    in their place and never read."""
     if width == 0:
-        return drafts
-    valid = torch.arange(width, device=drafts.device)[None, :] < num_drafts[:, None]
-    drafts[valid] = sampler.proposer.draw(state.q[active][:, :width][valid])
-    return drafts
+        return torch.zeros((active.numel(), 0), dtype=torch.long, device=num_drafts.device)
+    q = state.q[active][:, :width]
+    valid = torch.arange(width, device=q.device)[None, :] < num_drafts[:, None]
+    laws = torch.where(valid[..., None], q, torch.full_like(q, 1.0 / q.shape[-1]))
+    return sampler.proposer.draw(laws.flatten(0, 1)).view(active.numel(), width)
 
 
 def _stack(
-    canvas: Canvas, state: Rounds, active, drafts, num_drafts
+    canvas: Canvas, state: Rounds, active, drafts, num_drafts, stacked: int
 ) -> tuple[Rows, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The m_a + 1 canvases of each row a, stacked as rows of one batch: canvas c is row owner[c] with its first
-    slot[c] drafts revealed; ``first`` (A,) is each row's canvas revealing no draft."""
-    owner = torch.repeat_interleave(torch.arange(num_drafts.numel(), device=num_drafts.device), num_drafts + 1)
-    first = torch.cumsum(num_drafts + 1, 0) - (num_drafts + 1)
-    slot = torch.arange(owner.numel(), device=owner.device) - first[owner]
+    """The m_a + 1 canvases of each row a (``stacked`` in all), stacked as rows of one batch: canvas c is row
+    owner[c] with its first slot[c] drafts revealed; ``first`` (A,) is each row's canvas revealing no draft."""
+    counts = num_drafts + 1
+    owner = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts, output_size=stacked)
+    first = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(stacked, device=owner.device) - first[owner]
     x = canvas.x[active][owner]
-    for j in range(drafts.shape[1]):
-        reveal = (slot > j).nonzero().flatten()
-        row = owner[reveal]
-        x[reveal, state.columns(active[row], (state.done[active][row] + j)[:, None])[:, 0]] = drafts[row, j]
+    index = torch.arange(drafts.shape[1], device=x.device)[None, :]
+    cols = state.columns(active[owner], state.done[active][owner][:, None] + index)
+    x.scatter_(1, cols, torch.where(index < slot[:, None], drafts[owner], x.gather(1, cols)))
     attn = None if canvas.attn is None else canvas.attn[active][owner]
     return Rows(x, attn, canvas.prompt_mask[active][owner]), owner, slot, first
 
@@ -195,9 +222,10 @@ def _accept(sampler: Sampler, state: Rounds, active, drafts, num_drafts, targets
     index = torch.arange(width, device=drafts.device)[None, :]
     valid = index < num_drafts[:, None]
     canvas = (first[:, None] + index).clamp(max=targets.shape[0] - 1)  # canvas revealing j drafts: p_j
-    q = state.q[active][:, :width] if width else targets.new_zeros((drafts.shape[0], 0, targets.shape[-1]))
+    # no drafts: one zero law, which the residual below reads and leaves unused
+    q = state.q[active][:, :width] if width else targets.new_zeros((drafts.shape[0], 1, targets.shape[-1]))
     p_draft = targets[canvas].gather(2, drafts[..., None]).squeeze(2).double()
-    q_draft = q.gather(2, drafts[..., None]).squeeze(2).double()
+    q_draft = q[:, :width].gather(2, drafts[..., None]).squeeze(2).double()
     if sampler.proposer.temperature:
         u = torch.rand(q_draft.shape, generator=sampler.proposer.generator, dtype=torch.float64, device=q.device)
     else:
@@ -205,11 +233,11 @@ def _accept(sampler: Sampler, state: Rounds, active, drafts, num_drafts, targets
     kept = (u * q_draft < p_draft) & valid
     accepted = kept.long().cumprod(1).sum(1)
     target = targets[first + accepted].double()
-    rejected = accepted < num_drafts
-    if bool(rejected.any()):
-        residual = (target[rejected] - q[rejected, accepted[rejected]].double()).clamp(min=0)
-        mass = residual.sum(-1, keepdim=True)
-        target[rejected] = torch.where(mass > 0, residual / mass.clamp(min=1e-300), target[rejected])
+    at = accepted.clamp(max=q.shape[1] - 1)[:, None, None].expand(-1, 1, q.shape[-1])
+    residual = (target - q.gather(1, at).squeeze(1).double()).clamp(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    from_residual = (accepted < num_drafts)[:, None] & (mass > 0)  # a rejection, and mass to renormalise
+    target = torch.where(from_residual, residual / mass.clamp(min=1e-300), target)
     return accepted, sampler.proposer.draw(target)
 
 
@@ -217,10 +245,9 @@ def _write(canvas: Canvas, state: Rounds, active, drafts, accepted, token) -> No
     """Reveal the accepted drafts and the drawn token of each row; advance the counters."""
     start = state.done[active]
     index = torch.arange(drafts.shape[1], device=drafts.device)[None, :]
-    keep = index < accepted[:, None]
-    cols = state.columns(active, start[:, None] + index) if drafts.shape[1] else drafts
-    rows = active[:, None].expand_as(drafts)
-    canvas.x[rows[keep], cols[keep]] = drafts[keep]
+    cols = state.columns(active, start[:, None] + index)
+    rows = active[:, None].expand_as(cols)
+    canvas.x[rows, cols] = torch.where(index < accepted[:, None], drafts, canvas.x[rows, cols])
     canvas.x[active, state.columns(active, (start + accepted)[:, None])[:, 0]] = token
     state.done[active] += accepted + 1
     state.rounds[active] += 1

@@ -1,6 +1,7 @@
 """Host synchronisations: `count_host_syncs` counts the operations a GPU run waits on; the count-based samplers
 (deterministic and stochastic counts) read nothing back inside a block: their reads per call do not grow with the
-number of steps, and grow by a small constant per block; the adaptive ones read one value per step."""
+number of steps, and grow by a small constant per block; the adaptive ones read one value per step, speculative
+decoding one per round."""
 
 import pytest
 import torch
@@ -110,3 +111,33 @@ def test_eos_early_stop_reads_one_value_per_step(model, transfer):
     many, _, many_nfe = _syncs(model, steps=24, **settings)
     assert many_nfe > 2 * few_nfe
     assert many - few == many_nfe - few_nfe
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_speculative_decoding_reads_one_value_per_round(model, temperature):
+    """Speculative decoding reads back, once a round, the rows still running and the round's width: one read per
+    forward (``nfe`` counts the rounds), and a small constant per block. (Unpadded rows: with padding, the model's
+    attention mask reads whether any is padded at each forward.)"""
+    prompt = torch.randint(0, MASK, (3, 5), generator=torch.Generator().manual_seed(1))
+
+    def reads(new: int, block_length=None) -> tuple[int, int]:
+        with count_host_syncs() as syncs:
+            out = model.generate(
+                prompt,
+                max_new_tokens=new,
+                block_length=block_length,
+                transfer="speculative",
+                draft_length=3,
+                temperature=temperature,
+                stop_at_eos=False,
+                seed=0,
+                return_dict_in_generate=True,
+            )
+        return syncs.total, out.nfe
+
+    few, few_nfe = reads(8)
+    many, many_nfe = reads(32)
+    assert many_nfe > few_nfe + 4
+    assert many - few == many_nfe - few_nfe
+    blocks, blocks_nfe = reads(32, block_length=4)  # 8 blocks
+    assert 0 < (blocks - many - (blocks_nfe - many_nfe)) / 7 <= READS_PER_BLOCK
