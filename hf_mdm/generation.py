@@ -341,6 +341,7 @@ def _default_sampler(
         generator=generator,
         context_processors=context_processors,
         record=record,
+        compile_options=compile_options(config),
     )
     recorder = None
     if record:

@@ -132,7 +132,9 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
         kv_cache_refresh (`int`, *optional*): a full forward (cache refresh) every ``k`` forwards inside a block
             (default: only at the block's start); ``1`` gives the tokens of ``kv_cache=None``.
         compile_forward (`bool`, defaults to `False`): run the model's forward compiled with ``torch.compile``,
-            compiled once per model and kept on it, so later calls reuse the graphs; tokens equal the eager forward's
+            compiled once per model and kept on it, so later calls reuse the graphs, and the step's proposals
+            (processors, softmax, the token drawn) with the same options but ``fullgraph`` and CUDA graphs (the step
+            takes fixed shapes inside a block); tokens equal the eager forward's
             (exactly with the ``"eager"`` / ``"aot_eager"`` backends; inductor may reorder float sums). The options
             come from transformers' ``compile_config`` (a `transformers.CompileConfig`: ``fullgraph``, ``dynamic``,
             ``backend``, and for inductor ``mode`` or ``options``; ``dynamic=None`` reads True, one graph for every

@@ -182,6 +182,16 @@ class ProcessorIds(NamedTuple):
     left: Optional[torch.Tensor] = None
 
 
+def step_options(forward_options: dict[str, Any]) -> dict[str, Any]:
+    """The ``torch.compile`` options of a step's proposals (processors, softmax, the token drawn) from the model
+    call's: the same backend and dynamic shapes, never ``fullgraph`` (a draw with a `torch.Generator` runs
+    eagerly between two graphs) nor CUDA graphs (the step's outputs are kept past the next replay)."""
+    options = {key: value for key, value in forward_options.items() if key != "fullgraph"}
+    if options.get("mode") in ("reduce-overhead", "max-autotune"):
+        options.pop("mode")
+    return options
+
+
 @dataclass
 class Proposer:
     """Proposes a token at each scored position from its logits: ``processors`` read the canvas row of the
@@ -194,11 +204,16 @@ class Proposer:
     generator: Optional[torch.Generator] = None
     context_processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
     record: bool = False
+    compile_options: Optional[dict[str, Any]] = None  # compile_forward: the proposals compiled too (`step_options`)
+
+    def __post_init__(self) -> None:
+        options = None if self.compile_options is None else step_options(self.compile_options)
+        self._proposals = self._propose if options is None else torch.compile(self._propose, **options)
 
     def __call__(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool = False) -> Proposals:
         """Proposals at N positions from their logits (N, V), with the recorded scores and logits when asked."""
         raw = logits.clone() if self.record else None
-        proposals = self._propose(logits, ids, need_probs)
+        proposals = self._proposals(logits, ids, need_probs)
         return proposals._replace(logits=raw) if self.record else proposals
 
     def _propose(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool) -> Proposals:

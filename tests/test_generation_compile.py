@@ -8,11 +8,13 @@ import llada2_tiny as tiny
 import pytest
 import torch
 from tiny_mdm import MASK, tiny_mdm
+from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 from torch._dynamo.testing import CompileCounter
 from transformers import AutoConfig, AutoModel, CompileConfig
 
 from hf_mdm import MaskedDiffusionGenerationConfig, MDMForMaskedDiffusion
 from hf_mdm.generation_denoiser import compile_options
+from hf_mdm.generation_strategy import Proposer
 from hf_mdm.harness.sampler_config import RequestConfigs, check_reference_args
 
 MAX_GRAPHS = 6  # graphs one generate call may compile: a few argument sets (cache, no cache), never one per step
@@ -99,6 +101,22 @@ def test_compiled_forward_is_kept_on_the_model_across_calls(models):
     assert graphs >= 1 and counter.frame_count == graphs
     assert first.nfe == 8 and second.nfe == 12
     assert not hasattr(_mdm(), "_hf_mdm_compiled_forwards")  # kept per model, not globally
+
+
+def test_the_steps_proposals_are_compiled_too(models):
+    """The switch compiles the step's proposals (processors, softmax, the token drawn) besides the model call:
+    dynamo holds graphs for `Proposer._propose` after a compiled call, none after an eager one."""
+    graphs = lambda: len(_debug_get_cache_entry_list(Proposer._propose.__code__))  # noqa: E731
+    _generate(models["mdm"], dict(BASE, temperature=0.8, top_k=10))
+    assert graphs() == 0
+    counter = CompileCounter()
+    _generate(
+        models["mdm"],
+        dict(BASE, temperature=0.8, top_k=10),
+        compile_forward=True,
+        compile_config=CompileConfig(backend=counter),
+    )
+    assert graphs() >= 1
 
 
 def test_disable_compile_runs_the_model_eagerly(models):
