@@ -81,7 +81,7 @@ class LLaDA21EditingTransfer(Transfer):
             written = revealed | edited
             x[:, keep] = torch.where(written, proposals.tokens, x[:, keep])
             # a position's scores are those of the step that last wrote it
-            sampler.record(rows, torch.arange(x.shape[0], device=x.device)[:, None], keep, proposals, written)
+            sampler.record(rows, None, keep, proposals, written)
             on_step()
             running &= masked.any(1) | edited.any(1)
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from .generation_denoiser import Rows
+from .generation_strategy import get_strategy
 
 if TYPE_CHECKING:
     from .generation_sampler import Sampler
@@ -80,7 +81,7 @@ def reveal_top(
     flat = sampler.proposer(logits.flatten(0, 1), sampler.proposer.processor_ids(x, flat_rows, cols))
     proposals = type(flat)(*(None if v is None else v.view(bsz, kmax, *v.shape[1:]) for v in flat))
     x.scatter_(1, positions, torch.where(take, proposals.tokens, x.gather(1, positions)))
-    sampler.record(rows, torch.arange(bsz, device=x.device)[:, None], positions, proposals, take)
+    sampler.record(rows, None, positions, proposals, take)
     if confidence is not None:
         written = proposals.confidence.to(confidence.dtype)
         confidence.scatter_(1, positions, torch.where(take, written, confidence.gather(1, positions)))
@@ -105,6 +106,5 @@ def reveal_where(
 ) -> None:
     """Propose and write tokens at the ``chosen`` (B, L) positions, ``counts`` (B,) of them per row and ``kmax``
     at most, left to right, with fixed shapes (`reveal_top`)."""
-    x = rows.x
-    left_to_right = -torch.arange(x.shape[1], device=x.device, dtype=torch.float32).expand(x.shape)
+    left_to_right = get_strategy("left_to_right").positional_scores(rows.x.shape, None, rows.x.device)
     reveal_top(sampler, rows, left_to_right, chosen, counts, kmax, confidence)

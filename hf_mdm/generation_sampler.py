@@ -98,12 +98,15 @@ class Sampler:
     recorder: Optional[ScoreRecorder] = None  # output_scores / output_logits
     early_stop_eos: Optional[torch.Tensor] = None  # (E,) EOS ids a row stops at inside a block (eos_early_stop)
 
-    def record(self, rows: Rows, index: torch.Tensor, cols: torch.Tensor, proposals: Proposals, written=None) -> None:
+    def record(self, rows: Rows, index: Optional[torch.Tensor], cols, proposals: Proposals, written=None) -> None:
         """Keep the scores and logits of the tokens written at (``index``, ``cols``) of ``rows`` (broadcast to one
-        shape), only where ``written`` is True when it is given (`ScoreRecorder.record`)."""
-        if self.recorder is not None:
-            canvas_rows = rows.canvas_rows(index)
-            self.recorder.record(canvas_rows, cols, written, scores=proposals.scores, logits=proposals.logits)
+        shape; ``index`` None: every row, against (B, K) ``cols``), only where ``written`` is True when it is given
+        (`ScoreRecorder.record`). Nothing runs unless the call records."""
+        if self.recorder is None:
+            return
+        if index is None:
+            index = torch.arange(rows.x.shape[0], device=rows.x.device)[:, None]
+        self.recorder.record(rows.canvas_rows(index), cols, written, scores=proposals.scores, logits=proposals.logits)
 
     @property
     def mask_id(self) -> int:
@@ -440,7 +443,7 @@ def _step(
     counts = torch.minimum(counts, remaining)  # a step reveals exactly counts
     chosen = choose(scores, block_mask, counts, most)[:, keep]  # only kept columns can be chosen
     rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
-    sampler.record(rows, torch.arange(rows.x.shape[0], device=keep.device)[:, None], keep, proposals, chosen)
+    sampler.record(rows, None, keep, proposals, chosen)
 
 
 def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:

@@ -15,6 +15,7 @@ Nothing here sees the model; exported with the model as remote code (imports onl
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
@@ -29,20 +30,29 @@ from transformers.generation.logits_process import (
 from .generation_processors import left_context
 
 
-class Strategy:
+class Strategy(ABC):
     """Which masked positions a step reveals first. A subclass registered with `register_strategy` is a strategy
-    ``generate(strategy=name)`` takes: ``scores`` ranks every position (higher = revealed first) from the step's
-    proposals; a ``positional`` strategy ranks without them (`positional_scores`), so the sampler runs the LM head
-    only at the positions it chose; ``needs_distributions`` asks the proposer for the whole distributions."""
+    ``generate(strategy=name)`` takes: ``scores`` ranks every position (higher = revealed first). Subclass
+    `ProposalStrategy` to rank from the step's proposals (``score``), or `PositionalStrategy` to rank without them
+    (``positional_scores``, so the sampler runs the LM head only at the positions it chose);
+    ``needs_distributions`` asks the proposer for the whole distributions."""
 
     name: str = ""
     aliases: tuple[str, ...] = ()
     positional: bool = False
     needs_distributions: bool = False
 
+    @abstractmethod
+    def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
+        """(B, L) scores of every position from the step's (B, K) proposals at the columns ``keep`` (K,)."""
+
+
+class ProposalStrategy(Strategy):
+    """A strategy that ranks the step's proposals: ``score`` gives (B, K) scores of the proposed positions."""
+
+    @abstractmethod
     def score(self, proposals: "Proposals") -> torch.Tensor:
-        """(B, K) scores of the K proposed positions: every strategy that ranks proposals defines it."""
-        raise NotImplementedError(f"strategy {type(self).__name__} ranks proposals and must define score")
+        """(B, K) scores of the K proposed positions."""
 
     def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
         """(B, L) scores: `score` at the columns ``keep`` (K,), -inf elsewhere."""
@@ -53,9 +63,20 @@ class Strategy:
         full[:, keep] = self.score(proposals).to(confidence.dtype)
         return full
 
+
+class PositionalStrategy(Strategy):
+    """A strategy that ranks positions before any proposal: ``positional_scores`` gives (B, L) scores."""
+
+    positional = True
+
+    @abstractmethod
     def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
-        """(B, L) scores of a positional strategy (``positional = True``), before any proposal."""
-        raise NotImplementedError(f"positional strategy {type(self).__name__} must define positional_scores")
+        """(B, L) scores of the positions of a canvas of ``shape``."""
+
+    def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
+        """(B, L) `positional_scores` (where a step has proposed anyway, e.g. under an adaptive transfer)."""
+        confidence = proposals.confidence
+        return self.positional_scores((confidence.shape[0], length), generator, confidence.device).to(confidence.dtype)
 
 
 STRATEGY_REGISTRY: dict[str, Strategy] = {}
@@ -70,39 +91,27 @@ def register_strategy(cls: type) -> type:
 
 
 @register_strategy
-class RandomStrategy(Strategy):
+class RandomStrategy(PositionalStrategy):
     """Uniformly random positions (the paper's sampler; Dream's ``origin``)."""
 
-    name, aliases, positional = "random", ("origin",), True
-
-    def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
-        bsz, device = proposals.confidence.shape[0], proposals.confidence.device
-        return torch.rand((bsz, length), generator=generator, device=device).to(proposals.confidence.dtype)
+    name, aliases = "random", ("origin",)
 
     def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
         return torch.rand(shape, generator=generator, device=device)
 
 
 @register_strategy
-class LeftToRightStrategy(Strategy):
+class LeftToRightStrategy(PositionalStrategy):
     """The leftmost masked positions first."""
 
-    name, positional = "left_to_right", True
-
-    def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
-        confidence = proposals.confidence
-        full = torch.full(
-            (confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device
-        )
-        full[:, keep] = -keep.to(full.dtype)[None, :].expand(full.shape[0], -1)
-        return full
+    name = "left_to_right"
 
     def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
         return -torch.arange(shape[1], device=device, dtype=torch.float32).expand(shape[0], -1)
 
 
 @register_strategy
-class ConfidenceStrategy(Strategy):
+class ConfidenceStrategy(ProposalStrategy):
     """The most probable proposals first (LLaDA's ``low_confidence`` remasking, Dream's ``maskgit_plus``)."""
 
     name, aliases = "confidence", ("low_confidence", "maskgit_plus")
@@ -112,7 +121,7 @@ class ConfidenceStrategy(Strategy):
 
 
 @register_strategy
-class MarginStrategy(Strategy):
+class MarginStrategy(ProposalStrategy):
     """The largest top-1 minus top-2 probability first (Dream's ``topk_margin``)."""
 
     name, aliases, needs_distributions = "margin", ("topk_margin",), True
@@ -123,7 +132,7 @@ class MarginStrategy(Strategy):
 
 
 @register_strategy
-class EntropyStrategy(Strategy):
+class EntropyStrategy(ProposalStrategy):
     """The lowest-entropy distributions first (negative entropy as the score)."""
 
     name, needs_distributions = "entropy", True

@@ -30,6 +30,7 @@ Which positions: `hf_mdm.generation_strategy`. Nothing here sees the model; expo
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional
 
 import torch
@@ -152,11 +153,12 @@ def entropy_bound_counts(
     return threshold_counts(within, candidates.sum(1), steps_left)
 
 
-class Transfer:
+class Transfer(ABC):
     """How many masked positions a step reveals. A subclass registered with `register_transfer` is a transfer
     ``generate(transfer=name)`` takes, built from the call's config (`from_config`). A fixed rule decides a block's
-    counts at its start (`count_rule`); an ``adaptive`` one decides inside each step from the step's proposals
-    (`adaptive_counts`); ``needs_distributions`` asks the proposer for the whole distributions."""
+    counts at its start (`count_table`, or step by step `count_rule`); an adaptive one (`AdaptiveTransfer`) decides
+    inside each step from the step's proposals; ``needs_distributions`` asks the proposer for the whole
+    distributions."""
 
     name: str = ""
     adaptive: bool = False
@@ -178,21 +180,33 @@ class Transfer:
         """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start, step by step
         (default: the columns of `count_table`)."""
         table = self.count_table(schedule, num_steps, m0, generator)
-        return lambda i, block_mask: None if table is None else table[:, i]
+        if table is None:
+            raise TypeError(
+                f"transfer {type(self).__name__} decides no counts: define count_table or count_rule, or subclass "
+                "AdaptiveTransfer and define adaptive_counts"
+            )
+        return lambda i, block_mask: table[:, i]
 
     def count_table(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> Optional[torch.Tensor]:
         """(B, num_steps) the tokens each row reveals at each step, all decided at the block's start on the device
-        (so a step reads nothing back), or None: an adaptive rule decides in each step (`adaptive_counts`). Each
-        step reveals exactly its count (the counts of a row add up to at most its ``m0``)."""
+        (so a step reads nothing back), or None where `count_rule` decides step by step. Each step reveals exactly
+        its count (the counts of a row add up to at most its ``m0``)."""
         return None
 
+
+class AdaptiveTransfer(Transfer):
+    """A transfer that decides each step's counts from the step's proposals (`adaptive_counts`); `count_rule` sets
+    up a block (default: nothing) and gives no fixed counts."""
+
+    adaptive = True
+
+    def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
+        return lambda i, block_mask: None
+
+    @abstractmethod
     def adaptive_counts(self, confidence, probs, scores, candidates, steps_left: int) -> torch.Tensor:
         """Counts (B,) from the step's (B, K) proposals: confidences, distributions (B, K, V), strategy scores
-        and ``candidates`` (the block's masked positions among the K columns). Called only where `count_rule`
-        gives no fixed counts: an adaptive transfer defines it."""
-        raise NotImplementedError(
-            f"{type(self).__name__} has no fixed counts (count_rule) and must define adaptive_counts"
-        )
+        and ``candidates`` (the block's masked positions among the K columns)."""
 
 
 TRANSFER_REGISTRY: dict[str, type] = {}
@@ -246,10 +260,10 @@ class DeterministicTransfer(Transfer):
 
 
 @register_transfer
-class ThresholdTransfer(Transfer):
+class ThresholdTransfer(AdaptiveTransfer):
     """Every position whose confidence reaches ``threshold`` (`threshold_counts`)."""
 
-    name, adaptive = "threshold", True
+    name = "threshold"
 
     def __init__(self, threshold: float = 1.0):
         self.threshold = float(threshold)
@@ -264,10 +278,10 @@ class ThresholdTransfer(Transfer):
 
 
 @register_transfer
-class EntropyBoundTransfer(Transfer):
+class EntropyBoundTransfer(AdaptiveTransfer):
     """The strategy's order while the summed entropy stays within ``bound`` (`entropy_bound_counts`)."""
 
-    name, adaptive, needs_distributions = "entropy_bound", True, True
+    name, needs_distributions = "entropy_bound", True
 
     def __init__(self, bound: float = 1.0):
         self.bound = float(bound)
@@ -294,14 +308,14 @@ def even_split(total: int, steps: int) -> list[int]:
 
 
 @register_transfer
-class LLaDA2Transfer(Transfer):
+class LLaDA2Transfer(AdaptiveTransfer):
     """LLaDA2's published generate() (modeling_llada2_moe.py): ``steps`` forwards per block at most; step i reveals
     every masked position of the block whose confidence is above ``threshold`` (strictly) when there are at least
     ``share[i]`` of them, with ``share`` the even split (`even_split`) of the block length (not of its masked count)
     over ``steps``; otherwise the ``share[i]`` most confident (all that are left if fewer). The shares add up to the
     block length, so a block is always complete within its steps."""
 
-    name, adaptive = "llada2", True
+    name = "llada2"
 
     def __init__(self, threshold: float = 0.95, steps: int = 32, block_length: Optional[int] = 32):
         self.threshold, self.steps = float(threshold), int(steps)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_mdm import tiny_mdm
 from transformers.generation.streamers import BaseStreamer
 
-from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -19,17 +19,9 @@ PROMPT = torch.tensor([[1, 2, 3]])
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    config = MDMConfig(
-        vocab_size=VOCAB,
-        mask_token_id=MASK,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
+    return tiny_mdm(
+        vocab_size=VOCAB, mask_token_id=MASK, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64
     )
-    return MDMForMaskedDiffusion(config).eval()
 
 
 @pytest.fixture

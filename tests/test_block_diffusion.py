@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 from test_model_conformance import build
+from tiny_mdm import tiny_mdm
 
-from hf_mdm import MDMConfig, MDMForMaskedDiffusion
+from hf_mdm import MDMConfig
 from hf_mdm.generation import diffusion_generate, resolve_config
 from hf_mdm.models import DreamModel, LLaDAModelLM
 
@@ -18,18 +19,9 @@ PADDING = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
 
 
 def mdm(block_size=4, **kw):
-    torch.manual_seed(0)
-    config = MDMConfig(
-        vocab_size=VOCAB,
-        mask_token_id=MASK,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        block_size=block_size,
-        **kw,
+    return tiny_mdm(
+        block_size, vocab_size=VOCAB, mask_token_id=MASK, num_attention_heads=2, max_position_embeddings=2048, **kw
     )
-    return MDMForMaskedDiffusion(config).eval()
 
 
 def test_a_block_causal_model_defaults_to_its_blocks_and_the_exact_cache():
@@ -350,7 +342,6 @@ def test_the_time_verdict_needs_every_longer_length_faster():
 def test_the_broadcast_mask_equals_transformers_vmap_mask(implementation, span):
     from transformers.masking_utils import create_bidirectional_mask
 
-    from hf_mdm import MDMConfig
     from hf_mdm.modeling_blocks import block_causal_mask_function, broadcast_mask
 
     config = MDMConfig(

@@ -207,12 +207,12 @@ def test_model_families_declare_their_facts_and_the_sampler_reads_no_model_type(
 
 
 def test_a_new_strategy_and_transfer_are_one_registered_class_each(model):
-    from hf_mdm.generation_strategy import STRATEGY_REGISTRY, Strategy, register_strategy
+    from hf_mdm.generation_strategy import STRATEGY_REGISTRY, PositionalStrategy, register_strategy
     from hf_mdm.generation_transfer import TRANSFER_REGISTRY, Transfer, register_transfer
 
     @register_strategy
-    class RightToLeft(Strategy):
-        name, positional = "right_to_left_test", True
+    class RightToLeft(PositionalStrategy):
+        name = "right_to_left_test"
 
         def positional_scores(self, shape, generator, device):
             return torch.arange(shape[1], device=device, dtype=torch.float32).expand(shape[0], -1)
@@ -243,3 +243,32 @@ def test_a_new_strategy_and_transfer_are_one_registered_class_each(model):
     finally:
         STRATEGY_REGISTRY.pop("right_to_left_test")
         TRANSFER_REGISTRY.pop("everything_test")
+
+
+def test_an_incomplete_strategy_or_transfer_says_what_to_define(model):
+    """The kinds of strategy and transfer are abstract bases: a subclass that lacks its kind's hook is refused when
+    it is registered or built, naming the hook; a transfer that decides no counts says what to define."""
+    from hf_mdm.generation_strategy import ProposalStrategy, register_strategy
+    from hf_mdm.generation_transfer import TRANSFER_REGISTRY, AdaptiveTransfer, Transfer, register_transfer
+
+    class NoScore(ProposalStrategy):
+        name = "no_score_test"
+
+    with pytest.raises(TypeError, match="score"):
+        register_strategy(NoScore)
+
+    class NoCounts(AdaptiveTransfer):
+        name = "no_counts_test"
+
+    with pytest.raises(TypeError, match="adaptive_counts"):
+        NoCounts()
+
+    @register_transfer
+    class Nothing(Transfer):
+        name = "nothing_test"
+
+    try:
+        with pytest.raises(TypeError, match="define count_table or count_rule"):
+            model.generate(PROMPT, max_new_tokens=4, steps=4, transfer="nothing_test")
+    finally:
+        TRANSFER_REGISTRY.pop("nothing_test")

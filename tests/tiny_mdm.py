@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -12,11 +12,11 @@ MASK = 30
 VOCAB = MASK + 1
 
 
-def tiny_mdm(block_size: Optional[int] = None, sharpen: float = 1.0) -> MDMForMaskedDiffusion:
+def tiny_mdm(block_size: Optional[int] = None, sharpen: float = 1.0, **config: Any) -> MDMForMaskedDiffusion:
     """Seeded with 0; ``block_size``: block-causal attention; ``sharpen`` scales the LM head (a sharper random network
-    has fewer near-ties in its confidences)."""
+    has fewer near-ties in its confidences); ``config``: other `MDMConfig` fields (another vocabulary, fewer layers)."""
     torch.manual_seed(0)
-    config = MDMConfig(
+    fields = dict(
         vocab_size=VOCAB,
         mask_token_id=MASK,
         hidden_size=32,
@@ -24,9 +24,8 @@ def tiny_mdm(block_size: Optional[int] = None, sharpen: float = 1.0) -> MDMForMa
         num_attention_heads=4,
         intermediate_size=64,
         max_position_embeddings=96,
-        block_size=block_size,
     )
-    model = MDMForMaskedDiffusion(config).eval()
+    model = MDMForMaskedDiffusion(MDMConfig(**{**fields, **config}, block_size=block_size)).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(sharpen)
     return model
