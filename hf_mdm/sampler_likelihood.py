@@ -13,9 +13,13 @@ with P the law of the grouping (`RevealLaw`) and p_theta the denoiser's token la
 
 - `exact_sampler_log_probs`: every x of V^L at once, enumerating the ordered partitions and every partly revealed
   canvas ((V + 1)^L forwards): exact, for small L (the Fubini number of ordered partitions grows fast);
-- `estimate_sampler_log_probs`: for given x, K groupings drawn from the sampler's own law P and
-  log p^(x) = log of the mean over them of the product above. The mean is an unbiased estimate of p(x), so
-  E[-log p^(x)] >= -log p(x) (Jensen): the TER computed from it is an upper estimate, tightening as K grows.
+- `estimate_sampler_log_probs`: for given x, a particle filter over the sampler's steps (`hf_mdm.sampler_smc`):
+  each step summed out exactly given the positions revealed before it, resampling, several independent runs, and
+  the bias of the log removed from the runs' spread; its 95% intervals cover the exact value
+  (`evaluation/ter_calibration.py` measures it);
+- `prior_sampling_log_probs`: the log of a mean over groupings drawn from P itself, the baseline the calibration
+  measures against: unbiased for p(x) inside the log, so E[-log p^(x)] >= -log p(x) (Jensen), by a gap that grows
+  with L.
 
 `RevealLaw` covers the samplers whose grouping does not depend on the sampled tokens: the paper's (stochastic
 transfer, random order: each position's step drawn independently from the schedule), and deterministic transfer
@@ -33,6 +37,8 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .generation_transfer import deterministic_counts, draw_steps, normalised_alpha, time_grid
+from .languages import OracleDenoiser
+from .sampler_smc import MAX_PARTICLES, NUM_REPLICATES, Denoiser, SMCEstimate, smc_log_probs
 from .schedules import get_schedule
 
 #: The orders and transfer rules whose grouping law `RevealLaw` knows.
@@ -204,13 +210,67 @@ def estimate_sampler_log_probs(
     law: RevealLaw,
     x: torch.Tensor,
     vocab_size: int,
+    num_particles: Optional[int] = None,
+    num_replicates: int = NUM_REPLICATES,
+    generator: Optional[torch.Generator] = None,
+    batch_size: int = 4096,
+    max_particles: int = MAX_PARTICLES,
+) -> SMCEstimate:
+    """`SMCEstimate` of log p(x) for each row of ``x`` (B, L) under the sampler ``law`` with ``model`` as denoiser:
+    a twisted particle filter over the sampler's steps (`hf_mdm.sampler_smc`), ``num_replicates`` independent runs
+    per sequence, bias-corrected from the runs' spread (``.log_prob``), with the uncorrected stochastic lower bound
+    (``.log_prob_bound``), the per-sequence variance and whether the correction is trusted (``.reliable``). With
+    ``num_particles=None`` a pilot on the first rows chooses the particles (up to ``max_particles``) and the twist;
+    for the language's oracle (`OracleDenoiser`) the twist is the language's exact conditional."""
+    return smc_log_probs(
+        sampler_denoiser(model, vocab_size, x, batch_size),
+        law,
+        x,
+        int(model.config.mask_token_id),
+        num_particles,
+        num_replicates,
+        generator,
+        max_particles,
+    )
+
+
+def sampler_denoiser(model: Any, vocab_size: int, x: torch.Tensor, batch_size: int = 4096) -> Denoiser:
+    """The denoiser as `hf_mdm.sampler_smc` calls it: (canvases, tokens) -> (log p_theta(token_i | canvas), log psi),
+    log psi = log q(x_masked | x_visible) for the oracle of a language on sequences of its support, else None."""
+    language = model.language if isinstance(model, OracleDenoiser) else None
+    if language is not None and bool(torch.isfinite(language.log_prob(x)).all()):
+        mask_id = int(model.config.mask_token_id)
+
+        def exact(canvases: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+            log_post, log_visible = language.log_posterior_and_evidence(canvases, mask_id)
+            log_a = log_post.gather(2, tokens[:, :, None]).squeeze(2)
+            return log_a, language.log_prob(tokens) - log_visible
+
+        return exact
+
+    def chosen(canvases: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        parts = []
+        for start in range(0, canvases.shape[0], batch_size):
+            logp = token_log_probs(model, canvases[start : start + batch_size], vocab_size, batch_size)
+            parts.append(logp.gather(2, tokens[start : start + batch_size, :, None]).squeeze(2))
+        return torch.cat(parts), None
+
+    return chosen
+
+
+def prior_sampling_log_probs(
+    model: Any,
+    law: RevealLaw,
+    x: torch.Tensor,
+    vocab_size: int,
     num_orders: int = 8,
     generator: Optional[torch.Generator] = None,
     batch_size: int = 4096,
 ) -> torch.Tensor:
-    """(B,) float64: log p^(x) for each row of ``x`` (B, L): the log of the mean, over ``num_orders`` groupings drawn
-    from ``law``, of the probability that the sampler draws x with that grouping (an unbiased estimate of p(x)
-    inside the log, so -log p^(x) overestimates -log p(x) on average; see the module docstring)."""
+    """(B,) float64: log of the mean, over ``num_orders`` groupings drawn from ``law`` itself, of the probability
+    that the sampler draws x with that grouping: importance sampling from the prior, unbiased for p(x) inside the
+    log but with a spread that grows exponentially with L, so its log falls ever further below log p(x) as L grows.
+    Kept as the baseline that `evaluation/ter_calibration.py` measures against `estimate_sampler_log_probs`."""
     if num_orders < 1:
         raise ValueError(f"num_orders must be >= 1, got {num_orders}")
     num, length = x.shape

@@ -47,7 +47,7 @@ def results(tmp_path_factory):
         "training": TRAINING,
         "fast_samplers": FAST,
         "ter_samples": 16,
-        "ter_orders": 2,
+        "ter_particles": 16,
         "exact": {"length": 3, "steps": [1, 2]},
     }
     ser = {

@@ -1,6 +1,7 @@
 """The paper's TER, 2^(E_{x~q}[-log2 p(x) / |x|]), against brute force: the sampler's law over sequences
 enumerated step by step over canvases (a different algorithm from `exact_sampler_log_probs`, which sums over ordered
-partitions), the real sampler's frequencies, the chain language's closed form, and the order-sampling estimator."""
+partitions), the real sampler's frequencies, the chain language's closed form, and the estimator of log p(x): its intervals
+against enumeration and the closed form, where the old one (groupings drawn from the law) misses."""
 
 import itertools
 import math
@@ -17,7 +18,10 @@ from hf_mdm.sampler_likelihood import (
     estimate_sampler_log_probs,
     exact_sampler_log_probs,
     ordered_partitions,
+    prior_sampling_log_probs,
+    token_log_probs,
 )
+from hf_mdm.sampler_smc import MAX_RELIABLE_VARIANCE, TWIST_POWERS, smc_log_probs
 
 
 def small_ngram():
@@ -154,18 +158,80 @@ def test_chain_closed_form_equals_enumeration(steps):
     assert float(valid.sum()) == pytest.approx(1 - ChainLanguage.predicted_ser(length, steps), rel=1e-9)
 
 
-def test_estimator_is_unbiased_for_p_and_converges():
-    language, length, law = small_ngram(), 4, RevealLaw(2)
+def generic(model, vocab_size):
+    """The denoiser as the estimator sees a trained model: token probabilities only (no exact twist)."""
+
+    def call(canvases, tokens):
+        return token_log_probs(model, canvases, vocab_size).gather(2, tokens[:, :, None]).squeeze(2), None
+
+    return call
+
+
+@pytest.mark.parametrize(
+    "law",
+    [
+        RevealLaw(2),
+        RevealLaw(3),
+        RevealLaw(3, transfer="deterministic"),
+        RevealLaw(2, "left_to_right", "deterministic"),
+    ],
+)
+@pytest.mark.parametrize("twist", ["exact", "pseudo-likelihood"])
+def test_estimator_covers_enumeration(law, twist):
+    """The bias-corrected estimate of log p(x) against the sum over every ordered partition, per sequence: within
+    5 standard errors of the corrected value (from the runs' spread, pooled over the 6 sequences) for each."""
+    language, length = small_ngram(), 5
     exact = exact_sampler_log_probs(oracle(language), law, length, language.vocab_size)
-    x = language.sample(3, length, torch.Generator().manual_seed(0))
-    index = (x * torch.tensor([27, 9, 3, 1])).sum(1)
-    one = estimate_sampler_log_probs(oracle(language), law, x.repeat(4000, 1), 3, 1, torch.Generator().manual_seed(1))
-    mean_p = one.exp().view(4000, 3).mean(0)  # K = 1, averaged: an unbiased estimate of p(x)
-    assert torch.allclose(mean_p, exact[index].exp(), rtol=0.05)
-    many = estimate_sampler_log_probs(oracle(language), law, x, 3, 4000, torch.Generator().manual_seed(2))
-    assert torch.allclose(many, exact[index], atol=0.02)
+    x = language.sample(6, length, torch.Generator().manual_seed(0))
+    index = (x * torch.tensor([81, 27, 9, 3, 1])).sum(1)
+    generator = torch.Generator().manual_seed(1)
+    if twist == "exact":
+        est = estimate_sampler_log_probs(oracle(language), law, x, 3, num_particles=32, generator=generator)
+        assert est.twist_power is None
+    else:
+        est = smc_log_probs(generic(oracle(language), 3), law, x, 3, num_particles=32, generator=generator)
+        assert est.twist_power in TWIST_POWERS
+    var = est.variance.mean()
+    spread = float((var / est.num_replicates + var**2 / (2 * (est.num_replicates - 1))).sqrt())
+    assert bool(((est.log_prob - exact[index]).abs() <= 4 * spread + 1e-9).all())
+    assert bool((est.log_prob_bound <= exact[index] + 4 * spread + 1e-9).all())
+    if law.order == "left_to_right":  # a single grouping: every run is exact
+        assert torch.allclose(est.log_prob, exact[index], atol=1e-9) and float(est.variance.max()) < 1e-18
+
+
+def test_estimator_interval_covers_the_chain_closed_form_where_prior_sampling_misses():
+    """Theorem 4.4's chain language, N = 8, L = 64, a trained model's path (no exact twist): the TER interval from
+    the corrected estimate holds the closed form; the old estimator (the log of a mean over groupings drawn from the
+    law) lies above it, its interval excluding it."""
+    chain, length, steps = ChainLanguage(), 64, 8
+    truth = ChainLanguage.predicted_ter_increase(length, steps)
+    x = chain.sample(48, length, torch.Generator().manual_seed(0))
+    model = OracleDenoiser(chain, dtype=torch.float64)
+    est = smc_log_probs(generic(model, 16), RevealLaw(steps), x, 16, generator=torch.Generator().manual_seed(1))
+    assert est.reliable and est.twist_power == 0.5
+    ter = TokenErrorRate().compute(predictions=est.log_prob.tolist(), references=x.tolist(), language=chain)
+    assert ter["relative_increase_ci_low"] <= truth <= ter["relative_increase_ci_high"]
+    assert ter["relative_increase_ci_high"] - ter["relative_increase_ci_low"] < 0.1 * truth  # informative
+    old = prior_sampling_log_probs(model, RevealLaw(steps), x, 16, 8, torch.Generator().manual_seed(2))
+    biased = TokenErrorRate().compute(predictions=old.tolist(), references=x.tolist(), language=chain)
+    assert biased["relative_increase_ci_low"] > truth
+
+
+def test_estimator_reports_a_bound_where_its_variance_is_too_large():
+    """With one particle a run at N = 4, L = 96 the runs disagree by far more than the correction can hold: the
+    estimate is flagged unreliable (callers then report the bound), and the bound's TER lies above the truth."""
+    chain, length, steps = ChainLanguage(), 96, 4
+    x = chain.sample(16, length, torch.Generator().manual_seed(0))
+    est = smc_log_probs(
+        generic(oracle(chain), 16), RevealLaw(steps), x, 16, num_particles=1, generator=torch.Generator().manual_seed(3)
+    )
+    assert not est.reliable and float(est.variance.mean()) > MAX_RELIABLE_VARIANCE
+    bound = TokenErrorRate().compute(predictions=est.log_prob_bound.tolist(), references=x.tolist(), language=chain)
+    assert bound["relative_increase"] > ChainLanguage.predicted_ter_increase(length, steps)
+    with pytest.raises(ValueError, match="num_replicates must be >= 2"):
+        estimate_sampler_log_probs(oracle(chain), RevealLaw(2), x, 16, num_replicates=1)
     with pytest.raises(ValueError, match="num_orders"):
-        estimate_sampler_log_probs(oracle(language), law, x, 3, 0)
+        prior_sampling_log_probs(oracle(chain), RevealLaw(2), x, 16, 0)
 
 
 def test_ter_metric_interval_load_and_errors():

@@ -26,7 +26,7 @@ MINIATURE = {
     "steps_per_block": [1, 4],
     "length": 8,
     "ter_samples": 16,
-    "ter_orders": 2,
+    "ter_particles": 16,
     "exact": {"length": 3, "steps": [1, 2]},
 }
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).

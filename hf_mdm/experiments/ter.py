@@ -5,7 +5,7 @@ on n-gram languages at several lengths L, with the exact-posterior oracle (no le
 (the trained AR model as reference), two quantities under their own names (`ter_cells`):
 
 - the paper's TER relative increase TER(p)/TER(q) - 1 (its epsilon_total), TER(p) = 2^(E_{x~q}[-log2 p(x)/L]),
-  estimated (``ter_samples`` sequences of the language, ``ter_orders`` groupings each; `ter_cells.TER_ESTIMATOR`),
+  estimated (``ter_samples`` sequences of the language, at most ``ter_particles`` particles a run; `ter_cells.TER_ESTIMATOR`),
   exact for AR;
 - the generative perplexity relative increase GenPPL(p)/TER(q) - 1 from ``num_samples`` samples.
 
@@ -27,6 +27,7 @@ import torch
 
 from ..languages import ChainLanguage, OracleDenoiser
 from ..sampler_likelihood import RevealLaw, exact_sampler_log_probs
+from ..sampler_smc import MAX_PARTICLES
 from .common import (
     CellCache,
     experiment_result,
@@ -51,8 +52,8 @@ from .ter_cells import (
 
 #: Relative increases are drawn on a log axis, at least this.
 PLOT_FLOOR = 1e-5
-#: Defaults of the preset's paper-TER keys: sequences of the language per cell, groupings per sequence.
-TER_SAMPLES, TER_ORDERS = 128, 4
+#: Defaults of the preset's paper-TER keys: sequences of the language per cell, most particles a run.
+TER_SAMPLES, TER_PARTICLES = 128, MAX_PARTICLES
 #: Seed of the language's sequences scored for the paper's TER (apart from the samplers' seeds).
 TER_SEED = 10_000
 #: The quantities of a row, by key prefix, and their names in tables.
@@ -74,8 +75,9 @@ def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
     table = "\n".join(
         [
             *setup_lines(preset),
-            f"Paper's TER, estimated: {TER_ESTIMATOR} Here n = {preset.get('ter_samples', TER_SAMPLES)}, K = "
-            f"{preset.get('ter_orders', TER_ORDERS)}; the trained AR model's p(x) is exact (its chain rule).",
+            f"Paper's TER, estimated: {TER_ESTIMATOR} Here n = {preset.get('ter_samples', TER_SAMPLES)}, "
+            f"at most {preset.get('ter_particles', TER_PARTICLES)} particles a run; the trained AR model's p(x) is exact (its "
+            "chain rule), its mean over the same n sequences an estimate with the same kind of interval.",
             "",
             ter_table(rows, steps_list, "ter"),
             f"{GEN_PPL_MEANING} {preset['num_samples']} samples per cell.",
@@ -93,7 +95,7 @@ def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
 
 def add_paper_ter(rows: list[dict], preset: dict, out: Path, cache: CellCache) -> None:
     """Adds the paper's TER (``ter_*`` keys) to every oracle, trained MDM and trained AR row, in place."""
-    num, orders = preset.get("ter_samples", TER_SAMPLES), preset.get("ter_orders", TER_ORDERS)
+    num, orders = preset.get("ter_samples", TER_SAMPLES), preset.get("ter_particles", TER_PARTICLES)
     specs = {language_name(spec): spec for spec in preset["languages"]}
     languages = {name: make_language(spec) for name, spec in specs.items()}
     pairs = {
@@ -104,7 +106,7 @@ def add_paper_ter(rows: list[dict], preset: dict, out: Path, cache: CellCache) -
     for r in rows:
         if r["model"] in ("oracle MDM", "trained MDM", "trained AR"):
             name = r["language"]
-            key = f"{r['model']}|{name}|{r['length']}|{r['steps']}|{num}|{orders}"
+            key = f"{r['model']}|{name}|{r['length']}|{r['steps']}|{num}|smc{orders}"
             compute = functools.partial(paper_ter, r, languages[name], pairs.get(name), num, orders)
             r.update(cache.get(key, compute))
 
@@ -123,14 +125,14 @@ def paper_ter(row: dict, language: Any, pair: Any, num: int, orders: int) -> dic
 def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
     """At ``preset["exact"]["length"]``, per language and each N of ``preset["exact"]["steps"]``: the oracle's
     paper TER and generative perplexity, both exact (the sampler's law enumerated), and the estimate of the paper's
-    TER (``ter_samples``, ``ter_orders``) beside them; [] without an ``exact`` section."""
+    TER (``ter_samples``, ``ter_particles``) beside them; [] without an ``exact`` section."""
     section = preset.get("exact")
     if not section:
         return []
     length, num, orders = (
         section["length"],
         preset.get("ter_samples", TER_SAMPLES),
-        preset.get("ter_orders", TER_ORDERS),
+        preset.get("ter_particles", TER_PARTICLES),
     )
     rows = []
     for spec in preset["languages"]:
@@ -140,7 +142,7 @@ def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
             law = RevealLaw(steps)
             exact = cache.get(f"exact|{name}|{length}|{steps}", lambda: exact_both(oracle, language, law, length))
             estimate = cache.get(
-                f"estimate|{name}|{length}|{steps}|{num}|{orders}",
+                f"estimate|{name}|{length}|{steps}|{num}|smc{orders}",
                 lambda: sampler_ter_cell(oracle, language, law, length, num, orders, TER_SEED),
             )
             rows.append(
@@ -150,7 +152,7 @@ def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
                     "steps": steps,
                     **exact,
                     "estimate": estimate,
-                    "num_orders": orders,
+                    "max_particles": orders,
                 }
             )
     return rows
@@ -188,6 +190,8 @@ def _cell(r: dict, key: str) -> str:
     value, low, high = r[f"{key}_increase"], r[f"{key}_ci_low"], r[f"{key}_ci_high"]
     if r.get(f"{key}_exact"):
         return f"{100 * value:.3f}% (exact)"
+    if r.get(f"{key}_kind") == "upper bound":
+        return f"<= {100 * high:.2f}% (bound)"
     return f"{100 * value:.2f}% [{100 * low:.2f}, {100 * high:.2f}]"
 
 
@@ -225,7 +229,8 @@ def exact_table(rows: list[dict]) -> str:
     lines = [
         "",
         f"Exact, oracle with the paper's sampler at L = {r0['length']} (every sequence enumerated), in %; the "
-        f"estimator of the tables above beside it (n = {r0['estimate']['ter_num_sequences']}, K = {r0['num_orders']}):",
+        f"estimator of the tables above beside it (n = {r0['estimate']['ter_num_sequences']}, at most "
+        f"{r0['max_particles']} particles a run; its interval should hold the exact value):",
         "",
         "| language | N | TER(p)/TER(q) - 1 (exact) | estimate [95% CI] | GenPPL(p)/TER(q) - 1 (exact) "
         "| p(outside q) |",
@@ -271,5 +276,10 @@ def plot_ter(rows: list[dict], path: Path) -> None:
         ax.set(xscale="log", yscale="log", xlabel="sampling steps N", ylabel="TER(p)/TER(q) - 1", title=name)
 
     language_panels(
-        rows, path, 4.2, "The paper's TER relative increase vs steps (Theorem 4.2: depends on N, not L)", draw
+        rows,
+        path,
+        4.2,
+        "The paper's TER relative increase vs steps (Theorem 4.2: depends on N, not L); bands: 95% intervals; "
+        f"values below {PLOT_FLOOR:g} drawn at {PLOT_FLOOR:g}",
+        draw,
     )

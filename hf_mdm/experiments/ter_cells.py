@@ -1,9 +1,10 @@
 """The two TER-like quantities of a cell, each under its own name (`hf_mdm.metrics`):
 
 - the paper's TER, 2^(E_{x~q}[-log2 p(x) / |x|]): sequences drawn from the language, scored by the sampler's law p.
-  For the paper's sampler p(x) is estimated by `estimate_sampler_log_probs` (K groupings drawn from the sampler's
-  law; an upper estimate of TER, see `TER_ESTIMATOR`), for AR it is exact (the chain rule of its conditionals), and
-  at small L it is exact for the sampler too (`exact_ter_cell`, every sequence enumerated);
+  For the paper's sampler p(x) is estimated by `estimate_sampler_log_probs` (a twisted particle filter, bias
+  corrected; `TER_ESTIMATOR`), or only bounded where its variance is too large for the correction (the cell's
+  ``ter_kind`` is then ``"upper bound"``); for AR it is exact (the chain rule of its conditionals), and at small L
+  it is exact for the sampler too (`exact_ter_cell`, every sequence enumerated);
 - generative perplexity, 2^(E_{x~p}[-log2 q(x) / |x|]): the sampler's samples scored by the language.
 
 Cells are dicts of plain numbers; every relative increase is X / TER(q) - 1 with its 95% interval.
@@ -22,13 +23,17 @@ from ..sampler_likelihood import RevealLaw, estimate_sampler_log_probs, exact_sa
 
 #: How the paper's TER of a sampler is estimated where it is not exact, in words (printed with every such table).
 TER_ESTIMATOR = (
-    "TER(p) = 2^(E_{x~q}[-log2 p(x)/L]) is estimated from n sequences drawn from the language: for each, p(x) is the "
-    "mean over K groupings of the positions into steps, drawn from the sampler's own law, of the chance that the "
-    "sampler draws x with that grouping (unbiased for p(x)); -log of it overestimates -log p(x) on average, so the "
-    "estimate is an upper one that tightens as K grows, by an amount that can differ between lengths (its 95% "
-    "interval is over the n sequences and does not include that bias; the exact table below measures it at a small "
-    "L)."
+    "TER(p) = 2^(E_{x~q}[-log2 p(x)/L]) is estimated from n sequences drawn from the language: for each, log p(x) "
+    "comes from 4 independent runs of a twisted particle filter over the sampler's steps (hf_mdm.sampler_smc; the "
+    "twist is the language's exact conditional for the oracle, a pseudo-likelihood for a trained model), corrected "
+    "for the bias of the log by half the runs' variance; its 95% interval is over the n sequences and carries the "
+    "estimator's own noise. Its calibration is measured in evaluation/ter_calibration.py (coverage of the exact "
+    "value on the chain language's closed form and on enumeration). Where the runs' mean variance exceeds 1 nat^2 "
+    "the correction is not trusted and the cell shows an upper bound of TER instead (marked <=), which no finding "
+    "uses."
 )
+#: The kinds of a paper-TER cell: an exact value, a (bias-corrected) estimate, or an upper bound only.
+TER_KINDS = ("exact", "estimate", "upper bound")
 #: What the generative perplexity of a cell is, in words.
 GEN_PPL_MEANING = (
     "Generative perplexity GenPPL(p) = 2^(E_{x~p}[-log2 q(x)/L]): the sampler's samples scored by the language "
@@ -51,27 +56,42 @@ def gen_ppl_cell(language: Any, samples: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def _ter_values(result: dict, **extra: Any) -> dict[str, Any]:
+def _ter_values(result: dict, kind: str, **extra: Any) -> dict[str, Any]:
     return {
         "ter": result["ter"],
         "ter_increase": result["relative_increase"],
         "ter_ci_low": result["relative_increase_ci_low"],
         "ter_ci_high": result["relative_increase_ci_high"],
-        "ter_exact": bool(result["exact"]),
+        "ter_exact": kind == "exact",
+        "ter_kind": kind,
         **extra,
     }
 
 
 def sampler_ter_cell(
-    model: Any, language: Any, law: RevealLaw, length: int, num: int, num_orders: int, seed: int
+    model: Any, language: Any, law: RevealLaw, length: int, num: int, max_particles: int, seed: int
 ) -> dict[str, Any]:
-    """The paper's TER of the sampler ``law`` with ``model``: ``num`` sequences of the language, p(x) estimated with
-    ``num_orders`` groupings each (`TER_ESTIMATOR`)."""
+    """The paper's TER of the sampler ``law`` with ``model``: ``num`` sequences of the language, log p(x) estimated
+    with at most ``max_particles`` particles a run (`TER_ESTIMATOR`); an upper bound where the estimate is not
+    reliable (``ter_kind``)."""
     x = language.sample(num, length, torch.Generator().manual_seed(seed))
     generator = torch.Generator().manual_seed(seed + 1)
-    log_p = estimate_sampler_log_probs(model, law, x, language.vocab_size, num_orders, generator)
+    est = estimate_sampler_log_probs(
+        model, law, x, language.vocab_size, generator=generator, max_particles=max_particles
+    )
+    kind = "estimate" if est.reliable else "upper bound"
+    log_p = est.log_prob if est.reliable else est.log_prob_bound
     result = TokenErrorRate().compute(predictions=log_p.tolist(), references=x.tolist(), language=language)
-    return _ter_values(result, ter_num_sequences=num, ter_num_orders=num_orders)
+    return _ter_values(
+        result,
+        kind,
+        ter_num_sequences=num,
+        ter_num_particles=est.num_particles,
+        ter_num_replicates=est.num_replicates,
+        ter_twist_power=est.twist_power,
+        ter_log_z_variance=float(est.variance.mean()),
+        ter_forwards=est.forwards,
+    )
 
 
 @torch.no_grad()
@@ -96,7 +116,7 @@ def ar_ter_cell(model: Any, language: Any, length: int, num: int, seed: int) -> 
     result = TokenErrorRate().compute(
         predictions=ar_log_probs(model, x).tolist(), references=x.tolist(), language=language
     )
-    return _ter_values(result, ter_num_sequences=num, ter_num_orders=0)
+    return _ter_values(result, "estimate", ter_num_sequences=num, ter_num_particles=0)  # p(x) exact, the mean over n
 
 
 def exact_ter_cell(model: Any, language: Any, law: RevealLaw, length: int) -> dict[str, Any]:
@@ -108,4 +128,4 @@ def exact_ter_cell(model: Any, language: Any, law: RevealLaw, length: int) -> di
     result = TokenErrorRate().compute(
         predictions=log_p.tolist(), references=xs.tolist(), weights=(q / q.sum()).tolist(), language=language
     )
-    return _ter_values(result, ter_num_sequences=int(xs.shape[0]), ter_num_orders=0)
+    return _ter_values(result, "exact", ter_num_sequences=int(xs.shape[0]), ter_num_particles=0)

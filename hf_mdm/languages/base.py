@@ -220,6 +220,17 @@ class SyntheticLanguage(ABC):
         """
         return self._log_posterior(x_t, mask_token_id, positions, smoothing, self.vocab_size, torch.float64)
 
+    def log_posterior_and_evidence(
+        self, x_t: torch.LongTensor, mask_token_id: int
+    ) -> "tuple[torch.DoubleTensor, torch.DoubleTensor]":
+        """``(log_posterior(x_t, mask_token_id, smoothing=0), log q(visible tokens of x_t))``: the exact posterior at
+        every position, ``(B, L, vocab_size)``, and the log marginal probability of each row's visible tokens,
+        ``(B,)`` (-inf where they are impossible; those rows' posteriors are NaN), from one pass."""
+        observed = self._check_partly_masked(x_t, mask_token_id)
+        out, log_evidence = self._log_posterior_and_evidence(x_t, observed, None, self.vocab_size, torch.float64)
+        out[torch.isneginf(log_evidence)] = float("nan")
+        return out, log_evidence
+
     def posterior(
         self,
         x_t: torch.LongTensor,
