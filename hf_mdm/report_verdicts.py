@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from .experiments.learning import learning_sentences
 from .experiments.samplers import LEFT_TO_RIGHT
 
 #: Which side of another an interval lies on: entirely below, entirely above, or overlapping.
@@ -184,6 +185,7 @@ def ser_verdicts(result: dict) -> list[str]:
             subject = f"{name}, {model}, L = {length}: SER"
             lines.append(trend_sentence(subject, own[0], own[-1], "steps_over_length", SER_KEYS, percent=False))
     lines += _collapse_sentences(rows)
+    lines += learning_sentences(rows, result.get("fast_rows") or [], result.get("learning_rows") or [])
     predicted = [r for r in rows if "predicted" in r]
     if predicted:
         inside = sum(r["ser_ci_low"] <= r["predicted"] <= r["ser_ci_high"] for r in predicted)

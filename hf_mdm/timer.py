@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["synchronize", "Stopwatch", "interleaved_medians"]
+__all__ = ["synchronize", "Stopwatch", "interleaved_medians", "interleaved_times"]
 
 
 def synchronize(device: Any) -> None:
@@ -59,6 +59,15 @@ def interleaved_medians(
 ) -> dict[str, float]:
     """The median seconds of each of ``runs``, timed in rounds that call every run once in turn (drift and other
     load hit them alike), after ``warmup`` untimed rounds (allocator, kernels, caches)."""
+    return {
+        name: statistics.median(seconds) for name, seconds in interleaved_times(runs, repeats, device, warmup).items()
+    }
+
+
+def interleaved_times(
+    runs: dict[str, Callable[[], Any]], repeats: int, device: Any, warmup: int = 1
+) -> dict[str, list[float]]:
+    """Every timed round's seconds of each of ``runs`` (see `interleaved_medians`), for medians with their spread."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     times: dict[str, list[float]] = {name: [] for name in runs}
@@ -68,4 +77,4 @@ def interleaved_medians(
                 fn()
             if round_ >= warmup:
                 times[name].append(watch.seconds)
-    return {name: statistics.median(seconds) for name, seconds in times.items()}
+    return times

@@ -103,7 +103,7 @@ def test_outputs_written(results):
         assert (measured.get(str(r["length"]), 10**9) <= r["steps"]) == qualifies or not qualifies
     models = {r["model"] for r in wall["rows"]}
     assert {"AR, KV cache", "MDM, 4 steps", "MDM + dual cache (2 blocks), 4 steps"} <= models
-    assert "MDM, TER within 30% (chain (closed form, exact))" in models
+    assert "MDM, N from the paper's sampler's TER within 30% (chain (closed form, exact))" in models
     for r in wall["rows"]:  # AR: one forward per token; the MDM: one per step, at most one per token
         expected = r["length"] if r["model"].startswith("AR") else min(r["steps"], r["length"])
         assert r["forwards"] == expected and r["ms_per_forward"] == pytest.approx(1000 * r["seconds"] / expected)
@@ -372,8 +372,8 @@ def test_steps_per_length_from_the_ter_at_each_length(tmp_path):
     settings = speed.mdm_settings({**preset, "mdm_steps": [512], "dual_cache_blocks": None}, chosen)
     assert [s["model"] for s in settings] == [
         "MDM, 512 steps",
-        "MDM, TER within 1% (chain (closed form, exact))",
-        "MDM, TER within 1% (2-gram oracle (measured, n = 64))",
+        "MDM, N from the paper's sampler's TER within 1% (chain (closed form, exact))",
+        "MDM, N from the paper's sampler's TER within 1% (2-gram oracle (measured, n = 64))",
     ]
 
 

@@ -127,7 +127,8 @@ def test_report_prints_the_verdicts_and_the_paper_scale_status(tmp_path):
     assert "- 2-gram, oracle MDM, L = 64 (n = 128): the paper's TER relative increase falls" in report
     assert "- hmm, trained MDM, L = 16: SER: no change resolved" in report
     assert "Where the trained MDM's floor comes from" not in report  # no fixed explanation of a measured shape
-    assert "The HMM is ours" in report and "16-token n-gram" not in report
+    assert "Our HMM: 16 hidden states" in report and "It predicts nothing for a random HMM" in report
+    assert "16-token n-gram" not in report
     assert "Not run here: no `results/full/REPORT.md`." in report
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "REPORT.md").write_text("# full\n")
@@ -141,3 +142,65 @@ def test_paper_scale_estimate_counts_the_trained_models():
     per_model = 6 * 12 * (4 * 768**2 + 3 * 768 * 2304) * 78_125 * 256 * 512  # `paper` size, 78,125 steps of 256 x 512
     assert estimate["flops"] == per_model * 10
     assert estimate["gpu_days"] * 1000 == estimate["cpu_days"]
+
+
+def test_no_ter_finding_rests_on_a_bound():
+    """A cell holding only an upper bound is named as such and left out of every comparison: with the L = 64 oracle
+    cell at N = 4 a bound, the lengths no longer 'differ' there, and the trend at L = 64 starts from N = 64 alone."""
+    result = ter_result(fall=True, same_across_lengths=False, mdm_reaches_ar=True)
+    result["rows"][2]["ter_kind"] = "upper bound"
+    text = "\n".join(ter_verdicts(result))
+    assert "1 of 6 MDM cells hold only an upper bound" in text and "2-gram oracle MDM L = 64 N = 4" in text
+    assert "differs between lengths" not in text
+    assert "2-gram, oracle MDM, L = 64 (n = 128): the paper's TER relative increase falls" not in text
+
+
+def test_faster_than_ar_needs_every_round_and_names_the_lengths():
+    """'Faster than AR' only where the model's slowest round beat AR's fastest, at the lengths measured."""
+    from hf_mdm.experiments.blocks_trained import AR, _faster_than_ar
+
+    def timing(model, length, median, low, high):
+        return {
+            "model": model,
+            "length": length,
+            "seconds": median,
+            "seconds_min": low,
+            "seconds_max": high,
+            "repeats": 5,
+        }
+
+    rows = [
+        timing(AR, 32, 1.0, 0.9, 1.1),
+        timing(AR, 64, 2.0, 1.9, 2.1),
+        timing("b = 4", 32, 0.5, 0.45, 0.6),
+        timing("b = 4", 64, 1.8, 1.5, 2.2),  # faster by the median, not in every round
+    ]
+    text = _faster_than_ar(rows, "b = 4")
+    assert text.startswith("faster than AR only at L = 32 (")
+    assert "2.00x [1.50, 2.44] at L = 32" in text and "1.11x [0.86, 1.40] at L = 64" in text
+    rows[3] = timing("b = 4", 64, 1.0, 0.95, 1.05)
+    assert _faster_than_ar(rows, "b = 4").startswith("faster than AR at every L measured")
+
+
+def test_samplers_headline_puts_every_cost_beside_the_verdict():
+    from hf_mdm.experiments.samplers import PAPER, _headline
+
+    def point(sampler, forwards, canvases, positions, ser):
+        return {
+            "language": "chain",
+            "length": 16,
+            "model": "oracle MDM",
+            "sampler": sampler,
+            "metric": "ser",
+            "forwards_per_token": forwards,
+            "computed_per_token": canvases,
+            "positions_per_token": positions,
+            "ser": ser,
+        }
+
+    rows = [point(PAPER, 0.5, 0.5, 8.0, 0.6), point("speculative (left-to-right law)", 0.5, 2.0, 32.0, 0.0)]
+    group = ("chain", 16, "oracle MDM")
+    lines = _headline(rows, {group: ([(rows[1], "0.600")], [])})
+    assert "0.50 sequential forwards, 2.00 canvases and 32.00 positions computed per token" in lines[0]
+    assert "holds by construction" in lines[0]
+    assert "The paper's sampler itself: 0.50 sequential forwards, 0.50 canvases and 8.00 positions" in lines[1]

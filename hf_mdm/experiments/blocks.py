@@ -242,8 +242,9 @@ def findings(rows: list[dict]) -> str:
 
 
 def plot_blocks(rows: list[dict], path: Path) -> None:
-    """Per language and length, SER against each cost (log x): the paper's sampler one line per block size over its
-    steps per block, the other samplers as markers coloured by block size; the chain's closed form dotted."""
+    """Per language and length, SER with its 95% interval against each cost (log x): the paper's sampler one line
+    per block size over its steps per block, the other samplers as markers coloured by block size; the chain's
+    closed form dotted (in the legend)."""
     plt = pyplot()
     panels = _panels(rows)
     fig, axes = plt.subplots(len(panels), 2, figsize=(11, 3.8 * len(panels)), squeeze=False)
@@ -261,20 +262,38 @@ def plot_blocks(rows: list[dict], path: Path) -> None:
     handles = {label: h for ax in axes.flat for h, label in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=5, fontsize=7, frameon=False)
     save_figure(
-        fig, path, "Block diffusion: SER against latency and compute (oracle)", bottom=0.05 + 0.02 * len(handles) / 5
+        fig,
+        path,
+        "Block diffusion: SER against latency and compute (oracle); error bars: 95% intervals",
+        bottom=0.05 + 0.02 * len(handles) / 5,
     )
 
 
 def _draw(ax: Any, rows: list[dict], cost: str, colours: dict, markers: dict) -> None:
     for b in sorted({r["block_size"] for r in rows}):
         paper = sorted(
-            (r[cost], r["ser"], r.get("predicted")) for r in rows if r["sampler"] == PAPER and r["block_size"] == b
+            (r[cost], r["ser"], r.get("predicted"), r.get("ser_ci_low", r["ser"]), r.get("ser_ci_high", r["ser"]))
+            for r in rows
+            if r["sampler"] == PAPER and r["block_size"] == b
         )
         if paper:
-            xs, ys, predicted = zip(*paper)
-            ax.plot(xs, ys, "-o", color=colours[b], ms=3, label=f"paper's sampler, b = {b}")
+            xs, ys, predicted, lows, highs = zip(*paper)
+            errors = [[y - lo for y, lo in zip(ys, lows)], [hi - y for y, hi in zip(ys, highs)]]
+            ax.errorbar(
+                xs, ys, yerr=errors, fmt="-o", color=colours[b], ms=3, capsize=2, label=f"paper's sampler, b = {b}"
+            )
             if all(p is not None for p in predicted):
-                ax.plot(xs, predicted, ":", color=colours[b], lw=1)
+                ax.plot(xs, predicted, ":", color=colours[b], lw=1, label=f"closed form (chain), b = {b}")
         for r in rows:
             if r["sampler"] != PAPER and r["block_size"] == b and math.isfinite(r["ser"]):
-                ax.plot(r[cost], r["ser"], markers[r["sampler"]], color=colours[b], ms=5, label=r["sampler"])
+                yerr = [[r["ser"] - r.get("ser_ci_low", r["ser"])], [r.get("ser_ci_high", r["ser"]) - r["ser"]]]
+                ax.errorbar(
+                    r[cost],
+                    r["ser"],
+                    yerr=yerr,
+                    fmt=markers[r["sampler"]],
+                    color=colours[b],
+                    ms=5,
+                    capsize=2,
+                    label=r["sampler"],
+                )

@@ -15,8 +15,19 @@ from typing import Any
 
 from ..languages import ChainLanguage
 from ..metrics import SequenceErrorRate
-from .common import CellCache, experiment_result, measure_languages, setup_lines, validation_table, write_outputs
+from .common import (
+    CellCache,
+    experiment_result,
+    language_name,
+    lazy_pair,
+    make_language,
+    measure_languages,
+    setup_lines,
+    validation_table,
+    write_outputs,
+)
 from .fast import fast_rows, fast_table
+from .learning import denoiser_kl
 from .plotting import ar_lines, language_panels, mdm_curves
 
 #: What an SER cell keeps of ``SequenceErrorRate.compute``.
@@ -30,12 +41,53 @@ def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
         "ser_vs_steps", preset, out, cell=ser_cell, steps_for=lambda length: steps_at(length, ratios), label="SER"
     )
     add_ratios_and_predictions(rows)
-    fast = fast_rows(preset, out, CellCache(out / "cache" / "ser_vs_steps.json"), ser_cell)
-    result = experiment_result("ser_vs_steps", preset, rows, **({"fast_rows": fast} if fast else {}))
+    cache = CellCache(out / "cache" / "ser_vs_steps.json")
+    fast = fast_rows(preset, out, cache, ser_cell)
+    learning = learning_rows(preset, out, cache)
+    extra = {**({"fast_rows": fast} if fast else {}), **({"learning_rows": learning} if learning else {})}
+    result = experiment_result("ser_vs_steps", preset, rows, **extra)
     setup = "\n".join(setup_lines(preset)) + "\n"
     table = setup + ser_table(rows) + fast_table(fast, preset, "ser", ("ser_ci_low", "ser_ci_high"), "SER")
+    table += learning_table(learning)
     write_outputs(out, "ser_vs_steps", result, table, lambda p: plot_ser(rows, p))
     return result
+
+
+def learning_rows(preset: dict, out: Path, cache: CellCache) -> list[dict]:
+    """Per trained language: the trained denoiser's KL to the language's posterior at the training length
+    (`learning.denoiser_kl`, ``preset["num_samples"]`` sequences)."""
+    rows = []
+    for spec in preset["languages"]:
+        if not spec.get("train", False):
+            continue
+        language, name, length = make_language(spec), language_name(spec), preset["train_length"]
+        pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
+        num = preset["num_samples"]
+        cell = cache.get(
+            f"learning|{name}|{length}|{num}", lambda: denoiser_kl(pair()["mdm"], language, length, num, 0)
+        )
+        rows.append({"language": name, "length": length, **cell})
+    return rows
+
+
+def learning_table(rows: list[dict]) -> str:
+    """Markdown: the learning error of each trained MDM (`learning.denoiser_kl`)."""
+    if not rows:
+        return ""
+    lines = [
+        "",
+        "Learning error of the trained MDMs: KL from the language's exact posterior to the trained denoiser, nats per "
+        "masked token, over sequences of the language masked at t ~ U(0, 1) (0 for the oracle):",
+        "",
+        "| language | L | KL | 95% CI | n |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {r['language']} | {r['length']} | {r['kl']:.4f} | [{r['kl_ci_low']:.4f}, {r['kl_ci_high']:.4f}] | "
+        f"{r['num_sequences']} |"
+        for r in rows
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def ser_cell(language: Any, samples: Any) -> dict[str, float]:

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..generation import diffusion_generate
 from ..languages import ChainLanguage
-from ..timer import Stopwatch, interleaved_medians
+from ..timer import Stopwatch, interleaved_times
 from .common import CellCache, experiment_result, write_outputs
 from .plotting import pyplot, save_figure
 
@@ -119,7 +119,7 @@ def mdm_settings(preset: dict, chosen: dict[str, dict]) -> list[dict]:
     ]
     target = preset.get("ter_target")
     for source, steps in chosen.items():
-        label = f"MDM, TER within {100 * target:g}% ({source})"
+        label = f"MDM, N from the paper's sampler's TER within {100 * target:g}% ({source})"
         plain.append({"model": label, "steps": steps, "dual": False})
     blocks = preset.get("dual_cache_blocks")
     dual = (
@@ -159,7 +159,7 @@ def timing_rows(
         runs[s["model"]] = (run_mdm(steps, s["dual"]), mdm, steps)
     described = json.dumps([[name, steps] for name, (_, _, steps) in runs.items()])
     digest = hashlib.sha1(described.encode()).hexdigest()[:10]
-    key = f"v2|{length}|{batch}|{device.type}|{preset['repeats']}|{digest}"
+    key = f"v3|{length}|{batch}|{device.type}|{preset['repeats']}|{digest}"
     cells = cache.get(key, lambda: timed_together(runs, preset["repeats"], device))
     return [row(name, length, runs[name][2], cell, batch) for name, cell in cells.items()]
 
@@ -194,9 +194,9 @@ def row(model: str, length: int, steps: int, cell: dict, batch: int) -> dict:
 
 
 def timed_together(runs: dict[str, tuple], repeats: int, device: torch.device) -> dict[str, dict]:
-    """``{name: {"seconds": median, "forwards": per run, "positions": per run}}`` for ``runs`` (name -> (fn, model,
-    steps)): each run once untimed with its forwards and the positions they computed (batch x input length) counted,
-    then ``repeats`` rounds timing each in turn."""
+    """``{name: {"seconds": median, "seconds_min", "seconds_max", "repeats", "forwards": per run, "positions": per
+    run}}`` for ``runs`` (name -> (fn, model, steps)): each run once untimed with its forwards and the positions they
+    computed (batch x input length) counted, then ``repeats`` rounds timing each in turn."""
     counts = {}
     for name, (fn, model, _) in runs.items():
         calls: list[int] = []
@@ -211,8 +211,18 @@ def timed_together(runs: dict[str, tuple], repeats: int, device: torch.device) -
         finally:
             hook.remove()
         counts[name] = {"forwards": len(calls), "positions": sum(calls)}
-    seconds = interleaved_medians({name: fn for name, (fn, _, _) in runs.items()}, repeats, device, warmup=0)
-    return {name: {"seconds": seconds[name], **counts[name]} for name in runs}
+    times = interleaved_times({name: fn for name, (fn, _, _) in runs.items()}, repeats, device, warmup=0)
+    return {name: {**spread(times[name]), **counts[name]} for name in runs}
+
+
+def spread(seconds: list[float]) -> dict[str, float]:
+    """The median of timed rounds with their range and count: what every timing sentence states."""
+    return {
+        "seconds": statistics.median(seconds),
+        "seconds_min": min(seconds),
+        "seconds_max": max(seconds),
+        "repeats": len(seconds),
+    }
 
 
 def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) -> float:
@@ -242,10 +252,14 @@ def crossover_length(rows: list[dict], model: str) -> Optional[int]:
 
 def crossover_sentence(rows: list[dict], model: str) -> str:
     """Where AR is slower than ``model``, in words."""
-    slower = [length for length, ratio in sorted(ar_over(rows, model).items()) if ratio > 1]
+    ratios = sorted(ar_over(rows, model).items())
+    slower = [length for length, ratio in ratios if ratio > 1]
     crossover = crossover_length(rows, model)
     if crossover is not None:
-        return f"AR is slower than the {model} at every L from {crossover} on"
+        return (
+            f"AR is slower than the {model} at every L measured from {crossover} to {ratios[-1][0]} (medians; "
+            "longer lengths were not measured)"
+        )
     if slower:
         return f"AR is slower than the {model} only at L = {', '.join(map(str, slower))}, not at the longest L"
     return f"AR is faster than the {model} at every L measured"
@@ -285,7 +299,7 @@ def wallclock_table(result: dict) -> str:
     preset, rows = result["preset"], result["rows"]
     lines = [
         "| L | model | steps | sequential forwards / token | positions computed / token | wall ms / token "
-        "| ms / forward | seconds | AR / model |",
+        "| ms / forward | seconds, median [min, max] | AR / model |",
         "| --- " * 9 + "|",
     ]
     ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR_MODEL}
@@ -294,14 +308,20 @@ def wallclock_table(result: dict) -> str:
         lines.append(
             f"| {r['length']} | {r['model']} | {r['steps']} | {r['forwards_per_token']:.3f} | "
             f"{r['positions_per_token']:.2f} | {r['ms_per_token']:.3f} | {r['ms_per_forward']:.2f} | "
-            f"{r['seconds']:.3f} | {ratio} |"
+            f"{r['seconds']:.3f} [{r.get('seconds_min', r['seconds']):.3f}, {r.get('seconds_max', r['seconds']):.3f}] "
+            f"| {ratio} |"
         )
     models = list(dict.fromkeys(r["model"] for r in rows if r["model"] != AR_MODEL))
     lines += [
         "",
         f"{preset['vocab_size']} tokens, batch {preset['batch_size']}; at each L every setting ran once untimed "
-        f"(warm-up), then {preset['repeats']} interleaved rounds timed each once: medians. The MDM samples with "
-        "deterministic transfer in confidence order (argmax), AR decodes greedily; forwards are counted per run.",
+        f"(warm-up), then {preset['repeats']} interleaved rounds timed each once: medians with the range of the "
+        "rounds. Every MDM row samples with deterministic transfer in confidence order (argmax), AR decodes "
+        "greedily; forwards are counted per run. A row whose N comes from a TER target takes N from the *paper's* "
+        "sampler (stochastic transfer, random order), whose TER was measured; the timed sampler is another one "
+        "(deterministic: its paper TER is infinite), and no TER was measured with the dual cache. These rows time "
+        "a step count, not a quality. Each length is timed in its own interleaved rounds: ratios within a length "
+        "share a time window, growth across lengths compares different windows.",
         "",
         steps_sentence(result.get("steps_per_length") or {}, preset.get("ter_target")),
         "",
@@ -313,17 +333,26 @@ def wallclock_table(result: dict) -> str:
 
 
 def plot_wallclock(rows: list[dict], path: Path) -> None:
-    """Two log-log panels against L, one line per model: seconds per batch, and milliseconds per forward."""
-    fig, axes = pyplot().subplots(1, 2, figsize=(10, 3.8))
-    for model in dict.fromkeys(r["model"] for r in rows):
+    """Two log-log panels against L, one line per model: seconds per batch (error bars: the range of the timed
+    rounds), and milliseconds per forward; the legend below the panels."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    legend_inches = 0.2 + 0.18 * ((len(models) + 1) // 2)
+    fig, axes = pyplot().subplots(1, 2, figsize=(10, 3.8 + legend_inches))
+    for model in models:
         own = [r for r in rows if r["model"] == model]
         style = "-s" if model == AR_MODEL else ("--^" if "dual" in model else "-o")
-        for ax, key in zip(axes, ("seconds", "ms_per_forward")):
-            ax.plot([r["length"] for r in own], [r[key] for r in own], style, label=model, ms=4)
-    axes[0].set(ylabel="seconds per batch", title="Wall-clock vs L")
+        xs = [r["length"] for r in own]
+        spread = [
+            [r["seconds"] - r.get("seconds_min", r["seconds"]) for r in own],
+            [r.get("seconds_max", r["seconds"]) - r["seconds"] for r in own],
+        ]
+        axes[0].errorbar(xs, [r["seconds"] for r in own], yerr=spread, fmt=style, label=model, ms=4, capsize=2)
+        axes[1].plot(xs, [r["ms_per_forward"] for r in own], style, ms=4)
+    axes[0].set(ylabel="seconds per batch", title="Wall-clock vs L (bars: range of rounds)")
     axes[1].set(ylabel="ms per forward", title="Cost of one forward vs L")
     for ax in axes:
         ax.set(xscale="log", yscale="log", xlabel="sequence length L")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    save_figure(fig, path)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    save_figure(fig, path, bottom=legend_inches / (3.8 + legend_inches))
