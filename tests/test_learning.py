@@ -5,10 +5,10 @@ import math
 
 import pytest
 import torch
+from tiny_mdm import tiny_mdm
 
 from hf_mdm.experiments.learning import ONE_TOKEN_RANDOM, denoiser_kl, learning_sentences
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
-from tiny_mdm import tiny_mdm
 
 
 def test_kl_is_zero_for_the_oracle_and_matches_a_direct_sum_for_a_random_model():
