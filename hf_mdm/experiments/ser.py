@@ -3,7 +3,9 @@
 ``ser_vs_steps`` measures the SER against N for a pruned HMM and for the Theorem 4.4 chain language, with the
 exact-posterior oracle and with trained MDMs, the trained AR model as reference, at several lengths L with N a
 fixed multiple of L (``preset["steps_over_length"]``): plotted against N/L the curves of all L fall on one
-(Theorem 4.4: SER needs N growing with L); for the chain the oracle rows carry the predicted SER. Writes
+(Theorem 4.4: SER needs N growing with L); for the chain the oracle rows carry the predicted SER. With
+``preset["steps_for_ser"]`` (``{target, lengths}``) it also finds the N the chain needs for an SER target at each
+L and fits its growth (`scaling`); trained languages get their denoiser's learning error (`learning`). Writes
 ``ser_vs_steps.{json,md,png}``; cells are cached in ``<out>/cache/ser_vs_steps.json``.
 """
 
@@ -29,6 +31,7 @@ from .common import (
 from .fast import fast_rows, fast_table
 from .learning import denoiser_kl
 from .plotting import ar_lines, language_panels, mdm_curves
+from .scaling import scaling_table, steps_for_ser
 
 #: What an SER cell keeps of ``SequenceErrorRate.compute``.
 SER_KEYS = ("ser", "ser_ci_low", "ser_ci_high")
@@ -44,11 +47,16 @@ def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
     cache = CellCache(out / "cache" / "ser_vs_steps.json")
     fast = fast_rows(preset, out, cache, ser_cell)
     learning = learning_rows(preset, out, cache)
-    extra = {**({"fast_rows": fast} if fast else {}), **({"learning_rows": learning} if learning else {})}
+    scaling = steps_for_ser(preset["steps_for_ser"], preset["num_samples"], cache) if "steps_for_ser" in preset else []
+    extra = {
+        **({"fast_rows": fast} if fast else {}),
+        **({"learning_rows": learning} if learning else {}),
+        **({"scaling_rows": scaling} if scaling else {}),
+    }
     result = experiment_result("ser_vs_steps", preset, rows, **extra)
     setup = "\n".join(setup_lines(preset)) + "\n"
     table = setup + ser_table(rows) + fast_table(fast, preset, "ser", ("ser_ci_low", "ser_ci_high"), "SER")
-    table += learning_table(learning)
+    table += learning_table(learning) + scaling_table(scaling)
     write_outputs(out, "ser_vs_steps", result, table, lambda p: plot_ser(rows, p))
     return result
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from ..languages import ChainLanguage, OracleDenoiser
 from ..sampler_likelihood import RevealLaw, exact_sampler_log_probs
@@ -95,7 +96,7 @@ def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
 
 def add_paper_ter(rows: list[dict], preset: dict, out: Path, cache: CellCache) -> None:
     """Adds the paper's TER (``ter_*`` keys) to every oracle, trained MDM and trained AR row, in place."""
-    num, orders = preset.get("ter_samples", TER_SAMPLES), preset.get("ter_particles", TER_PARTICLES)
+    num, particles = preset.get("ter_samples", TER_SAMPLES), preset.get("ter_particles", TER_PARTICLES)
     specs = {language_name(spec): spec for spec in preset["languages"]}
     languages = {name: make_language(spec) for name, spec in specs.items()}
     pairs = {
@@ -103,15 +104,15 @@ def add_paper_ter(rows: list[dict], preset: dict, out: Path, cache: CellCache) -
         for name, spec in specs.items()
         if spec.get("train", False)
     }
-    for r in rows:
-        if r["model"] in ("oracle MDM", "trained MDM", "trained AR"):
-            name = r["language"]
-            key = f"{r['model']}|{name}|{r['length']}|{r['steps']}|{num}|smc{orders}"
-            compute = functools.partial(paper_ter, r, languages[name], pairs.get(name), num, orders)
-            r.update(cache.get(key, compute))
+    scored = [r for r in rows if r["model"] in ("oracle MDM", "trained MDM", "trained AR")]
+    for r in tqdm(scored, desc="paper's TER", leave=False):
+        name = r["language"]
+        key = f"{r['model']}|{name}|{r['length']}|{r['steps']}|{num}|smc{particles}"
+        compute = functools.partial(paper_ter, r, languages[name], pairs.get(name), num, particles)
+        r.update(cache.get(key, compute))
 
 
-def paper_ter(row: dict, language: Any, pair: Any, num: int, orders: int) -> dict[str, Any]:
+def paper_ter(row: dict, language: Any, pair: Any, num: int, particles: int) -> dict[str, Any]:
     """The paper's TER cell of a row: the oracle or trained MDM with the paper's sampler at the row's steps
     (estimated), or the trained AR model (exact p(x)); ``pair`` gives the trained models."""
     if row["model"] == "trained AR":
@@ -119,7 +120,7 @@ def paper_ter(row: dict, language: Any, pair: Any, num: int, orders: int) -> dic
     model = (
         OracleDenoiser(language, mask_token_id=language.vocab_size) if row["model"] == "oracle MDM" else pair()["mdm"]
     )
-    return sampler_ter_cell(model, language, RevealLaw(row["steps"]), row["length"], num, orders, TER_SEED)
+    return sampler_ter_cell(model, language, RevealLaw(row["steps"]), row["length"], num, particles, TER_SEED)
 
 
 def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
@@ -129,7 +130,7 @@ def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
     section = preset.get("exact")
     if not section:
         return []
-    length, num, orders = (
+    length, num, particles = (
         section["length"],
         preset.get("ter_samples", TER_SAMPLES),
         preset.get("ter_particles", TER_PARTICLES),
@@ -142,8 +143,8 @@ def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
             law = RevealLaw(steps)
             exact = cache.get(f"exact|{name}|{length}|{steps}", lambda: exact_both(oracle, language, law, length))
             estimate = cache.get(
-                f"estimate|{name}|{length}|{steps}|{num}|smc{orders}",
-                lambda: sampler_ter_cell(oracle, language, law, length, num, orders, TER_SEED),
+                f"estimate|{name}|{length}|{steps}|{num}|smc{particles}",
+                lambda: sampler_ter_cell(oracle, language, law, length, num, particles, TER_SEED),
             )
             rows.append(
                 {
@@ -152,7 +153,7 @@ def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
                     "steps": steps,
                     **exact,
                     "estimate": estimate,
-                    "max_particles": orders,
+                    "max_particles": particles,
                 }
             )
     return rows
