@@ -34,22 +34,13 @@ from hf_mdm.sampler_likelihood import (
     estimate_sampler_log_probs,
     exact_sampler_log_probs,
     prior_sampling_log_probs,
-    token_log_probs,
+    sampler_denoiser,
 )
 from hf_mdm.sampler_smc import smc_log_probs
 
 CHAIN_LENGTHS, QUICK_LENGTHS, CHAIN_STEPS = (32, 128, 512, 1024), (32, 128), (8, 32, 128)
 ENUM_LENGTH, ENUM_STEPS = 5, (2, 3, 5)
 OLD_ORDERS = 8
-
-
-def pseudo_likelihood(model, vocab_size):
-    """The denoiser as a trained model offers it: token probabilities only (the pilot picks the twist power)."""
-
-    def call(canvases, tokens):
-        return token_log_probs(model, canvases, vocab_size).gather(2, tokens[:, :, None]).squeeze(2), None
-
-    return call
 
 
 def estimate(method: str, model, language, law, x, seed: int):
@@ -61,9 +52,8 @@ def estimate(method: str, model, language, law, x, seed: int):
     if method == "exact twist":
         est = estimate_sampler_log_probs(model, law, x, vocab, generator=generator)
     else:
-        est = smc_log_probs(
-            pseudo_likelihood(model, vocab), law, x, int(model.config.mask_token_id), generator=generator
-        )
+        denoiser = sampler_denoiser(model, vocab, x, exact_twist=False)  # as a trained model: no exact twist
+        est = smc_log_probs(denoiser, law, x, int(model.config.mask_token_id), generator=generator)
     return (est.log_prob, "estimate") if est.reliable else (est.log_prob_bound, "upper bound")
 
 

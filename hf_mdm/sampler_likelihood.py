@@ -234,10 +234,13 @@ def estimate_sampler_log_probs(
     )
 
 
-def sampler_denoiser(model: Any, vocab_size: int, x: torch.Tensor, batch_size: int = 4096) -> Denoiser:
+def sampler_denoiser(
+    model: Any, vocab_size: int, x: torch.Tensor, batch_size: int = 4096, exact_twist: bool = True
+) -> Denoiser:
     """The denoiser as `hf_mdm.sampler_smc` calls it: (canvases, tokens) -> (log p_theta(token_i | canvas), log psi),
-    log psi = log q(x_masked | x_visible) for the oracle of a language on sequences of its support, else None."""
-    language = model.language if isinstance(model, OracleDenoiser) else None
+    log psi = log q(x_masked | x_visible) for the oracle of a language on sequences of its support (unless
+    ``exact_twist=False``: the oracle then seen as a trained model is), else None."""
+    language = model.language if isinstance(model, OracleDenoiser) and exact_twist else None
     if language is not None and bool(torch.isfinite(language.log_prob(x)).all()):
         mask_id = int(model.config.mask_token_id)
 

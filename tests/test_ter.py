@@ -19,7 +19,7 @@ from hf_mdm.sampler_likelihood import (
     exact_sampler_log_probs,
     ordered_partitions,
     prior_sampling_log_probs,
-    token_log_probs,
+    sampler_denoiser,
 )
 from hf_mdm.sampler_smc import MAX_RELIABLE_VARIANCE, TWIST_POWERS, smc_log_probs
 
@@ -160,11 +160,7 @@ def test_chain_closed_form_equals_enumeration(steps):
 
 def generic(model, vocab_size):
     """The denoiser as the estimator sees a trained model: token probabilities only (no exact twist)."""
-
-    def call(canvases, tokens):
-        return token_log_probs(model, canvases, vocab_size).gather(2, tokens[:, :, None]).squeeze(2), None
-
-    return call
+    return sampler_denoiser(model, vocab_size, torch.zeros(1, 1, dtype=torch.long), exact_twist=False)
 
 
 @pytest.mark.parametrize(
