@@ -183,7 +183,9 @@ def test_faster_than_ar_needs_every_round_and_names_the_lengths():
 
 
 def test_samplers_headline_puts_every_cost_beside_the_verdict():
-    from hf_mdm.experiments.samplers import PAPER, _headline
+    import torch
+
+    from hf_mdm.experiments.samplers import PAPER, _headline, distinct_fraction
 
     def point(sampler, forwards, canvases, positions, ser):
         return {
@@ -196,11 +198,13 @@ def test_samplers_headline_puts_every_cost_beside_the_verdict():
             "computed_per_token": canvases,
             "positions_per_token": positions,
             "ser": ser,
+            "distinct": 1.0 - ser / 2,
         }
 
     rows = [point(PAPER, 0.5, 0.5, 8.0, 0.6), point("speculative (left-to-right law)", 0.5, 2.0, 32.0, 0.0)]
     group = ("chain", 16, "oracle MDM")
     lines = _headline(rows, {group: ([(rows[1], "0.600")], [])})
     assert "0.50 sequential forwards, 2.00 canvases and 32.00 positions computed per token" in lines[0]
-    assert "holds by construction" in lines[0]
+    assert "holds by construction" in lines[0] and "share of distinct samples 1.00" in lines[0]
+    assert distinct_fraction(torch.tensor([[1, 2], [1, 2], [3, 4]])) == 2 / 3
     assert "The paper's sampler itself: 0.50 sequential forwards, 0.50 canvases and 8.00 positions" in lines[1]

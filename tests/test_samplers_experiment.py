@@ -153,8 +153,8 @@ def test_paper_curve_is_interpolated_in_log_forwards():
     assert (
         "below: b at 0.50: 0.100 vs 0.500. Above: w at 0.50: 0.900 vs 0.500, c at 1.50: 0.500 vs 0.100 at 1.00." in text
     )
-    assert "- **b** (SER, oracle): below the paper's on a L=4; above on no panel; 0.50-0.50 forwards / token." in text
-    assert "- **c** (SER, oracle): below the paper's on no panel; above on a L=4; 1.50-1.50 forwards / token." in text
+    assert "- **b** (SER, oracle): below the paper's on a L=4; above on no panel; 0.50 sequential forwards," in text
+    assert "- **c** (SER, oracle): below the paper's on no panel; above on a L=4; 1.50 sequential forwards," in text
 
 
 def test_rerun_measures_nothing(result):

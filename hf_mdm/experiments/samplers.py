@@ -149,7 +149,7 @@ def sampler_points(sampler: dict, length: int) -> list[tuple[str, dict]]:
 
 def _cell_key(model: str, language: str, length: int, preset: dict, settings: dict) -> str:
     described = json.dumps([preset["num_samples"], preset.get("seed", 0), settings], sort_keys=True)
-    return f"{model}|{language}|{length}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
+    return f"v2|{model}|{language}|{length}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
 
 
 def measure(
@@ -170,8 +170,10 @@ def measure(
         if getattr(out, "accepted_per_round", None) is not None:
             accepted.append(out.accepted_per_round.float().cpu())
     seconds = time.perf_counter() - start
-    cell = METRICS[metric][0](language, torch.cat(samples))
+    samples = torch.cat(samples)
+    cell = METRICS[metric][0](language, samples)
     cell.update(
+        distinct=distinct_fraction(samples),
         forwards_per_token=float(torch.cat(forwards).double().mean()) / length,
         computed_per_token=computed / (num * length),
         positions_per_token=positions / (num * length),
@@ -183,6 +185,12 @@ def measure(
     return cell
 
 
+def distinct_fraction(samples: torch.Tensor) -> float:
+    """The share of distinct sequences among ``samples`` (B, L): the diversity beside a mode-seeking sampler's SER
+    (1.0 when no two samples repeat; a sampler that always returns the language's likeliest sequence scores 1/B)."""
+    return float(torch.unique(samples, dim=0).shape[0]) / samples.shape[0]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Table, verdict, plot
 
@@ -191,8 +199,8 @@ def samplers_table(rows: list[dict]) -> str:
     """Markdown: one line per point, grouped by language, length and model."""
     lines = [
         "| language | L | model | sampler | setting | metric | value | 95% CI | sequential forwards / token "
-        "| positions computed / token | wall ms / token | canvases / token | accepted / round |",
-        "| --- " * 13 + "|",
+        "| positions computed / token | wall ms / token | canvases / token | accepted / round | distinct samples |",
+        "| --- " * 14 + "|",
     ]
     for r in rows:
         _, value, (low, high), label = METRICS[r["metric"]]
@@ -201,9 +209,13 @@ def samplers_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['language']} | {r['length']} | {r['model']} | {r['sampler']} | {r['setting']} | {label} | "
             f"{r[value]:.4f} | [{r[low]:.4f}, {r[high]:.4f}] | {r['forwards_per_token']:.3f} | {costs} | "
-            f"{r['computed_per_token']:.3f} | {accepted} |"
+            f"{r['computed_per_token']:.3f} | {accepted} | {_distinct(r)} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _distinct(r: dict) -> str:
+    return f"{r['distinct']:.3f}" if "distinct" in r else ""
 
 
 def paper_at(rows: list[dict], group: tuple, x: float, key: str) -> float | None:
@@ -273,6 +285,7 @@ def _headline(rows: list[dict], panels: dict[tuple, tuple]) -> list[str]:
             f"{_cost_range(own, 'computed_per_token')} canvases and {_cost_range(own, 'positions_per_token')} "
             "positions computed per token"
             + (f"; GenPPL(p)/TER(q) - 1 from {min(ter):+.3f} to {max(ter):+.3f}" if ter else "")
+            + f"; share of distinct samples {_cost_range(own, 'distinct')}"
             + (f" ({SPECULATIVE_NOTE})" if "speculative" in name else "")
             + "."
         )
