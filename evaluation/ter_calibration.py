@@ -68,10 +68,11 @@ def intervals(language, x, log_p, groups: int):
     return ter(slice(None)), [ter(slice(g * size, (g + 1) * size)) for g in range(groups)]
 
 
-def cells(quick: bool):
+def cells(args):
     """(name, language, length, steps, truth function of the sampled rows) of every cell."""
     chain = ChainLanguage()
-    for length, steps in itertools.product(QUICK_LENGTHS if quick else CHAIN_LENGTHS, CHAIN_STEPS):
+    lengths = args.lengths or (QUICK_LENGTHS if args.quick else CHAIN_LENGTHS)
+    for length, steps in itertools.product(lengths, args.steps or CHAIN_STEPS):
         yield "chain", chain, length, steps, lambda x, L=length, N=steps: ChainLanguage.predicted_ter_increase(L, N)
     ngram = NGramLanguage.random(3, 3, seed=0, prune_threshold=0.0)
     for steps in ENUM_STEPS:
@@ -92,7 +93,7 @@ def enumerated_truth(language, steps: int):
 
 def run(args) -> list[dict]:
     rows = []
-    todo = list(cells(args.quick))
+    todo = list(cells(args))
     methods = [*args.twists, "prior sampling"]
     for name, language, length, steps, truth_of in tqdm(todo, desc="cells"):
         model = OracleDenoiser(language, dtype=torch.float64)
@@ -148,6 +149,8 @@ def report(rows: list[dict], args) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="chain lengths 32 and 128 only")
+    parser.add_argument("--lengths", type=int, nargs="+", help="chain lengths instead of the default ones")
+    parser.add_argument("--steps", type=int, nargs="+", help="chain step counts instead of the default ones")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--per-group", type=int, default=16)
     parser.add_argument("--twists", nargs="+", default=["exact twist", "pseudo-likelihood twist"])

@@ -293,3 +293,19 @@ def test_ter_from_samples_uses_the_kl_per_token():
     assert result["relative_increase_ci_low"] <= truth["relative_increase"] <= result["relative_increase_ci_high"]
     with pytest.raises(ValueError, match="sequences of the language"):
         TokenErrorRate().compute(predictions=[-1.0], references=[[1, 2]], language=ChainLanguage())
+
+
+def test_calibration_benchmark_runs_and_writes_its_table(tmp_path):
+    """evaluation/ter_calibration.py as a user runs it, on one small chain cell and the enumeration cells."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "evaluation" / "ter_calibration.py"
+    out = tmp_path / "calibration.md"
+    args = ["--lengths", "16", "--steps", "8", "--groups", "2", "--per-group", "8", "--output", str(out)]
+    subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, timeout=600)
+    text = out.read_text()
+    truth = ChainLanguage.predicted_ter_increase(16, 8)
+    assert f"| chain, L = 16, N = 8 | exact twist | {100 * truth:.3f}% |" in text
+    assert "| prior sampling |" in text and "| 3-gram (enumeration), L = 5, N = 2 |" in text
