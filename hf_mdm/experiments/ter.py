@@ -95,8 +95,11 @@ def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
 
 
 def add_paper_ter(rows: list[dict], preset: dict, out: Path, cache: CellCache) -> None:
-    """Adds the paper's TER (``ter_*`` keys) to every oracle, trained MDM and trained AR row, in place."""
+    """Adds the paper's TER (``ter_*`` keys) to every oracle row, and to the trained MDM and AR rows at the lengths
+    ``preset["ter_trained_lengths"]`` (default: the training length, where AR is measured too), in place: a trained
+    model's estimate costs a particle filter of transformer forwards."""
     num, particles = preset.get("ter_samples", TER_SAMPLES), preset.get("ter_particles", TER_PARTICLES)
+    trained_lengths = preset.get("ter_trained_lengths", [preset["train_length"]])
     specs = {language_name(spec): spec for spec in preset["languages"]}
     languages = {name: make_language(spec) for name, spec in specs.items()}
     pairs = {
@@ -104,7 +107,12 @@ def add_paper_ter(rows: list[dict], preset: dict, out: Path, cache: CellCache) -
         for name, spec in specs.items()
         if spec.get("train", False)
     }
-    scored = [r for r in rows if r["model"] in ("oracle MDM", "trained MDM", "trained AR")]
+    scored = [
+        r
+        for r in rows
+        if r["model"] == "oracle MDM"
+        or (r["model"] in ("trained MDM", "trained AR") and r["length"] in trained_lengths)
+    ]
     for r in tqdm(scored, desc="paper's TER", leave=False):
         name = r["language"]
         key = f"{r['model']}|{name}|{r['length']}|{r['steps']}|{num}|smc{particles}"
