@@ -176,7 +176,7 @@ def test_faster_than_ar_needs_every_round_and_names_the_lengths():
         timing("b = 4", 64, 1.8, 1.5, 2.2),  # faster by the median, not in every round
     ]
     text = _faster_than_ar(rows, "b = 4")
-    assert text.startswith("faster than AR only at L = 32 (")
+    assert text.startswith("faster than AR in every round only at L = 32 (")
     assert "2.00x [1.50, 2.44] at L = 32" in text and "1.11x [0.86, 1.40] at L = 64" in text
     rows[3] = timing("b = 4", 64, 1.0, 0.95, 1.05)
     assert _faster_than_ar(rows, "b = 4").startswith("faster than AR at every L measured")

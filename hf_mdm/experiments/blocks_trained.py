@@ -279,11 +279,11 @@ def _faster_than_ar(timing: list[dict], model: str) -> str:
         faster += [r["length"]] if low > 1 else []
     repeats = own[0].get("repeats", "?") if own else "?"
     if len(faster) == len(own):
-        verdict = "faster than AR at every L measured"
+        verdict = "faster than AR at every L measured (every round beat every AR round)"
     elif faster:
-        verdict = "faster than AR only at L = " + ", ".join(map(str, faster))
+        verdict = "faster than AR in every round only at L = " + ", ".join(map(str, faster))
     else:
-        verdict = "faster than AR at no L measured"
+        verdict = "at no L measured faster than AR in every round"
     return (
         f"{verdict} (AR seconds / its seconds, median and the range over {repeats} interleaved rounds, fastest "
         f"against slowest: {', '.join(described)})."

@@ -64,6 +64,7 @@ def miniature(preset: dict) -> dict:
         _replace(spec, {"lengths": MINIATURE["lengths"]})  # a language's own lengths (the sampler comparison's)
         _replace(spec.get("training", {}), MINIATURE_TRAINING)
     _replace(small.get("fast_samplers", {}), MINIATURE_FAST)
+    _replace(small.get("steps_for_ser", {}), {"lengths": [8, 16, 32]})  # three lengths: a slope and its interval
     for part in ("trained", "timing"):  # nested sections (the block diffusion experiment's)
         if part in small:
             small[part] = miniature(small[part])
