@@ -118,7 +118,10 @@ def _mdm_against_ar(rows: list[dict]) -> list[str]:
             (
                 r
                 for r in rows
-                if r["model"] == "trained MDM" and r["language"] == ar["language"] and "ter_increase" in r
+                if r["model"] == "trained MDM"
+                and r["language"] == ar["language"]
+                and "ter_increase" in r
+                and r.get("ter_kind") != "upper bound"
             ),
             key=lambda r: r["steps"],
         )

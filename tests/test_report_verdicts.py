@@ -153,6 +153,8 @@ def test_no_ter_finding_rests_on_a_bound():
     assert "1 of 6 MDM cells hold only an upper bound" in text and "2-gram oracle MDM L = 64 N = 4" in text
     assert "differs between lengths" not in text
     assert "2-gram, oracle MDM, L = 64 (n = 128): the paper's TER relative increase falls" not in text
+    result["rows"][6]["ter_kind"] = "upper bound"  # the trained MDM's cell that reaches AR's
+    assert "N = 64 is the smallest N" not in "\n".join(ter_verdicts(result))
 
 
 def test_faster_than_ar_needs_every_round_and_names_the_lengths():

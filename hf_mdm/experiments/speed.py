@@ -336,7 +336,7 @@ def plot_wallclock(rows: list[dict], path: Path) -> None:
     """Two log-log panels against L, one line per model: seconds per batch (error bars: the range of the timed
     rounds), and milliseconds per forward; the legend below the panels."""
     models = list(dict.fromkeys(r["model"] for r in rows))
-    legend_inches = 0.2 + 0.18 * ((len(models) + 1) // 2)
+    legend_inches = 0.3 + 0.16 * len(models)
     fig, axes = pyplot().subplots(1, 2, figsize=(10, 3.8 + legend_inches))
     for model in models:
         own = [r for r in rows if r["model"] == model]
@@ -354,5 +354,5 @@ def plot_wallclock(rows: list[dict], path: Path) -> None:
         ax.set(xscale="log", yscale="log", xlabel="sequence length L")
         ax.grid(alpha=0.3)
     handles, labels = axes[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=7, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=1, fontsize=7, frameon=False)
     save_figure(fig, path, bottom=legend_inches / (3.8 + legend_inches))
