@@ -75,7 +75,7 @@ def cells(args):
     for length, steps in itertools.product(lengths, args.steps or CHAIN_STEPS):
         yield "chain", chain, length, steps, lambda x, L=length, N=steps: ChainLanguage.predicted_ter_increase(L, N)
     ngram = NGramLanguage.random(3, 3, seed=0, prune_threshold=0.0)
-    for steps in ENUM_STEPS:
+    for steps in args.enum_steps:
         yield "3-gram (enumeration)", ngram, ENUM_LENGTH, steps, enumerated_truth(ngram, steps)
 
 
@@ -155,6 +155,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="chain lengths 32 and 128 only")
     parser.add_argument("--lengths", type=int, nargs="+", help="chain lengths instead of the default ones")
     parser.add_argument("--steps", type=int, nargs="+", help="chain step counts instead of the default ones")
+    parser.add_argument("--enum-steps", type=int, nargs="*", default=list(ENUM_STEPS), help="N of the L = 5 cells")
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--per-group", type=int, default=16)
     parser.add_argument("--twists", nargs="+", default=["exact twist", "pseudo-likelihood twist"])

@@ -296,14 +296,15 @@ def test_ter_from_samples_uses_the_kl_per_token():
 
 
 def test_calibration_benchmark_runs_and_writes_its_table(tmp_path):
-    """evaluation/ter_calibration.py as a user runs it, on one small chain cell and the enumeration cells."""
+    """evaluation/ter_calibration.py as a user runs it, on one small chain cell and one enumeration cell."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "evaluation" / "ter_calibration.py"
     out = tmp_path / "calibration.md"
-    args = ["--lengths", "16", "--steps", "8", "--groups", "2", "--per-group", "8", "--output", str(out)]
+    args = ["--lengths", "16", "--steps", "8", "--enum-steps", "2", "--groups", "2", "--per-group", "8"]
+    args += ["--twists", "exact twist", "--output", str(out)]
     subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, timeout=600)
     text = out.read_text()
     truth = ChainLanguage.predicted_ter_increase(16, 8)
