@@ -54,7 +54,7 @@ def estimate(method: str, model, language, law, x, seed: int):
     else:
         denoiser = sampler_denoiser(model, vocab, x, exact_twist=False)  # as a trained model: no exact twist
         est = smc_log_probs(denoiser, law, x, int(model.config.mask_token_id), generator=generator)
-    return (est.log_prob, "estimate") if est.reliable else (est.log_prob_bound, "upper bound")
+    return est.reported()
 
 
 def intervals(language, x, log_p, groups: int):

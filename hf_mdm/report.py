@@ -68,7 +68,7 @@ SER_TEXT = (
     "Theorem 4.4 is an existence result: for one HMM the paper constructs, the MDM's SER stays high unless N grows "
     "with L. It predicts nothing for a random HMM such as ours, whose rows are measured here as an experiment, not "
     "as a test of the theorem; the chain language shows the effect in closed form, 1 - (1 - 3/(4N))^(L-1) with the "
-    "oracle, so that its curves for different L agree when plotted against N/L. The paper published this only as "
+    "oracle, about exp(-3L/(4N)), so that its curves for different L nearly agree when plotted against N/L. The paper published this only as "
     "a figure (its HMM at L = 512): SER falls with steps and needs about L steps to approach AR; no number here is "
     "set beside a paper number. Our HMM: 16 hidden states, 16 tokens, each row drawn from a Dirichlet and its tail "
     "pruned (parameters in the Languages line under the figure). What the numbers show (computed from the rows; a "
@@ -167,7 +167,7 @@ BLOCKS_TEXT = (
     "and block diffusion models (block-causal attention, BD3-LM's objective) on the same data, sampled with the "
     "paper's sampler block by block, and untrained ones timed against L (AR with its KV cache, block diffusion with "
     "the exact block cache). Every sentence under the tables (the agreement with the closed form, the points no "
-    "other point beats on a cost and SER, which settings reach AR's SER, from which L a model is faster than AR) is "
+    "other point beats on a cost and SER, which settings reach AR's SER, at which lengths a model was faster than AR in every timed round) is "
     "computed from the rows."
 )
 

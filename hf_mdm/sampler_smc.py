@@ -71,6 +71,11 @@ class SMCEstimate:
     def reliable(self) -> bool:
         return bool(self.variance.mean() <= MAX_RELIABLE_VARIANCE)
 
+    def reported(self) -> tuple[torch.Tensor, str]:
+        """What to report: ``(log_prob, "estimate")`` where the correction holds, else ``(log_prob_bound, "upper
+        bound")`` (a lower bound of log p(x), so an upper bound of TER)."""
+        return (self.log_prob, "estimate") if self.reliable else (self.log_prob_bound, "upper bound")
+
 
 def smc_log_probs(
     denoiser: Denoiser,
@@ -91,9 +96,11 @@ def smc_log_probs(
             f">= 1; got {num_replicates}, {num_particles}, {max_particles}"
         )
     pilot_forwards, power = 0, None
-    if num_particles is None or _needs_power(denoiser, x):
+    probe = x[:1]
+    powers: tuple[Optional[float], ...] = (None,) if denoiser(probe, probe)[1] is not None else TWIST_POWERS
+    if num_particles is None or powers != (None,):
         num_particles, power, pilot_forwards = _pilot(
-            denoiser, law, x[:PILOT_SEQUENCES], mask_id, num_particles, max_particles, num_replicates, generator
+            denoiser, law, x[:PILOT_SEQUENCES], mask_id, powers, num_particles, max_particles, num_replicates, generator
         )
     log_z, forwards = _run(denoiser, law, x, mask_id, num_particles, num_replicates, power, generator)
     variance = log_z.var(dim=1)
@@ -108,17 +115,13 @@ def smc_log_probs(
     )
 
 
-def _needs_power(denoiser: Denoiser, x: torch.Tensor) -> bool:
-    """Whether the denoiser has no exact twist (so the pilot picks beta)."""
-    probe = x[:1]
-    return denoiser(probe, probe)[1] is None
-
-
-def _pilot(denoiser, law, x, mask_id, fixed, max_particles, replicates, generator) -> tuple[int, Optional[float], int]:
-    """(particles, beta, forwards spent): the twist power with the least pilot variance, then particles doubled
-    from ``fixed`` or `NUM_PARTICLES` until the pilot's mean variance is at most a quarter of the reliable limit."""
+def _pilot(
+    denoiser, law, x, mask_id, powers, fixed, max_particles, replicates, generator
+) -> tuple[int, Optional[float], int]:
+    """(particles, beta, forwards spent): of ``powers`` ((None,): the denoiser's exact twist) the one with the least
+    pilot variance, then particles doubled from ``fixed`` or `NUM_PARTICLES` until the pilot's mean variance is at
+    most a quarter of the reliable limit."""
     particles, forwards = fixed or min(NUM_PARTICLES, max_particles), 0
-    powers: tuple[Optional[float], ...] = TWIST_POWERS if _needs_power(denoiser, x) else (None,)
     scores = {}
     for power in powers:
         log_z, spent = _run(denoiser, law, x, mask_id, particles, replicates, power, generator)
@@ -140,7 +143,7 @@ def _run(denoiser, law, x, mask_id, particles, replicates, power, generator) -> 
     state.log_w += state.log_psi
     steps = _steps(law, length)
     for j, step in enumerate(steps):
-        old_psi = state.log_psi
+        old_psi = state.log_psi.clone()
         changed = state.advance(step, generator)
         state.refresh(denoiser, changed, power)
         state.log_w += state.log_psi - old_psi
@@ -194,7 +197,6 @@ class _Particles:
     def refresh(self, denoiser: Denoiser, rows: torch.Tensor, power: Optional[float]) -> None:
         """Recompute the token probabilities and the twist of the rows whose canvas changed."""
         index = rows.nonzero().squeeze(1)
-        self.log_psi = self.log_psi.clone()
         if index.numel() > 0 and bool((~self.revealed[index]).any()):
             tokens = self.tokens[index]
             canvases = torch.where(self.revealed[index], tokens, torch.full_like(tokens, self.mask_id))

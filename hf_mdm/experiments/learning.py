@@ -14,16 +14,14 @@ sampler draws several tokens of a step independently). They separate on syntheti
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from ..metrics.common import mean_interval
-from .common import _device
+from ..sampler_likelihood import token_log_probs
 
 
-@torch.no_grad()
 def denoiser_kl(model: Any, language: Any, length: int, num: int, seed: int, batch_size: int = 256) -> dict[str, Any]:
     """``{"kl": mean, "kl_ci_low", "kl_ci_high", "num_sequences"}``: the KL from the language's posterior to the
     trained denoiser, in nats per masked position, averaged per sequence over its masked positions."""
@@ -34,15 +32,11 @@ def denoiser_kl(model: Any, language: Any, length: int, num: int, seed: int, bat
     masked[masked.sum(1) == 0, 0] = True  # every sequence scores at least one position
     mask_id = int(model.config.mask_token_id)
     x_t = torch.where(masked, torch.full_like(x, mask_id), x)
-    device = _device(model)
     per_sequence = []
     for start in range(0, num, batch_size):
         rows = slice(start, start + batch_size)
         log_q = language.log_posterior(x_t[rows], mask_id)  # (B, L, V) float64
-        logits = model(input_ids=x_t[rows].to(device), attention_mask=torch.ones_like(x_t[rows]).to(device)).logits
-        logits = logits.double().cpu()
-        logits[..., mask_id] = -math.inf
-        log_p = torch.log_softmax(logits, -1)[..., : language.vocab_size]
+        log_p = token_log_probs(model, x_t[rows], language.vocab_size, batch_size)  # what the sampler draws from
         kl = torch.where(log_q.isfinite(), log_q.exp() * (log_q - log_p), torch.zeros_like(log_q)).sum(-1)
         m = masked[rows]
         per_sequence.append((kl * m).sum(1) / m.sum(1))

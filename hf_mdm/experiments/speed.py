@@ -235,34 +235,45 @@ def median_seconds(fn: Callable[[], Any], repeats: int, device: torch.device) ->
     return statistics.median(times)
 
 
-def ar_over(rows: list[dict], model: str) -> dict[int, float]:
-    """``{L: AR seconds / model seconds}``: above 1 where AR is slower."""
-    ar = {r["length"]: r["seconds"] for r in rows if r["model"] == AR_MODEL}
-    return {r["length"]: ar[r["length"]] / r["seconds"] for r in rows if r["model"] == model}
+def ratio_over(ar: dict, row: dict) -> tuple[float, float, float]:
+    """AR seconds / ``row``'s seconds at one length: the medians' ratio and its range over the timed rounds (AR's
+    fastest round over the row's slowest, AR's slowest over its fastest; the median alone for rows without a
+    range). AR is slower in every round where the low end is above 1: the one rule every timing sentence uses."""
+    low = ar.get("seconds_min", ar["seconds"]) / row.get("seconds_max", row["seconds"])
+    high = ar.get("seconds_max", ar["seconds"]) / row.get("seconds_min", row["seconds"])
+    return ar["seconds"] / row["seconds"], low, high
+
+
+def ar_over(rows: list[dict], model: str, ar_model: str = AR_MODEL) -> dict[int, tuple[float, float, float]]:
+    """``{L: ratio_over(AR's row, model's row)}`` for each length where both were timed."""
+    ar = {r["length"]: r for r in rows if r["model"] == ar_model}
+    return {r["length"]: ratio_over(ar[r["length"]], r) for r in rows if r["model"] == model}
 
 
 def crossover_length(rows: list[dict], model: str) -> Optional[int]:
-    """The length from which AR stays slower than ``model`` (at that L and every longer one measured), or None when
-    AR is not slower at the longest L."""
+    """The length from which AR is slower than ``model`` in every round (at that L and every longer one measured),
+    or None when it is not at the longest L."""
     crossover = None
-    for length, ratio in sorted(ar_over(rows, model).items()):
-        crossover = (crossover or length) if ratio > 1 else None
+    for length, (_, low, _) in sorted(ar_over(rows, model).items()):
+        crossover = (crossover or length) if low > 1 else None
     return crossover
 
 
 def crossover_sentence(rows: list[dict], model: str) -> str:
-    """Where AR is slower than ``model``, in words."""
+    """Where AR is slower than ``model`` in every timed round, in words, with the medians' ratios and ranges."""
     ratios = sorted(ar_over(rows, model).items())
-    slower = [length for length, ratio in ratios if ratio > 1]
+    slower = [length for length, (_, low, _) in ratios if low > 1]
     crossover = crossover_length(rows, model)
+    described = ", ".join(f"{m:.2f}x [{lo:.2f}, {hi:.2f}] at L = {n}" for n, (m, lo, hi) in ratios)
     if crossover is not None:
-        return (
-            f"AR is slower than the {model} at every L measured from {crossover} to {ratios[-1][0]} (medians; "
-            "longer lengths were not measured)"
+        verdict = (
+            f"AR is slower than the {model} in every round at every L measured from {crossover} to {ratios[-1][0]}"
         )
-    if slower:
-        return f"AR is slower than the {model} only at L = {', '.join(map(str, slower))}, not at the longest L"
-    return f"AR is faster than the {model} at every L measured"
+    elif slower:
+        verdict = f"AR is slower than the {model} in every round only at L = {', '.join(map(str, slower))}"
+    else:
+        verdict = f"AR is slower than the {model} in every round at no L measured"
+    return f"{verdict} (AR seconds / its seconds, median and range of the rounds: {described})"
 
 
 def steps_sentence(chosen: dict[str, dict], target: Optional[float]) -> str:

@@ -197,7 +197,7 @@ def chain_rows(lengths: list[int], steps_list: list[int]) -> list[dict]:
 
 def _cell(r: dict, key: str) -> str:
     value, low, high = r[f"{key}_increase"], r[f"{key}_ci_low"], r[f"{key}_ci_high"]
-    if r.get(f"{key}_exact"):
+    if r.get(f"{key}_kind") == "exact":
         return f"{100 * value:.3f}% (exact)"
     if r.get(f"{key}_kind") == "upper bound":
         return f"<= {100 * high:.2f}% (bound)"

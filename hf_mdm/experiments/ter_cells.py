@@ -32,8 +32,7 @@ TER_ESTIMATOR = (
     "the correction is not trusted and the cell shows an upper bound of TER instead (marked <=), which no finding "
     "uses."
 )
-#: The kinds of a paper-TER cell: an exact value, a (bias-corrected) estimate, or an upper bound only.
-TER_KINDS = ("exact", "estimate", "upper bound")
+
 #: What the generative perplexity of a cell is, in words.
 GEN_PPL_MEANING = (
     "Generative perplexity GenPPL(p) = 2^(E_{x~p}[-log2 q(x)/L]): the sampler's samples scored by the language "
@@ -62,8 +61,7 @@ def _ter_values(result: dict, kind: str, **extra: Any) -> dict[str, Any]:
         "ter_increase": result["relative_increase"],
         "ter_ci_low": result["relative_increase_ci_low"],
         "ter_ci_high": result["relative_increase_ci_high"],
-        "ter_exact": kind == "exact",
-        "ter_kind": kind,
+        "ter_kind": kind,  # "exact", "estimate" (bias-corrected, or AR's exact p(x) averaged) or "upper bound"
         **extra,
     }
 
@@ -79,8 +77,7 @@ def sampler_ter_cell(
     est = estimate_sampler_log_probs(
         model, law, x, language.vocab_size, generator=generator, max_particles=max_particles
     )
-    kind = "estimate" if est.reliable else "upper bound"
-    log_p = est.log_prob if est.reliable else est.log_prob_bound
+    log_p, kind = est.reported()
     result = TokenErrorRate().compute(predictions=log_p.tolist(), references=x.tolist(), language=language)
     return _ter_values(
         result,
