@@ -67,7 +67,8 @@ PAPER_WALLCLOCK_NOTE = (
 SER_TEXT = (
     "Theorem 4.4 is an existence result: for one HMM the paper constructs, the MDM's SER stays high unless N grows "
     "with L. It predicts nothing for a random HMM such as ours, whose rows are measured here as an experiment, not "
-    "as a test of the theorem; the chain language shows the effect in closed form, 1 - (1 - 3/(4N))^(L-1) with the "
+    "as a test of the theorem; the chain language, the theorem's own 16-token construction (tokens (u, v), each next "
+    "u equal to the previous v), shows the effect in closed form, 1 - (1 - 3/(4N))^(L-1) with the "
     "oracle, about exp(-3L/(4N)), so that its curves for different L nearly agree when plotted against N/L. The paper published this only as "
     "a figure (its HMM at L = 512): SER falls with steps and needs about L steps to approach AR; no number here is "
     "set beside a paper number. Our HMM: 16 hidden states, 16 tokens, each row drawn from a Dirichlet and its tail "

@@ -301,6 +301,29 @@ def train(trainer: Trainer, resume: bool = True) -> Any:
     return trainer.train(resume_from_checkpoint=last)
 
 
+def step_flops(
+    kind: str, vocab_size: int, length: int, size: Any = "tiny", batch_size: int = 1, block_size: Optional[int] = None
+) -> int:
+    """The FLOPs of one training step's forward and backward (the optimiser's update left out) for the model
+    `build_trainer` makes with these arguments, on one batch of ``batch_size`` sequences of ``length``, counted by
+    torch's ``FlopCounterMode`` (every matrix product, attention included). The token values do not change it."""
+    import tempfile
+
+    from datasets import Dataset
+    from torch.utils.flop_counter import FlopCounterMode
+
+    rows = Dataset.from_dict({"input_ids": [[0] * length] * batch_size})
+    with tempfile.TemporaryDirectory() as folder, torch.random.fork_rng():  # build_trainer seeds torch
+        args = TrainingArguments(output_dir=folder, report_to=[], use_cpu=True)
+        trainer = build_trainer(
+            kind, rows, rows, vocab_size=vocab_size, length=length, args=args, size=size, block_size=block_size
+        )
+        batch = trainer.data_collator(list(rows))
+        with FlopCounterMode(display=False) as counter:
+            trainer.compute_loss(trainer.model, batch).backward()
+    return int(counter.get_total_flops())
+
+
 class NoEvaluationAtTheLastStep(TrainerCallback):
     """Drops the trainer's own evaluation at the last step (`train_save_evaluate` saves the model, then evaluates)."""
 

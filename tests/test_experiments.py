@@ -647,3 +647,6 @@ def test_full_presets_run_end_to_end_in_miniature(tmp_path):
     assert "| 2-gram | 8 | block diffusion (b = 4) | 1 |" in blocks and "| hmm | 8 | MDM (b = L = 8) | 4 |" in blocks
     assert "| 16 | block diffusion (b = 4), 1 token / forward | 16 |" in blocks  # 4 blocks of 4 steps
     assert (tmp_path / "block_diffusion_trained.png").stat().st_size > 0
+    assert "| block diffusion (b = 4) | 1 | 128 |" in blocks  # equal FLOPs: half the MDM's 2 steps of 16 x 8 tokens
+    assert "block diffusion (b = 4) at equal training FLOPs: validation NLL / entropy - 1" in blocks
+    assert (tmp_path / "block_diffusion_budget.png").stat().st_size > 0

@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from ..languages import ChainLanguage, OracleDenoiser
 from .blocks_trained import plot_trained, timing_rows, trained_rows, trained_text
+from .budget import equal_flops_rows, equal_flops_text, plot_equal_flops
 from .common import CellCache, experiment_result, language_name, language_parameters, make_language, write_outputs
 from .fast import active_steps, generate_batches
 from .plotting import pyplot, save_figure
@@ -64,11 +65,17 @@ def block_diffusion(preset: dict, out: Path) -> dict[str, Any]:
                 rows.append(row)
     frontiers = {f"{r[0]}|{r[1]}|{cost}": pareto(rows, r, cost) for r in _panels(rows) for cost in COSTS}
     trained, timing = _trained_parts(preset, out, cache)
-    result = experiment_result("block_diffusion", preset, rows, frontiers=frontiers, trained=trained, timing=timing)
+    budget = preset.get("trained", {}).get("equal_flops")
+    flops = equal_flops_rows(budget, out, cache) if budget else []
+    extra = {"trained": trained, "timing": timing, "equal_flops": flops}
+    result = experiment_result("block_diffusion", preset, rows, frontiers=frontiers, **extra)
     text = "\n".join(setup_lines(preset)) + "\n" + blocks_table(rows) + "\n" + findings(rows) + "\n"
     if trained or timing:
         text += "\n" + trained_text(preset, trained, timing)
         plot_trained(trained, timing, out / "block_diffusion_trained.png")
+    if flops:
+        text += "\n" + equal_flops_text(budget, flops)
+        plot_equal_flops(flops, out / "block_diffusion_budget.png")
     write_outputs(out, "block_diffusion", result, text, lambda p: plot_blocks(rows, p))
     return result
 

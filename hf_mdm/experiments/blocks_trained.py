@@ -56,7 +56,7 @@ def trained_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
         spec = {k: v for k, v in entry.items() if k != "training"}
         language, name = make_language(spec), language_name(spec)
         models = _models(language, name, section, out, entry.get("training"))
-        ar = cache.get(_key("ar", name, section, entry), lambda: _ar_cell(models(None)["ar"], language, section))
+        ar = cache.get(_key("ar", name, section, entry), lambda: ar_cell(models(None)["ar"], language, section))
         rows.append({"language": name, "length": length, "model": AR, "block_size": 1, "steps": length, **ar})
         for block in block_sizes(section):
             for per_block in sorted({min(s, block) for s in section["steps_per_block"]}):
@@ -91,7 +91,7 @@ def _key(what: str, language: str, section: dict, entry: dict) -> str:
     return f"trained|{what}|{language}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
 
 
-def _ar_cell(model: Any, language: Any, section: dict) -> dict:
+def ar_cell(model: Any, language: Any, section: dict) -> dict:
     samples = sample_ar(model, section["num_samples"], section["length"], seed=section.get("seed", 0))
     gen_ppl = gen_ppl_cell(language, samples)
     return {

@@ -1,8 +1,9 @@
 """Theorem 4.4 on the chain language: the steps N the paper's sampler needs for a fixed SER target, against L.
 
-Theorem 4.4 says that on a language built for it the MDM needs N growing linearly with L for a low SER. On the
-chain language (`ChainLanguage`, this project's construction for it: every valid sequence is a chain of links, and
-two neighbours revealed in one step disagree with probability 3/4) with the exact-posterior oracle, ``steps_for_ser``
+Theorem 4.4 says that on a language built for it the MDM needs N growing linearly with L for a low SER. On that
+language (`ChainLanguage`, the 16-token construction of the theorem as DESIGN.md section 4 states it: tokens (u, v),
+each next u equal to the previous v, so every valid sequence is a chain of links and two neighbours revealed in one
+step disagree with probability 3/4) with the exact-posterior oracle, ``steps_for_ser``
 measures the SER at N = r x L for a grid of ratios r at each L and finds the N at which the SER falls to the
 target (interpolated in log N between grid points), with the range from the ends of the 95% Wilson intervals; the
 closed form's N beside them. ``scaling_fit`` fits log N = a + slope log L by

@@ -1,0 +1,187 @@
+"""Block sizes at equal training FLOPs over several training seeds: the ``equal_flops`` part of ``block_diffusion``.
+
+The trained comparison beside it (`hf_mdm.experiments.blocks_trained`) gives every diffusion model the same
+optimiser steps and one seed, so a block diffusion model, whose objective reads the noisy and the clean sequence side
+by side (2L positions a sequence), spends about twice the MDM's compute there. Here every model of the language (AR,
+the MDM, b = L, and one block diffusion model per entry of ``block_sizes``, all of one size and batch) gets the same
+training FLOPs: those of ``budget_mdm_steps`` steps of the MDM, each model's steps being that budget over the FLOPs of
+its own step (`hf_mdm.training.step_flops`, counted by torch). Each model is trained once per seed of ``seeds`` (a new
+training sample, initialisation and masking draws each), then measured: the validation NLL per token over the
+language's entropy, minus 1 (for diffusion models the ELBO's bound), and the SER of ``num_samples`` samples decoded one
+token a step (the paper's sampler with one step per position: what errs is what the model learned; AR samples
+ancestrally). Over the seeds, each model's mean with its 95% Student-t interval, and its difference to the MDM paired by
+seed (one seed, one training sample) with its interval; a difference is called only where that interval excludes 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from scipy import stats
+from tqdm.auto import tqdm
+
+from ..training import step_flops
+from .blocks_trained import AR, PAPER_SAMPLER, ar_cell, block_sizes, model_label
+from .common import CellCache, language_name, make_language, trained_model
+
+#: The measured quantities over the seeds: (row key, name).
+QUANTITIES = (("gap", "validation NLL / entropy - 1"), ("ser", "SER, one token a step"))
+MDM = "MDM"
+
+
+def budget_plan(section: dict) -> list[dict]:
+    """Per model: its label, ``block`` (None for AR, L for the MDM), the FLOPs of one training step and the steps
+    that spend the budget (``budget_mdm_steps`` steps of the MDM)."""
+    length, cfg, vocab = section["length"], section["training"], section["language"]["vocab_size"]
+
+    def flops(block: int | None) -> int:
+        kind, blocks = ("ar", None) if block is None else ("mdm", None if block == length else block)
+        return step_flops(kind, vocab, length, cfg["size"], cfg["batch_size"], blocks)
+
+    budget = section["budget_mdm_steps"] * flops(length)
+    plan = []
+    for block in [None, *block_sizes(section)]:
+        per_step = flops(block)
+        label = AR if block is None else model_label(block, length)
+        plan.append({"model": label, "block": block, "step_flops": per_step, "steps": max(1, round(budget / per_step))})
+    return plan
+
+
+def equal_flops_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
+    """One row per model and seed: its training budget (steps, sequences, tokens, FLOPs), validation gap and SER."""
+    spec = section["language"]
+    language, name = make_language(spec), language_name(spec)
+    plan, rows = budget_plan(section), []
+    described = {k: v for k, v in section.items() if k != "seeds"}  # a new seed reuses the others' cells
+    digest = hashlib.sha1(json.dumps(described, sort_keys=True, default=dict).encode()).hexdigest()[:12]
+    for seed in tqdm(section["seeds"], desc="block sizes at equal FLOPs", leave=False):
+        for model in plan:
+            cell = cache.get(
+                f"equal_flops|{model['model']}|seed {seed}|{digest}",
+                lambda: _train_and_measure(language, name, section, model, seed, out),
+            )
+            rows.append({"language": name, "length": section["length"], "seed": seed, **model, **cell})
+    return rows
+
+
+def _train_and_measure(language: Any, name: str, section: dict, model: dict, seed: int, out: Path) -> dict:
+    from .blocks import measure  # the oracle's measurement, applied to a trained model
+
+    length, block, steps = section["length"], model["block"], model["steps"]
+    kind = "ar" if block is None else "mdm"
+    extra = {} if block in (None, length) else {"block_size": block}
+    overrides = {"seed": seed, "max_steps": steps, "ar_max_steps": steps, **extra}
+    trained = trained_model(kind, language, length, section, out, f"{name}-flops", overrides)
+    measured = {"num_samples": section["num_samples"], "seed": seed, "batch_size": section.get("batch_size", 256)}
+    if block is None:
+        cell = ar_cell(trained["ar"], language, {**measured, "length": length})
+    else:
+        cell = measure(trained["mdm"], language, length, block, {**PAPER_SAMPLER, "steps_per_block": block}, measured)
+    batch = section["training"]["batch_size"]
+    return {
+        "gap": float(trained[f"{kind}_gap"]),
+        "nll": float(trained[f"{kind}_nll"]),
+        "ser": cell["ser"],
+        "ser_ci_low": cell["ser_ci_low"],
+        "ser_ci_high": cell["ser_ci_high"],
+        "sequences": steps * batch,
+        "tokens": steps * batch * length,
+        "flops": steps * model["step_flops"],
+    }
+
+
+def mean_interval(values: list[float]) -> tuple[float, float, float]:
+    """The mean of ``values`` and its 95% Student-t interval (NaN bounds for fewer than two values)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, math.nan, math.nan
+    if max(values) == min(values):
+        return mean, mean, mean
+    interval = stats.ttest_1samp(values, 0.0).confidence_interval(0.95)
+    return mean, float(interval.low), float(interval.high)
+
+
+def equal_flops_summary(rows: list[dict]) -> list[dict]:
+    """Per model: each quantity's mean over the seeds with its interval, and the mean of its seed-paired difference to
+    the MDM's with that difference's interval (``d_<key>``, ``d_<key>_low``, ``d_<key>_high``)."""
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    mdm = next(m for m in models if m.startswith(MDM))
+    by_seed = {m: {r["seed"]: r for r in rows if r["model"] == m} for m in models}
+    summary = []
+    for model in models:
+        seeds = sorted(set(by_seed[model]) & set(by_seed[mdm]))
+        first = next(iter(by_seed[model].values()))
+        entry = {k: first[k] for k in ("model", "steps", "sequences", "tokens", "flops")}
+        entry["seeds"] = len(by_seed[model])
+        for key, _ in QUANTITIES:
+            entry[key], entry[f"{key}_low"], entry[f"{key}_high"] = mean_interval(
+                [r[key] for r in by_seed[model].values()]
+            )
+            if model != mdm:
+                differences = [by_seed[model][s][key] - by_seed[mdm][s][key] for s in seeds]
+                entry[f"d_{key}"], entry[f"d_{key}_low"], entry[f"d_{key}_high"] = mean_interval(differences)
+        summary.append(entry)
+    return summary
+
+
+def difference_verdict(entry: dict, key: str, name: str) -> str:
+    """Whether ``entry``'s ``key`` is lower or higher than the MDM's, from the paired interval; else not resolved."""
+    d, low, high = entry[f"d_{key}"], entry[f"d_{key}_low"], entry[f"d_{key}_high"]
+    described = f"{d:+.4f} [{low:+.4f}, {high:+.4f}] over {entry['seeds']} seeds"
+    if high < 0:
+        return f"{name} lower than the MDM's ({described})"
+    if low > 0:
+        return f"{name} higher than the MDM's ({described})"
+    return f"{name} not resolved from the MDM's ({described}; the interval contains 0)"
+
+
+def equal_flops_text(section: dict, rows: list[dict]) -> str:
+    """The markdown of the comparison: set-up, the table over the seeds, one finding per model against the MDM."""
+    summary = equal_flops_summary(rows)
+    lines = [
+        f"Block sizes at equal training FLOPs ({rows[0]['language']}, L = {section['length']}, size "
+        f"{section['training']['size']!r}, batch {section['training']['batch_size']}): every model gets the FLOPs of "
+        f"{section['budget_mdm_steps']} MDM steps (each step's forward and backward counted by torch's "
+        f"FlopCounterMode), trained once per seed of {section['seeds']} (a new sample, initialisation and masking "
+        f"each); SER from {section['num_samples']} samples per seed decoded one token a step. Means over the seeds "
+        "with 95% Student-t intervals; differences to the MDM paired by seed.",
+        "",
+        "| model | steps | tokens | training FLOPs | NLL / entropy - 1 | 95% CI | SER | 95% CI |",
+        "| --- " * 8 + "|",
+    ]
+    for e in summary:
+        lines.append(
+            f"| {e['model']} | {e['steps']} | {e['tokens']:,} | {e['flops']:.2e} | {e['gap']:+.4f} | "
+            f"[{e['gap_low']:+.4f}, {e['gap_high']:+.4f}] | {e['ser']:.3f} | [{e['ser_low']:.3f}, {e['ser_high']:.3f}] |"
+        )
+    lines.append("")
+    for e in (e for e in summary if "d_gap" in e):
+        verdicts = "; ".join(difference_verdict(e, key, name) for key, name in QUANTITIES)
+        lines.append(f"- {e['model']} at equal training FLOPs: {verdicts}.")
+    return "\n".join(lines) + "\n\n![equal FLOPs](block_diffusion_budget.png)\n"
+
+
+def plot_equal_flops(rows: list[dict], path: Path) -> None:
+    """Per quantity, each seed's value (dots) and the mean with its 95% interval (bar) per model."""
+    from .plotting import pyplot, save_figure
+
+    plt, summary = pyplot(), equal_flops_summary(rows)
+    fig, axes = plt.subplots(1, len(QUANTITIES), figsize=(5 * len(QUANTITIES), 3.8), squeeze=False)
+    for ax, (key, name) in zip(axes[0], QUANTITIES):
+        for x, e in enumerate(summary):
+            seeds = [r[key] for r in rows if r["model"] == e["model"]]
+            ax.plot([x] * len(seeds), seeds, "o", color="0.6", ms=4, label="one seed" if x == 0 else None)
+            low, high = e[f"{key}_low"], e[f"{key}_high"]
+            bar = [[e[key] - low], [high - e[key]]] if math.isfinite(low) else None
+            ax.errorbar(
+                [x + 0.15], [e[key]], yerr=bar, fmt="s", color="C0", capsize=3, label="mean, 95% CI" if x == 0 else None
+            )
+        ax.set_xticks(range(len(summary)), [e["model"] for e in summary], rotation=20, fontsize=7)
+        ax.set(ylabel=name, title=name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, path, "Equal training FLOPs, several seeds")
