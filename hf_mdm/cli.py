@@ -79,10 +79,23 @@ def _dataset_build(args: argparse.Namespace) -> int:
 
 def _dataset_push(args: argparse.Namespace) -> int:
     from .data import push_synthetic_datasets
+    from .hub import hub_unreachable_errors
 
     overrides = {k: v for k, v in (("length", args.length), ("num_train", args.num_train)) if v is not None}
-    push_synthetic_datasets(args.repo_id, configs=args.configs, private=args.private, **overrides)
+    try:
+        push_synthetic_datasets(args.repo_id, configs=args.configs, private=args.private, **overrides)
+    except hub_unreachable_errors() as err:
+        return _hub_unreachable(err, "the configs pushed before it stay on the Hub, the rest were not uploaded")
     return 0
+
+
+def _hub_unreachable(err: BaseException, uploaded: str) -> int:
+    """One line for a Hub that could not be reached (no network, ``HF_HUB_OFFLINE``): what failed and what to do."""
+    reason = (str(err).strip().splitlines() or [""])[0]
+    return _fail(
+        f"could not reach the Hugging Face Hub ({type(err).__name__}{': ' + reason if reason else ''}); {uploaded}: "
+        "check the network connection (and that HF_HUB_OFFLINE is not set), then run the command again"
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -178,6 +191,8 @@ def _load_sampler_model(args: argparse.Namespace):
         raise ValueError(
             f"--model {args.model} is a masked diffusion checkpoint ({config.model_type!r}): pass --kind mdm"
         )
+    if not mdm:
+        _reject_diffusion_flags(args, config.model_type)
     loader = AutoModelForMaskedLM if mdm else AutoModelForCausalLM
     model = loader.from_pretrained(args.model).eval()
     if mdm and args.schedule and hasattr(config, "schedule"):
@@ -204,6 +219,18 @@ SAMPLER_FLAGS = (
     "remdm_t_off",
     "remdm_alpha_on",
 )
+
+
+def _reject_diffusion_flags(args: argparse.Namespace, model_type: str) -> None:
+    """A ValueError naming the sampler flags given for an autoregressive checkpoint, which samples ancestrally at
+    temperature 1 and would ignore them."""
+    given = [f"--{name.replace('_', '-')}" for name in SAMPLER_FLAGS if getattr(args, name) is not None]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(
+            f"{' '.join(given)} {verb} to diffusion models only: --model {args.model} is an autoregressive "
+            f"checkpoint ({model_type!r}), sampled ancestrally at temperature 1; drop {' '.join(given)}"
+        )
 
 
 def _sample(args: argparse.Namespace) -> int:
@@ -301,7 +328,7 @@ def _push(args: argparse.Namespace) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
 
     from .checkpoints import check_local_path
-    from .hub import is_mdm, push_model
+    from .hub import hub_unreachable_errors, is_mdm, push_model
     from .languages import load_language
 
     check_local_path(args.model, "--model")
@@ -312,14 +339,17 @@ def _push(args: argparse.Namespace) -> int:
         Path(args.model) / "language" if (Path(args.model) / "language").is_dir() else None
     )
     results = json.loads(Path(args.results).read_text()) if args.results else []
-    info = push_model(
-        model,
-        args.repo_id,
-        language=load_language(language_dir) if language_dir else None,
-        results=results,
-        private=args.private,
-        project_url=args.project_url,
-    )
+    try:
+        info = push_model(
+            model,
+            args.repo_id,
+            language=load_language(language_dir) if language_dir else None,
+            results=results,
+            private=args.private,
+            project_url=args.project_url,
+        )
+    except hub_unreachable_errors() as err:
+        return _hub_unreachable(err, "nothing was uploaded")
     print(info)
     return 0
 
@@ -343,7 +373,29 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sample_and_score_commands(commands)
     add_experiment_commands(commands, at_least)
     _add_hub_and_compare_commands(commands)
+    _add_threads_option(commands)
     return parser
+
+
+#: The subcommands that compute with torch in this process, and so take ``--threads``.
+THREAD_COMMANDS = ("train", "sample", "score", "bench")
+THREADS_HELP = (
+    "torch's CPU threads for this command (torch.set_num_threads; default: torch's own, one per core). Pass 1 on a "
+    "machine with few cores or other jobs running: tiny models then train and sample several times faster than "
+    "with threads competing for the cores (make reproduce runs each experiment with 1)"
+)
+
+
+def _add_threads_option(commands: Any) -> None:
+    for name in THREAD_COMMANDS:
+        commands.choices[name].add_argument("--threads", type=at_least(1), default=None, help=THREADS_HELP)
+
+
+def _set_threads(threads: Optional[int]) -> None:
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 def _add_dataset_commands(commands: Any) -> None:
@@ -454,11 +506,14 @@ def _add_hub_and_compare_commands(commands: Any) -> None:
 
     from .harness import compare as harness_compare  # stdlib and yaml only at import
 
-    tiny = commands.add_parser(
-        "tiny-models",
-        help="write the tiny local MDM and Llama (untrained, byte tokenizer) that the hf-mdm-eval examples run offline",
+    tiny_help = (
+        "write the four tiny local models (an MDM, a LLaDA2 MoE, a DiffusionGemma and a Llama; untrained, byte "
+        "tokenizer) that the hf-mdm-eval examples run offline"
     )
-    tiny.add_argument("directory", help="writes DIRECTORY/mdm and DIRECTORY/llama")
+    tiny = commands.add_parser("tiny-models", help=tiny_help, description=tiny_help)
+    tiny.add_argument(
+        "directory", help="writes DIRECTORY/mdm, DIRECTORY/llada2, DIRECTORY/diffusion_gemma and DIRECTORY/llama"
+    )
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_tiny_models)
 
@@ -469,6 +524,7 @@ def _add_hub_and_compare_commands(commands: Any) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    _set_threads(getattr(args, "threads", None))
     try:
         return int(args.func(args) or 0)
     except (ValueError, FileNotFoundError) as err:

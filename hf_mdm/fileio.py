@@ -1,26 +1,38 @@
-"""Atomic file writes: a reader never sees a half-written output, and an interrupted run leaves no partial file."""
+"""Atomic file writes: a reader never sees a half-written output, and an interrupted run leaves no partial file.
+
+Outputs get the modes of a plain ``open`` / ``mkdir`` (``0o666`` and ``0o777`` less the umask), and their data is
+on disk (``fsync``) before the rename that makes them visible, so a crash right after leaves the old or the new
+output, never an empty one.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Union
+
+#: Modes new outputs are created with, less the process's umask (as ``open`` and ``mkdir`` do).
+FILE_MODE, FOLDER_MODE = 0o666, 0o777
 
 
 def write_atomic(path: Union[str, os.PathLike], data: Union[str, bytes]) -> None:
     """Write ``data`` (text or bytes) to ``path`` through a temporary file in the same folder and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    fd, tmp = _create_temporary(path, lambda name: os.open(name, _CREATE_FLAGS, FILE_MODE))
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_folder(path.parent)
 
 
 def write_directory_atomic(path: Union[str, os.PathLike], write: Callable[[Path], None]) -> None:
@@ -28,9 +40,11 @@ def write_directory_atomic(path: Union[str, os.PathLike], write: Callable[[Path]
     write leaves the previous ``path`` (if any) whole and no partial folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    _, tmp = _create_temporary(path, lambda name: os.mkdir(name, FOLDER_MODE))
+    tmp = Path(tmp)
     try:
         write(tmp)
+        _fsync_tree(tmp)
         if path.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old.", dir=path.parent))
             os.replace(path, old / path.name)
@@ -41,3 +55,46 @@ def write_directory_atomic(path: Union[str, os.PathLike], write: Callable[[Path]
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _fsync_folder(path.parent)
+
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+
+
+def _create_temporary(path: Path, create: Callable[[str], object]) -> tuple[object, str]:
+    """``(create(name), name)`` for a fresh hidden name beside ``path``; ``create`` fails on an existing name (as
+    ``os.open`` with ``O_EXCL`` and ``os.mkdir`` do), and the mode it passes is reduced by the umask."""
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{secrets.token_hex(4)}")
+        try:
+            return create(name), name
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name beside {path}: remove the .{path.name}.* files there")
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file under ``folder`` to disk, then the folders themselves (not on Windows, where a file opened
+    for reading cannot be synced)."""
+    if os.name == "nt":
+        return
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as handle:
+                os.fsync(handle.fileno())
+        _fsync_folder(Path(root))
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to disk; a no-op where folders cannot be opened (Windows) or
+    synced (some file systems)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -51,7 +51,14 @@ from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
 from .generation_sampler import Canvas, Sampler, Trace, fill_last_blocks, prepare_canvas, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
-from .generation_stopping import Streamer, eos_tensor, finalize_eos, with_max_time
+from .generation_stopping import (
+    Streamer,
+    eos_tensor,
+    finalize_eos,
+    missing_positions,
+    warn_unfinished,
+    with_max_time,
+)
 from .generation_strategy import (
     POSITIONAL_STRATEGIES,
     STRATEGIES,
@@ -181,13 +188,17 @@ def diffusion_generate(
         # 4. the reverse process, block by block (or a reference sampler, or speculative rounds)
         finished = _run(config, sampler, remasking, canvas, trace, eos_ids, stopping, input_ids.shape[1])
         canvas = _cut(canvas, output_width)  # whole blocks: the columns past max_new_tokens go
-        # 5. padding: masks left in finished rows and tokens after the first EOS
-        num_generated = _finalize(canvas, finished, eos_ids, _pad_id(config, eos_ids, mask_id), mask_id)
+        # 5. padding: masks left in finished rows and tokens after the first EOS (what is missing noted first)
+        missing = missing_positions(canvas.x, canvas.gen_mask0, eos_ids, mask_id)
+        pad_id = _pad_id(config, eos_ids, mask_id)
+        num_generated = _finalize(canvas, finished, eos_ids, pad_id, mask_id)
     trace.stream.end(canvas.x)
+    if config.max_time is not None:
+        warn_unfinished(missing, finished, config.max_time, pad_id, mask_id)
     # 6. the output: the canvas, or the canvas with its costs and records
     if not config.return_dict_in_generate:
         return canvas.x
-    return _output(canvas, sampler, trace, num_generated, watch.seconds, bool(config.output_history))
+    return _output(canvas, sampler, trace, num_generated, missing.any(1), watch.seconds, bool(config.output_history))
 
 
 def _generator(generator: Optional[torch.Generator], seed: Optional[int], input_ids) -> Optional[torch.Generator]:
@@ -237,7 +248,7 @@ def _cut(canvas: Canvas, width: int) -> Canvas:
     return Canvas(canvas.x[:, :width], attn, canvas.gen_mask0[:, :width])
 
 
-def _output(canvas: Canvas, sampler: Sampler, trace: Trace, num_generated, seconds: float, history: bool):
+def _output(canvas: Canvas, sampler: Sampler, trace: Trace, num_generated, unfinished, seconds: float, history: bool):
     denoiser, recorder = sampler.denoiser, sampler.recorder
     return MaskedDiffusionGenerateOutput(
         sequences=canvas.x,
@@ -247,6 +258,7 @@ def _output(canvas: Canvas, sampler: Sampler, trace: Trace, num_generated, secon
         forward_tokens=denoiser.forward_tokens,
         elapsed_s=seconds,
         num_generated_tokens=num_generated,
+        unfinished=unfinished,
         tokens_per_forward=float(num_generated.sum()) / max(denoiser.nfe, 1),
         accepted_per_round=trace.accepted_per_round,
         history=tuple(trace.history) if history else None,

@@ -92,11 +92,12 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
     Args:
         steps (`int`, *optional*): denoising steps in total (default: one per masked token). Split over blocks in
             proportion to their masked counts, each block at least one, so fewer steps than blocks runs one step
-            per block. More steps than masked tokens is allowed: steps that would reveal nothing are skipped.
+            per block (a UserWarning says how many run). More steps than masked tokens is allowed: steps that would
+            reveal nothing are skipped.
         block_length (`int`, *optional*): semi-autoregressive block size in columns (default: one block; for a
             block-causal model its ``config.block_size``, with blocks counted in positions from 0 and attention
-            blocks following the decoding blocks). It need
-            not divide the generation length (the last block is shorter).
+            blocks following the decoding blocks, so it must be a multiple or a divisor of ``block_size``: a
+            ValueError otherwise). It need not divide the generation length (the last block is shorter).
         schedule (`str` or schedule object), schedule_kwargs (`dict`): alpha(t), see `hf_mdm.schedules`; default:
             the schedule the model was trained with (its config's ``schedule``), else ``"linear"``.
         transfer (`str`, defaults to ``"deterministic"``): how many positions a step reveals:
@@ -115,7 +116,9 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             first) or ``"left_to_right"``. Aliases: ``low_confidence``, ``maskgit_plus`` (confidence),
             ``topk_margin`` (margin), ``origin`` (random).
         threshold (`float`, *optional*): in (0, 1], for ``transfer="threshold"`` (in [0, 1] for the LLaDA2 rules).
-        entropy_bound (`float`, *optional*): > 0, nats per step, for ``transfer="entropy_bound"``.
+        entropy_bound (`float`, *optional*): > 0, nats per step, for ``transfer="entropy_bound"``. A call that sets
+            a transfer's own parameter (these two, ``draft_length``, LLaDA2.1's editing fields) under a transfer that
+            does not read it is a ValueError (`hf_mdm.generation_transfer.check_transfer_parameters`).
         draft_length (`int`, *optional*): >= 1, for ``transfer="speculative"``: samples the model's left-to-right
             factorisation exactly (at temperature 0 the tokens of ``strategy="left_to_right"`` one token a step) in
             rounds that draft up to ``draft_length`` tokens from the marginals of the last forward and verify them in
@@ -339,6 +342,10 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
         forward_tokens: positions the forward passes computed, summed (rows x input length of each).
         elapsed_s: wall-clock seconds of the run, device synchronised.
         num_generated_tokens: (B,) generated tokens per row (prompt and post-EOS padding excluded).
+        unfinished: (B,) bool, True for a row that still lacks tokens: a position to generate before its first EOS
+            was never revealed, because generation stopped early (``max_time``, which also warns, or a stopping
+            criterion) or a reference sampler left a proposed [MASK]. Such positions hold ``pad_token_id`` (else
+            the first EOS id, else [MASK]).
         tokens_per_forward: generated tokens of the batch per forward pass.
         accepted_per_round: (B,) float, ``transfer="speculative"`` only: each row's drafted tokens accepted per
             round, averaged over the rounds it took part in (its first round drafts nothing and counts as 0). A
@@ -356,6 +363,7 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
     forward_tokens: Optional[int] = None
     elapsed_s: Optional[float] = None
     num_generated_tokens: Optional[torch.LongTensor] = None
+    unfinished: Optional[torch.BoolTensor] = None
     tokens_per_forward: Optional[float] = None
     accepted_per_round: Optional[torch.FloatTensor] = None
     history: Optional[tuple[torch.LongTensor, ...]] = None

@@ -34,6 +34,7 @@ class LLaDA21EditingTransfer(Transfer):
     ``num_to_transfer``, ``editing_threshold``, ``max_post_steps``. Its own block loop (`denoise`)."""
 
     name, edits = "llada21_editing", True
+    parameters = ("threshold", "editing_threshold", "max_post_steps", "num_to_transfer")
 
     def __init__(
         self,

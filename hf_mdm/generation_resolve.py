@@ -17,6 +17,13 @@ field of the config a call runs with comes from the highest level that sets it (
 
 A config that selects a reference sampler (``reference="llada"`` / ``"dream"``, from levels 1-3) is complete as
 built: lower levels give it only the model's own ids and logits shift (`MODEL_FIELDS`).
+
+Two checks need the resolved config and the model: a parameter of one transfer rule that the call itself sets
+(levels 1-2, e.g. ``threshold``) while another rule runs is a ValueError, since it would change nothing
+(`hf_mdm.generation_transfer.check_transfer_parameters`; a lower level's, e.g. a checkpoint's generation config
+naming its own transfer, is not); and so is a ``block_length`` that cuts across a block-causal model's attention
+blocks (`check_block_length`).
+
 Exported with the model as remote code.
 """
 
@@ -32,6 +39,7 @@ from .generation_denoiser import logits_shift_of, supports_kv_cache
 from .generation_processors import apply_do_sample, check_generation_fields
 from .generation_reference import REFERENCES
 from .generation_speculative import SPECULATIVE
+from .generation_transfer import check_transfer_parameters
 
 TOKEN_ID_FIELDS = ("mask_token_id", "eos_token_id", "pad_token_id")
 MODEL_FIELDS = TOKEN_ID_FIELDS + ("logits_shift",)  # the model's own: every level gives them, to any config
@@ -55,6 +63,7 @@ def resolve_config(
             f"unknown generation argument(s) {unknown}: see MaskedDiffusionGenerationConfig for the accepted fields"
         )
     config.update(**{k: v for k, v in kwargs.items() if v is not None})
+    named = _named_settings(config)
     saved = getattr(model, "generation_config", None)
     if saved is not None:
         _fill(config, MaskedDiffusionGenerationConfig.from_any(saved).explicit_values())
@@ -73,7 +82,34 @@ def resolve_config(
     apply_do_sample(config)
     check_generation_fields(config, DIFFUSION_FIELDS)
     config.validate_diffusion()
+    if config.reference is None:
+        check_transfer_parameters(config.transfer, named, config.remdm)
+    check_block_length(model, config.block_length)
     return config
+
+
+def _named_settings(config: MaskedDiffusionGenerationConfig) -> dict[str, Any]:
+    """The diffusion fields the call's own config sets to something else than their default (levels 1-2)."""
+    return {
+        name: value
+        for name, value in config.explicit_values().items()
+        if name in DIFFUSION_FIELDS and value != getattr(MaskedDiffusionGenerationConfig, name)
+    }
+
+
+def check_block_length(model: Any, block_length: Optional[int]) -> None:
+    """A ValueError for a block-causal model's ``block_length`` that does not nest with its attention blocks
+    (``config.block_size`` b): a multiple of b decodes whole attention blocks, a divisor of b decodes an attention
+    block in parts (LLaDA2's published generate() takes such a block_length); any other length cuts across them."""
+    block = attention_block_size(model)
+    if block is None or block_length is None or block_length % block == 0 or block % block_length == 0:
+        return
+    divisors = [d for d in range(1, block) if block % d == 0]
+    raise ValueError(
+        f"block_length={block_length} cuts across the attention blocks of this block-causal model "
+        f"(model.config.block_size={block}): pass block_length={block} (the default, leave it unset), a multiple "
+        f"of {block} ({2 * block}, {3 * block}, ...) or a divisor of {block} ({', '.join(map(str, divisors))})"
+    )
 
 
 def _fill(config: MaskedDiffusionGenerationConfig, values: dict[str, Any]) -> None:

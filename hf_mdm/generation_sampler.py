@@ -126,8 +126,9 @@ def prepare_canvas(
     input_ids, attention_mask, max_new_tokens: int, mask_id: int, max_positions: Optional[int] = None
 ) -> Canvas:
     """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded).
-    ValueErrors, before anything is allocated, for a canvas longer than ``max_positions`` (the model's positions)
-    and for a row whose attention mask is all zeros."""
+    Prompt ids of any integer dtype are taken as ``torch.long`` (the canvas' dtype). ValueErrors, before anything is
+    allocated, for ids that are not integers, a canvas longer than ``max_positions`` (the model's positions) and a
+    row whose attention mask is all zeros."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got {shape}")
@@ -136,6 +137,7 @@ def prepare_canvas(
             f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}: pass the "
             "tokenizer's ids or input_ids.long()"
         )
+    input_ids = input_ids.long()  # int32 / int16 / uint8 ids: the same tokens
     bsz, prompt_len = input_ids.shape
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")

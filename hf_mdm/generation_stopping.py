@@ -11,6 +11,7 @@ Exported with the model as remote code (imports only torch and transformers).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -46,6 +47,33 @@ def finished_rows(x, gen_mask0, upto: int, eos_ids, stopping_criteria, still_mas
     if stopping_criteria is not None and len(stopping_criteria):
         done |= stopping_criteria(x[:, :upto], None).to(done.device).bool()
     return done
+
+
+def missing_positions(x, gen_mask0, eos_ids, mask_id: int) -> torch.Tensor:
+    """(B, L) positions to generate that are still [MASK] before the row's first generated EOS (anywhere without
+    EOS ids): the tokens a row lacks when generation stopped before it finished (``max_time``, a stopping
+    criterion). Positions after a row's EOS are padding, not missing."""
+    missing = (x == mask_id) & gen_mask0
+    if eos_ids is not None:
+        missing &= (torch.isin(x, eos_ids) & gen_mask0).long().cumsum(1) == 0
+    return missing
+
+
+def warn_unfinished(missing: torch.Tensor, stopped: torch.Tensor, max_time: float, pad_id: int, mask_id: int) -> None:
+    """A UserWarning when rows ``stopped`` (B,) early with positions of ``missing`` (B, L) not generated: under
+    ``max_time`` the output would otherwise look complete."""
+    missing = missing & stopped[:, None]
+    rows = missing.any(1)
+    if not bool(rows.any()):
+        return
+    held = "[MASK]" if pad_id == mask_id else f"pad_token_id={pad_id}"
+    warnings.warn(
+        f"generation stopped before it finished (max_time={max_time} s): {int(missing.sum())} position(s) in "
+        f"{int(rows.sum())} row(s) were not generated and hold {held}; raise max_time, or pass "
+        "return_dict_in_generate=True and read the output's `unfinished` rows",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled) -> torch.Tensor:

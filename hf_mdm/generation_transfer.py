@@ -30,6 +30,7 @@ Which positions: `hf_mdm.generation_strategy`. Nothing here sees the model; expo
 from __future__ import annotations
 
 import math
+import warnings
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Optional
 
@@ -133,6 +134,18 @@ def split_steps(steps: Optional[int], block_counts: list[int]) -> list[int]:
     return out
 
 
+def warn_steps_raised(steps: int, per_block: list[int]) -> None:
+    """A UserWarning: ``steps`` is below the number of blocks to generate, so ``sum(per_block)`` steps run."""
+    blocks = sum(1 for n in per_block if n > 0)
+    warnings.warn(
+        f"steps={steps} is fewer than the {blocks} blocks to generate and every block takes at least one step, so "
+        f"{sum(per_block)} steps (forward passes) run: pass steps >= {blocks} (a multiple of {blocks} splits them "
+        "evenly), a larger block_length, or steps=None (one step per token)",
+        UserWarning,
+        stacklevel=2,
+    )
+
+
 def threshold_counts(confident: torch.Tensor, remaining: torch.Tensor, steps_left: int) -> torch.Tensor:
     """Counts (B,) of the threshold transfer: the ``confident`` (B,) positions, at least one while any is masked,
     and at least ``ceil(remaining / steps_left)`` so that the block never takes more than its steps."""
@@ -158,11 +171,13 @@ class Transfer(ABC):
     ``generate(transfer=name)`` takes, built from the call's config (`from_config`). A fixed rule decides a block's
     counts at its start (`count_table`, or step by step `count_rule`); an adaptive one (`AdaptiveTransfer`) decides
     inside each step from the step's proposals; ``needs_distributions`` asks the proposer for the whole
-    distributions."""
+    distributions; ``parameters`` names the config fields only this rule (and others that list them) reads, so a
+    call that sets one under another transfer is told so (`check_transfer_parameters`)."""
 
     name: str = ""
     adaptive: bool = False
     needs_distributions: bool = False
+    parameters: tuple[str, ...] = ()
 
     block_denoiser: Any = None  # a transfer with its own block loop (a `BlockDenoiser`), else the default loop's
     edits: bool = False  # whether a step may rewrite revealed tokens of its block (they are final once it is done)
@@ -173,8 +188,12 @@ class Transfer(ABC):
 
     def block_steps(self, steps: Optional[int], block_counts: list[int]) -> list[int]:
         """Steps of each block from the call's ``steps`` and the blocks' masked counts: split over the blocks
-        (`split_steps`)."""
-        return split_steps(steps, block_counts)
+        (`split_steps`). Fewer steps than blocks cannot be honoured (each block takes at least one): a warning says
+        how many run."""
+        per_block = split_steps(steps, block_counts)
+        if steps is not None and sum(per_block) > steps:
+            warn_steps_raised(steps, per_block)
+        return per_block
 
     def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
         """The counts of a block of ``num_steps`` steps with masked counts ``m0`` (B,) at its start, step by step
@@ -263,7 +282,7 @@ class DeterministicTransfer(Transfer):
 class ThresholdTransfer(AdaptiveTransfer):
     """Every position whose confidence reaches ``threshold`` (`threshold_counts`)."""
 
-    name = "threshold"
+    name, parameters = "threshold", ("threshold",)
 
     def __init__(self, threshold: float = 1.0):
         self.threshold = float(threshold)
@@ -281,7 +300,7 @@ class ThresholdTransfer(AdaptiveTransfer):
 class EntropyBoundTransfer(AdaptiveTransfer):
     """The strategy's order while the summed entropy stays within ``bound`` (`entropy_bound_counts`)."""
 
-    name, needs_distributions = "entropy_bound", True
+    name, needs_distributions, parameters = "entropy_bound", True, ("entropy_bound",)
 
     def __init__(self, bound: float = 1.0):
         self.bound = float(bound)
@@ -299,7 +318,7 @@ class EntropyBoundTransfer(AdaptiveTransfer):
 class SpeculativeTransfer(Transfer):
     """Exact speculative decoding of the left-to-right factorisation: its own loop (`hf_mdm.generation_speculative`)."""
 
-    name = "speculative"
+    name, parameters = "speculative", ("draft_length",)
 
 
 def even_split(total: int, steps: int) -> list[int]:
@@ -315,7 +334,7 @@ class LLaDA2Transfer(AdaptiveTransfer):
     over ``steps``; otherwise the ``share[i]`` most confident (all that are left if fewer). The shares add up to the
     block length, so a block is always complete within its steps."""
 
-    name = "llada2"
+    name, parameters = "llada2", ("threshold",)
 
     def __init__(self, threshold: float = 0.95, steps: int = 32, block_length: Optional[int] = 32):
         self.threshold, self.steps = float(threshold), int(steps)
@@ -349,6 +368,22 @@ class LLaDA2Transfer(AdaptiveTransfer):
 
 TRANSFERS = tuple(TRANSFER_REGISTRY)  # the built-in transfers, in registration order
 ADAPTIVE_TRANSFERS = tuple(name for name, cls in TRANSFER_REGISTRY.items() if cls.adaptive)
+
+
+def check_transfer_parameters(transfer: str, given: dict[str, Any], remdm: Optional[str] = None) -> None:
+    """A ValueError for a field of ``given`` (the settings a call named, name -> value) that only other transfer
+    rules read (their ``parameters``): ``transfer`` (the rule in use; ``remdm``'s stochastic one when set) would
+    ignore it."""
+    in_use = "stochastic" if remdm is not None else transfer
+    for field, value in given.items():
+        readers = [name for name, cls in TRANSFER_REGISTRY.items() if field in getattr(cls, "parameters", ())]
+        if value is None or not readers or in_use in readers:
+            continue
+        using = f"transfer={in_use!r}" + (f" (remdm={remdm!r})" if remdm is not None else "")
+        raise ValueError(
+            f"{field}={value!r} is read only by transfer={' / '.join(map(repr, readers))}, not by {using}, the "
+            f"transfer in use, so it would change nothing: pass transfer={readers[0]!r} or drop {field}"
+        )
 
 
 def build_transfer(config: Any) -> Transfer:

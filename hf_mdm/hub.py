@@ -8,6 +8,7 @@ definition when given, and the card, in one commit.
 
 from __future__ import annotations
 
+import importlib
 import json
 import tempfile
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, Union
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCard, ModelCardData
+from huggingface_hub.errors import OfflineModeIsEnabled
 
 from . import models  # noqa: F401  registers the LLaDA and Dream families
 from .families import facts_of
@@ -228,6 +230,28 @@ def llada2_card(
         results=[r.__dict__ for r in results],
         project_url=project_url,
     )
+
+
+#: The HTTP libraries' errors for a Hub that cannot be reached (no network, DNS, proxy, time-out): httpx2 or httpx
+#: for huggingface_hub >= 1.0, requests before it; those not installed are left out.
+TRANSPORT_ERRORS = (
+    ("httpx2", "TransportError"),
+    ("httpx", "TransportError"),
+    ("requests.exceptions", "ConnectionError"),
+    ("requests.exceptions", "Timeout"),
+)
+
+
+def hub_unreachable_errors() -> tuple[type[BaseException], ...]:
+    """The exception classes that mean the Hub could not be reached, nothing about the request itself: offline
+    mode (``HF_HUB_OFFLINE``), connection errors and the installed HTTP libraries' ``TRANSPORT_ERRORS``."""
+    errors: list[type[BaseException]] = [OfflineModeIsEnabled, ConnectionError, TimeoutError]
+    for module, name in TRANSPORT_ERRORS:
+        try:
+            errors.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
+    return tuple(errors)
 
 
 def push_model(

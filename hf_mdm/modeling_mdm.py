@@ -131,6 +131,12 @@ class MDMPreTrainedModel(PreTrainedModel):
         elif isinstance(module, RMSNorm):
             nn.init.ones_(module.weight)
 
+    if not hasattr(PreTrainedModel, "activation_checkpointing_enable"):  # its name from transformers 5.2x on
+
+        def activation_checkpointing_enable(self, *args: Any, **kwargs: Any) -> None:
+            """transformers' newer name for ``gradient_checkpointing_enable``, on releases that predate it."""
+            self.gradient_checkpointing_enable(*args, **kwargs)
+
 
 class MDMModel(MDMPreTrainedModel):
     """The bare transformer: embeddings, bidirectional (or block-causal) blocks, final norm. Returns hidden states

@@ -12,6 +12,7 @@ from typing import Callable
 
 from .experiments.speed import AR_MODEL, crossover_length, crossover_sentence
 from .fileio import write_atomic
+from .report_summary import report_summary
 from .report_verdicts import sampler_verdicts, ser_verdicts, ter_verdicts
 
 PAPER_TER = {  # epsilon_total in %, trained MDMs; steps 64, 128, 256, 512, 1024, 2048
@@ -109,10 +110,10 @@ def _paper_wallclock_table() -> str:
 
 
 def verdict_lines(folder: Path, name: str, verdicts: Callable[[dict], list[str]]) -> str:
-    """The sentences ``verdicts`` computes from ``<folder>/<name>.json``, as a Markdown list ("" without it)."""
+    """The sentences ``verdicts`` computes from ``<folder>/<name>.json``, as a Markdown list (without it, a line saying it is missing)."""
     path = folder / f"{name}.json"
     if not path.exists():
-        return ""
+        return f"No findings: {path} is missing (`hf-mdm reproduce --only {name}` writes it)."
     return "\n".join(f"- {line}" for line in verdicts(json.loads(path.read_text())))
 
 
@@ -242,6 +243,7 @@ def write_report(folder: Path, full: bool = False) -> Path:
         "",
         "" if full else QUICK_SCALE,
         "",
+        report_summary(folder),
     ]
     ter_text = TER_TEXT + "\n\n" + verdict_lines(folder, "ter_vs_steps", ter_verdicts)
     lines += _section(folder, "ter_vs_steps", "The paper's TER vs steps (Theorem 4.2)", ter_text)

@@ -23,8 +23,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_utils import get_last_checkpoint
 
+from .checkpoints import resumable_checkpoint
 from .configuration_mdm import MDMConfig
 from .fileio import write_directory_atomic
 from .modeling_mdm import MDMForMaskedDiffusion
@@ -285,6 +285,8 @@ def build_trainer(
         collator = CausalLMCollator(bos_token_id=config.bos_token_id)
     callbacks = [EntropyGapCallback(entropy_per_token)] if entropy_per_token is not None else []
     args.remove_unused_columns = False
+    if args.use_cpu or not torch.cuda.is_available():  # pinned memory only speeds copies to a CUDA device
+        args.dataloader_pin_memory = False
     return Trainer(
         model=model,
         args=args,
@@ -296,9 +298,13 @@ def build_trainer(
 
 
 def train(trainer: Trainer, resume: bool = True) -> Any:
-    """Train, resuming from the newest checkpoint in ``args.output_dir`` when there is one."""
-    last = get_last_checkpoint(trainer.args.output_dir) if resume and os.path.isdir(trainer.args.output_dir) else None
-    return trainer.train(resume_from_checkpoint=last)
+    """Train, resuming from the newest readable checkpoint in ``args.output_dir`` when there is one (said in one
+    line); newer checkpoints that do not read (a save cut short) are skipped with a warning naming them
+    (`hf_mdm.checkpoints.resumable_checkpoint`)."""
+    last = resumable_checkpoint(trainer.args.output_dir) if resume else None
+    if last is not None and trainer.is_world_process_zero():
+        print(f"resuming from {last[0]} (step {last[1]})", flush=True)
+    return trainer.train(resume_from_checkpoint=last[0] if last is not None else None)
 
 
 def step_flops(

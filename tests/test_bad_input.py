@@ -1,7 +1,9 @@
 """Bad input at the public entry points: one table per entry point of input -> the ValueError (or, for the command
 lines, the error message) that names the field and the fix, raised before any forward pass."""
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,30 @@ GENERATE_KWARGS = [
     (dict(transfer="speculative", draft_length=2.5), "draft_length must be an integer >= 1"),
     (dict(transfer="speculative", draft_length=True), "draft_length must be an integer >= 1"),
     (dict(draft_length=4), "draft_length=4 is read only by transfer='speculative'"),
+    # a parameter of one transfer rule under another: it would change nothing
+    (
+        dict(threshold=0.9),
+        "threshold=0.9 is read only by transfer='threshold' / 'llada2' / 'llada21_editing', not by "
+        "transfer='deterministic', the transfer in use.*pass transfer='threshold' or drop threshold",
+    ),
+    (dict(threshold=0.9, transfer="stochastic"), "threshold=0.9 is read only by .*not by transfer='stochastic'"),
+    (dict(entropy_bound=0.5), "entropy_bound=0.5 is read only by transfer='entropy_bound'.*pass transfer="),
+    (
+        dict(transfer="threshold", threshold=0.5, entropy_bound=0.5),
+        "entropy_bound=0.5 is read only by transfer='entropy_bound', not by transfer='threshold'",
+    ),
+    (
+        dict(transfer="threshold", threshold=0.5, max_post_steps=4),
+        "max_post_steps=4 is read only by transfer='llada21_editing'.*drop max_post_steps",
+    ),
+    (
+        dict(remdm="cap", remdm_eta=0.1, threshold=0.5),
+        r"threshold=0.5 is read only by .*not by transfer='stochastic' \(remdm='cap'\)",
+    ),
+    (
+        dict(generation_config=MaskedDiffusionGenerationConfig(threshold=0.9)),
+        "threshold=0.9 is read only by transfer='threshold'",
+    ),
     (
         dict(transfer="speculative", draft_length=4, kv_cache="dual"),
         "kv_cache='dual' is not supported with transfer='speculative'.*drop kv_cache",
@@ -191,6 +217,30 @@ def test_generate_inputs(model, forwards, input_ids, attention_mask, message):
     assert not forwards
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_integer_input_ids_of_any_dtype_are_token_ids(model, dtype):
+    """Not an error: ids of any integer dtype are the tokens of the same int64 ids."""
+    kwargs = dict(max_new_tokens=4, steps=2)
+    assert torch.equal(model.generate(PROMPT.to(dtype), **kwargs), model.generate(PROMPT, **kwargs))
+
+
+# -- generate(): block-causal models ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_length", [3, 6, 5])
+def test_block_length_across_a_block_causal_models_blocks(block_length):
+    model = tiny_mdm(block_size=4, vocab_size=VOCAB, mask_token_id=MASK, num_hidden_layers=1, num_attention_heads=2)
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    message = (
+        rf"block_length={block_length} cuts across the attention blocks of this block-causal model "
+        r"\(model.config.block_size=4\): pass block_length=4 \(the default, leave it unset\), a multiple of 4"
+    )
+    with pytest.raises(ValueError, match=message):
+        model.generate(PROMPT, max_new_tokens=4, block_length=block_length)
+    assert not calls
+
+
 def test_valid_values_of_a_reference_field_in_a_saved_config_stay_accepted(model, forwards):
     """Dream's published generation_config.json holds alg, eps and alg_temp without selecting the reference: the
     default sampler leaves them inert (a call that names one is an error, see the table)."""
@@ -283,6 +333,50 @@ def test_hf_mdm_command_line(tmp_path, capsys, argv, message):
         raise SystemExit(main(argv))
     assert exit_info.value.code == 2
     assert message.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def llama_checkpoint(tmp_path_factory):
+    """A tiny autoregressive checkpoint (LlamaForCausalLM) on disk."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        max_position_embeddings=32,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    path = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--steps", "4"], "--steps applies to diffusion models only: --model .* is an autoregressive checkpoint"),
+        (["--transfer", "threshold", "--strategy", "margin"], "--transfer --strategy apply to diffusion models only"),
+        (["--temperature", "0.5"], "--temperature applies to diffusion models only"),
+        (["--draft-length", "2"], "--draft-length applies to diffusion models only"),
+        (["--remdm", "cap", "--remdm-eta", "0.1"], "--remdm --remdm-eta apply to diffusion models only"),
+        (["--schedule", "cosine"], "--schedule applies to diffusion models only"),
+    ],
+)
+def test_hf_mdm_sample_refuses_diffusion_flags_for_an_ar_model(llama_checkpoint, tmp_path, capsys, flags, message):
+    from hf_mdm.cli import main
+
+    argv = ["sample", "--model", str(llama_checkpoint), "--num", "2", "--length", "4", "--output", str(tmp_path / "s")]
+    assert main(argv + flags) == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+    assert not (tmp_path / "s").exists()
+    assert main(argv) == 0  # without them it samples the AR model
+    assert len(json.loads((tmp_path / "s").read_text())["samples"]) == 2
 
 
 def test_hf_mdm_eval_command_line(tiny, capsys):

@@ -2,6 +2,7 @@
 
 import itertools
 import math
+import warnings
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from hf_mdm.generation import (
     MaskedDiffusionGenerationConfig,
     deterministic_counts,
     diffusion_generate,
+    resolve_config,
     split_steps,
 )
 from hf_mdm.schedules import get_schedule
@@ -46,7 +48,7 @@ def test_every_combination_fills_all_masks_and_keeps_prompt(model, schedule):
             schedule=schedule,
             transfer=transfer,
             strategy=strategy,
-            threshold=0.3,
+            threshold=0.3 if transfer == "threshold" else None,  # read by the threshold transfer only
             temperature=0.8,
             top_k=10,
             top_p=0.95,
@@ -311,6 +313,7 @@ def test_eos_pads_the_rest_and_finished_rows_stop_between_blocks():
     assert out.sequences[0].tolist() == [1, 1, 5, 6, 3, 0, 0, 0, 0, 0]
     assert out.nfe == 4 and model.calls == 4  # the second block never runs
     assert out.num_generated_tokens.tolist() == [3]
+    assert out.unfinished.tolist() == [False]  # padding after EOS is not a missing token
     keep_going = diffusion_generate(
         model, torch.ones(1, 2, dtype=torch.long), max_new_tokens=8, steps=8, block_length=4, stop_at_eos=False
     )
@@ -379,12 +382,79 @@ def test_threshold_reveals_confident_tokens_and_respects_step_budget(model):
 
 def test_awkward_but_legal_settings(model):
     x = prompt(1)
-    out = model.generate(x, max_new_tokens=10, steps=7, block_length=3, return_dict_in_generate=True)  # 4 blocks
-    assert not (out.sequences == MASK).any() and out.nfe == 7
-    out = model.generate(x, max_new_tokens=4, steps=20, return_dict_in_generate=True)  # more steps than tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # honoured as documented: nothing to warn about
+        out = model.generate(x, max_new_tokens=10, steps=7, block_length=3, return_dict_in_generate=True)  # 4 blocks
+        assert not (out.sequences == MASK).any() and out.nfe == 7
+        out = model.generate(x, max_new_tokens=4, steps=20, return_dict_in_generate=True)  # more steps than tokens
+        assert not (out.sequences == MASK).any() and out.nfe == 4
+    with pytest.warns(UserWarning, match="steps=2 is fewer than the 4 blocks"):
+        out = model.generate(x, max_new_tokens=8, steps=2, block_length=2, return_dict_in_generate=True)  # < blocks
     assert not (out.sequences == MASK).any() and out.nfe == 4
-    out = model.generate(x, max_new_tokens=8, steps=2, block_length=2, return_dict_in_generate=True)  # < blocks
-    assert not (out.sequences == MASK).any() and out.nfe == 4
+
+
+def test_fewer_steps_than_blocks_warns_how_many_steps_run(model):
+    """Every block takes at least one step, so steps below the number of blocks cannot be honoured: the call says
+    so and how many forwards run, instead of changing them silently."""
+    with pytest.warns(UserWarning, match=r"steps=3 is fewer than the 4 blocks .* so 4 steps \(forward passes\) run"):
+        out = model.generate(prompt(1), max_new_tokens=16, block_length=4, steps=3, return_dict_in_generate=True)
+    assert out.nfe == out.steps == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exact = model.generate(prompt(1), max_new_tokens=4, block_length=4, steps=3, return_dict_in_generate=True)
+    assert exact.nfe == 3
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_integer_prompts_of_any_dtype_give_the_int64_tokens(model, dtype):
+    x = prompt(2)
+    expected = model.generate(x, max_new_tokens=6, steps=3)
+    got = model.generate(x.to(dtype), max_new_tokens=6, steps=3)
+    assert got.dtype == torch.long and torch.equal(got, expected)
+
+
+def test_a_transfer_parameter_counts_only_where_its_transfer_runs(model):
+    """A transfer's own parameter is a ValueError when the call names it under another transfer (see
+    test_bad_input), but not when it comes from below the call with its own transfer, nor from a preset."""
+    saved = model.generation_config
+    model.generation_config = MaskedDiffusionGenerationConfig(transfer="threshold", threshold=0.9)
+    try:
+        config = resolve_config(model, None, {"transfer": "deterministic", "max_new_tokens": 4})
+        assert config.transfer == "deterministic"  # the saved threshold is the saved transfer's, overridden
+        assert resolve_config(model, None, {"threshold": 0.5}).threshold == 0.5
+    finally:
+        model.generation_config = saved
+    block_causal = tiny_mdm(block_size=8)
+    for preset in (
+        MaskedDiffusionGenerationConfig.llada2(gen_length=8, block_length=8, steps=4),
+        MaskedDiffusionGenerationConfig.llada21(gen_length=8, block_length=8),
+    ):
+        resolve_config(block_causal, preset, {})
+    with pytest.raises(ValueError, match="threshold=0.9 is read only by transfer='threshold'.*not by transfer="):
+        model.generate(prompt(1), max_new_tokens=4, threshold=0.9)
+
+
+def test_block_length_of_a_block_causal_model_nests_with_its_blocks():
+    """Decoding blocks line up with a block-causal model's attention blocks: its block size by default, a multiple
+    (whole attention blocks) or a divisor; a length that cuts across them is a ValueError (see test_bad_input)."""
+    model = tiny_mdm(block_size=4)
+    assert resolve_config(model, None, {}).block_length == 4
+    for length in (1, 2, 4, 8):
+        assert resolve_config(model, None, {"block_length": length}).block_length == length
+    with pytest.raises(ValueError, match=r"block_length=3 .*model.config.block_size=4.*pass block_length=4"):
+        model.generate(prompt(1), max_new_tokens=4, block_length=3)
+
+
+def test_max_time_flags_and_warns_about_rows_left_unfinished(model):
+    x = prompt(2)
+    with pytest.warns(UserWarning, match=r"max_time=0.0 s\): 12 position\(s\) in 2 row\(s\) were not generated"):
+        out = model.generate(x, max_new_tokens=8, block_length=2, max_time=0.0, return_dict_in_generate=True)
+    assert out.unfinished.tolist() == [True, True] and out.num_generated_tokens.tolist() == [2, 2]
+    assert (out.sequences[:, 7:] == MASK).all()  # no pad id: the missing tokens are still [MASK]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        done = model.generate(x, max_new_tokens=8, block_length=2, max_time=60.0, return_dict_in_generate=True)
+    assert done.unfinished.tolist() == [False, False] and not (done.sequences == MASK).any()
 
 
 def test_split_steps():

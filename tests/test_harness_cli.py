@@ -2,8 +2,10 @@
 on tiny local checkpoints and real GSM8K / HumanEval rows."""
 
 import contextlib
+import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -461,3 +463,97 @@ def test_interrupted_writes_leave_no_file(tmp_path, monkeypatch):
         tracker.save_results_aggregated({})
     assert json.loads((tmp_path / "out" / "model" / "results.json").read_text()) == {"half": 1}
     assert tracker.output_path == str(tmp_path / "out") and len(list((tmp_path / "out").iterdir())) == 1
+
+
+def _small_compare_config(tmp_path: Path, tiny: dict, evaluate: dict = None, setting: dict = None) -> Path:
+    """Two cells of the tiny MDM on one GSM8K request (on the device `hf_mdm.harness.evaluator.pick_device` picks,
+    unless ``evaluate`` names one)."""
+    path = tmp_path / "small.yaml"
+    config = {
+        "name": "small",
+        "output_dir": str(tmp_path / "out"),
+        "tasks": ["mdm_gsm8k"],
+        "evaluate": {"batch_size": 1, "limit": 1, "gen_kwargs": {"max_gen_toks": 8}, **(evaluate or {})},
+        "models": [
+            {
+                "name": "tiny-mdm",
+                "model": "hf_mdm",
+                "model_args": {"pretrained": tiny["mdm"]},
+                "settings": [{"name": "2 steps", "model_args": {"steps": 2}}, {"name": "4 steps", **(setting or {})}],
+            }
+        ],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_compare_config_mistakes_are_one_line_errors(tiny, tmp_path, capsys):
+    """A key no section of the config takes is named with the closest accepted key and all of them, before
+    anything runs (not a TypeError from lm-eval once the model is loaded)."""
+    from hf_mdm.cli import main as hf_mdm_main
+
+    path = _small_compare_config(tmp_path, tiny, evaluate={"batch_sise": 2, "device": "cpu"})
+    assert hf_mdm_main(["compare", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("hf-mdm: error: ")
+    assert "unknown key 'batch_sise' in `evaluate` (did you mean 'batch_size'?); accepted keys: " in err
+    assert "batch_size, max_batch_size, device" in err
+    path = _small_compare_config(tmp_path, tiny, {"device": "cpu"}, {"model_arg": {"steps": 4}})
+    with pytest.raises(
+        ValueError, match=r"'model_arg' in `models\[0\]\.settings\[1\]` \(tiny-mdm\) \(did you mean 'model_args'"
+    ):
+        compare.main(["--config", str(path)])
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_refuses_unknown_gen_kwargs_before_its_first_cell(tiny, tmp_path):
+    path = _small_compare_config(tmp_path, tiny, {"device": "cpu"}, {"gen_kwargs": {"stpes": 4}})
+    with pytest.raises(ValueError, match=r"'stpes' in gen_kwargs of tiny-mdm / 4 steps .*\(did you mean 'steps'\?\)"):
+        compare.main(["--config", str(path)])
+    assert not (tmp_path / "out" / "cells").exists()
+
+
+def test_compare_interrupted_says_how_to_resume(tiny, tmp_path, monkeypatch, capsys):
+    """Ctrl-C in the second cell (on a machine without CUDA, no device named): one line with what finished and the
+    command that resumes, exit status 130; that command then runs the second cell alone."""
+    import torch
+
+    from hf_mdm.harness import evaluator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    real, cells_run = evaluator.simple_evaluate, []
+
+    def simple_evaluate(*args, interrupt_at=2, **kwargs):
+        cells_run.append(kwargs["model_args"]["steps"])
+        if len(cells_run) == interrupt_at:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluator, "simple_evaluate", simple_evaluate)
+    path = _small_compare_config(tmp_path, tiny, setting={"model_args": {"steps": 4}})
+    try:
+        status = compare.main(["--config", str(path)])
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped hf-mdm compare as a traceback")
+    assert status == 130
+    err = capsys.readouterr().err
+    out = tmp_path / "out"
+    assert "KeyboardInterrupt" not in err and err.splitlines()[-1] == (
+        f"hf-mdm compare: interrupted; 1 of 2 cells finished (in {out / 'cells'}, the unfinished cell's finished "
+        f"requests in {out / 'cache'}): run `hf-mdm compare --config {path}` (without --force) to resume where it "
+        "stopped"
+    )
+    monkeypatch.setattr(evaluator, "simple_evaluate", functools.partial(simple_evaluate, interrupt_at=0))
+    assert compare.main(["--config", str(path)]) == 0
+    assert cells_run == [2, 4, 4] and len(list((out / "cells").glob("*.json"))) == 2
+
+
+def test_readme_names_every_registered_model():
+    """The README's sentence about the models hf-mdm-eval adds names each model the harness registers."""
+    sources = (REPO / "hf_mdm" / "harness").glob("*.py")
+    ours = sorted({m for p in sources for m in re.findall(r'@register_model\("(\w+)"\)', p.read_text())})
+    text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    sentence = re.search(r"`hf-mdm-eval` is lm-eval's own CLI with (\w+) more models, (.*?)\. ", text)
+    assert sentence is not None and ours
+    assert sentence.group(1) == {2: "two", 3: "three", 4: "four", 5: "five"}[len(ours)]
+    assert sorted(set(re.findall(r"`(hf_\w+)`", sentence.group(2)))) == ours

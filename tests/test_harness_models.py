@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from lm_eval.api.instance import Instance
 
 from hf_mdm.generation import diffusion_generate
-from hf_mdm.harness import MaskedDiffusionLM, TimedHFLM
+from hf_mdm.harness import DiffusionGemmaLM, MaskedDiffusionLM, TimedHFLM
 from hf_mdm.harness.models import tokens_until_stop
 from hf_mdm.harness.tiny import build_tiny_models
 
@@ -177,3 +177,94 @@ def test_model_argument_mistakes_are_named(tiny, tmp_path):
         ValueError, match="'llama' checkpoint, an autoregressive LM, not a masked diffusion model.*hf_timed"
     ):
         MaskedDiffusionLM(pretrained=tiny["llama"], device="cpu")
+
+
+def test_a_model_built_without_a_device_runs_where_torch_can(tiny, monkeypatch):
+    """``create_lm`` (``hf-mdm-eval run`` and ``hf-mdm compare``) on a machine without CUDA and no device named: the
+    CPU, as lm-eval's HFLM picks for a device it does not know; a device named in the model arguments is kept."""
+    from hf_mdm.harness import evaluator
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert evaluator.create_lm("hf_mdm", {"pretrained": tiny["mdm"], "steps": 2}).device.type == "cpu"
+    assert evaluator.create_lm("hf_timed", f"pretrained={tiny['llama']},device=cpu").device.type == "cpu"
+    assert evaluator.pick_device(None) == "cpu" and evaluator.pick_device("cuda:1") == "cuda:1"
+
+
+def test_unknown_gen_kwargs_are_refused_before_any_request(tiny, monkeypatch):
+    """A ``--gen_kwargs`` key no sampler takes is a ValueError naming it and the nearest accepted key, raised by
+    `simple_evaluate` before lm-eval sees a request; a reference sampler refuses hf_mdm's own settings there too."""
+    from lm_eval import evaluator as lm_eval_evaluator
+
+    from hf_mdm.harness.evaluator import simple_evaluate
+
+    runs = []
+    monkeypatch.setattr(lm_eval_evaluator, "simple_evaluate", lambda **kwargs: runs.append(kwargs))
+    model = mdm(tiny, steps=4)
+    with pytest.raises(
+        ValueError, match=r"unknown generation kwarg 'stpes' in --gen_kwargs .*did you mean 'steps'\?\)"
+    ):
+        simple_evaluate(model, tasks=["mdm_gsm8k"], task_manager=object(), gen_kwargs="stpes=4")
+    with pytest.raises(ValueError, match=r"'temprature' .*did you mean 'temperature'.*takes .*max_gen_toks.*steps"):
+        simple_evaluate(model, tasks=["mdm_gsm8k"], task_manager=object(), gen_kwargs={"temprature": 0.5})
+    assert runs == []
+    simple_evaluate(
+        model, tasks=["mdm_gsm8k"], task_manager=object(), gen_kwargs="steps=4,max_gen_toks=8,do_sample=False"
+    )
+    assert len(runs) == 1
+    with pytest.raises(ValueError, match=r"--gen_kwargs strategy='margin'.*reference=llada runs LLaDA's generate\(\)"):
+        mdm(tiny, reference="llada").check_gen_kwargs({"strategy": "margin"})
+
+
+def test_diffusion_gemma_argument_mistakes_name_it(tiny):
+    with pytest.raises(ValueError, match=r"'max_denoising_step' for --model hf_diffusion_gemma \(did you mean") as err:
+        DiffusionGemmaLM(pretrained=tiny["diffusion_gemma"], device="cpu", max_denoising_step=8)
+    message = str(err.value)
+    assert "'max_denoising_steps'" in message and "hf_timed" not in message
+    assert "hf_diffusion_gemma's: confidence_threshold, entropy_bound, max_denoising_steps, max_gen_toks" in message
+
+
+def test_a_checkpoint_neither_local_nor_on_the_hub_is_named_at_once(tiny, tmp_path, monkeypatch):
+    """A mistyped name without '/' is not left to from_pretrained (half a minute of retries offline, then a Hub
+    traceback): offline it fails without a request, online after one request without retries; a legacy Hub id
+    without '/' (gpt2) and a model in the Hub cache pass."""
+    import types
+
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    from hf_mdm.harness.model_args import check_pretrained
+
+    monkeypatch.chdir(tmp_path)
+    asked = []
+
+    def model_info(self, name, timeout=None, **kwargs):
+        asked.append((name, timeout))
+        if name == "tiny-mdmm":
+            raise RepositoryNotFoundError("404", response=types.SimpleNamespace(headers={}, request=None))
+        if name == "org/model":
+            raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda name, filename: None)
+    neither = r"pretrained=tiny-mdmm: neither a local folder nor reachable on the Hub \("
+    with pytest.raises(ValueError, match=neither + r"the Hub is offline \(HF_HUB_OFFLINE"):
+        MaskedDiffusionLM(pretrained="tiny-mdmm", device="cpu")
+    with pytest.raises(ValueError, match=neither + "the Hub is offline"):
+        TimedHFLM(pretrained="tiny-mdmm", device="cpu")
+    with monkeypatch.context() as cached:
+        cached.setattr(huggingface_hub, "try_to_load_from_cache", lambda name, filename: f"/cache/{name}/{filename}")
+        check_pretrained("gpt2")  # in the Hub cache: loads offline
+    assert asked == []
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with pytest.raises(ValueError, match=neither + "the Hub has no such model"):
+        check_pretrained("tiny-mdmm")
+    with pytest.raises(ValueError, match=r"org/model: .* could not be reached: ConnectionError: \[Errno -2\]"):
+        check_pretrained("org/model")
+    check_pretrained("gpt2")
+    with pytest.raises(ValueError, match=r"pretrained=tiny mdm: .*not a valid Hub id"):
+        check_pretrained("tiny mdm")
+    check_pretrained(tiny["mdm"])
+    assert [name for name, _ in asked] == ["tiny-mdmm", "org/model", "gpt2"]
+    assert all(0 < timeout <= 10 for _, timeout in asked)  # one request each, never half a minute

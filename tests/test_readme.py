@@ -125,3 +125,31 @@ def test_tiny_model_evaluation_commands(tmp_path):
     assert by_task["mdm_gsm8k"]["timing"]["all"]["requests"] == 4 and by_task["mdm_gsm8k"]["timing"]["all"]["nfe"] == 32
     assert by_task["mdm_humaneval"]["timing"]["all"]["requests"] == 2
     assert "pass_at_1,sandbox" in by_task["mdm_humaneval"]["results"]["mdm_humaneval"]
+
+
+NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\d])")
+COUNT = re.compile(r"\b\d+ of \d+\b")
+REGION = re.compile(r"<!-- numbers: (?P<sources>[^>]+?) -->(?P<text>.*?)<!-- /numbers -->", re.S)
+
+
+def quoted_numbers(text: str) -> list[str]:
+    """The decimals ("0.422", "1.95" of "1.95x") and counts ("21 of 21") a README passage quotes."""
+    return NUMBER.findall(text) + COUNT.findall(text)
+
+
+def test_quoted_numbers_finds_decimals_and_counts():
+    text = "SER 0.422 [0.363, 0.483] in 21 of 21 points, 1.95x at L = 32, b = 4, `arXiv 2502.09622`"
+    assert quoted_numbers(text) == ["0.422", "0.363", "0.483", "1.95", "2502.09622", "21 of 21"]
+
+
+def test_every_number_the_readme_quotes_is_in_the_results_it_names():
+    """Each README passage between `<!-- numbers: FILES -->` and `<!-- /numbers -->` quotes only decimals and "k of
+    n" counts that appear in FILES (the committed results the passage reads), so a re-run that changes a number
+    fails here until the README says the new one."""
+    regions = list(REGION.finditer(README))
+    assert len(regions) >= 3  # block diffusion, the TER estimator, make bench
+    for region in regions:
+        sources = "\n".join((REPO / name).read_text() for name in region["sources"].split())
+        found = set(quoted_numbers(sources))
+        missing = [n for n in quoted_numbers(region["text"]) if n not in found]
+        assert not missing, f"README numbers not in {region['sources']}: {missing}"

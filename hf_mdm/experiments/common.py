@@ -43,11 +43,33 @@ Cell = Callable[[SyntheticLanguage, torch.Tensor], dict]  # (language, samples) 
 
 
 class CellCache:
-    """A JSON dict of finished measurements, saved after every new cell."""
+    """A JSON dict of finished measurements, saved after every new cell.
+
+    A file that does not read as a JSON dict (cut short by a full disk or a copy) is kept as ``<name>.corrupt``
+    beside it, with a warning naming both paths, and the cache starts empty: its cells are measured again.
+    """
 
     def __init__(self, path: Path):
         self.path = path
-        self.cells: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        self.cells: dict[str, Any] = self._read() if path.exists() else {}
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            cells = json.loads(self.path.read_text())
+            if not isinstance(cells, dict):
+                raise ValueError(f"a JSON {type(cells).__name__}, not a dict of cells")
+            return cells
+        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            import warnings
+
+            kept = self.path.with_name(self.path.name + ".corrupt")
+            os.replace(self.path, kept)
+            warnings.warn(
+                f"the cell cache {self.path} does not read ({err}): kept it as {kept} and starting an empty cache, "
+                "so its cells are measured again (delete the .corrupt file once you no longer need it)",
+                stacklevel=2,
+            )
+            return {}
 
     def get(self, key: str, compute: Callable[[], Any]) -> Any:
         if key not in self.cells:

@@ -348,17 +348,23 @@ def plot_wallclock(rows: list[dict], path: Path) -> None:
     rounds), and milliseconds per forward; the legend below the panels."""
     models = list(dict.fromkeys(r["model"] for r in rows))
     legend_inches = 0.3 + 0.16 * len(models)
-    fig, axes = pyplot().subplots(1, 2, figsize=(10, 3.8 + legend_inches))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8 + legend_inches))
+    palette = plt.get_cmap("tab20").colors  # 20 colours: no two of a run's series share one; AR in black
+    others = iter(palette[i % len(palette)] for i in range(len(models)))
     for model in models:
         own = [r for r in rows if r["model"] == model]
         style = "-s" if model == AR_MODEL else ("--^" if "dual" in model else "-o")
+        colour = "black" if model == AR_MODEL else next(others)
         xs = [r["length"] for r in own]
         spread = [
             [r["seconds"] - r.get("seconds_min", r["seconds"]) for r in own],
             [r.get("seconds_max", r["seconds"]) - r["seconds"] for r in own],
         ]
-        axes[0].errorbar(xs, [r["seconds"] for r in own], yerr=spread, fmt=style, label=model, ms=4, capsize=2)
-        axes[1].plot(xs, [r["ms_per_forward"] for r in own], style, ms=4)
+        axes[0].errorbar(
+            xs, [r["seconds"] for r in own], yerr=spread, fmt=style, color=colour, label=model, ms=4, capsize=2
+        )
+        axes[1].plot(xs, [r["ms_per_forward"] for r in own], style, color=colour, ms=4)
     axes[0].set(ylabel="seconds per batch", title="Wall-clock vs L (bars: range of rounds)")
     axes[1].set(ylabel="ms per forward", title="Cost of one forward vs L")
     for ax in axes:

@@ -10,6 +10,10 @@ the time of the whole benchmark, one panel per benchmark), with the paper's publ
 (``paper_numbers.json``) beside ours where they exist. Launched with ``accelerate launch -m
 hf_mdm.harness.compare``, every process runs the matrix and requests are sharded; the main process writes.
 
+A config key no section takes is a one-line error naming it and the keys that section accepts, before anything
+runs; so are generation kwargs ``hf_mdm`` does not take. Ctrl-C ends a run with one line saying how many cells
+finished and the command that resumes it (exit status 130).
+
 Config (YAML)::
 
     name: paper_gsm8k
@@ -30,11 +34,14 @@ Config (YAML)::
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
+import inspect
 import json
 import math
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -52,6 +59,8 @@ __all__ = [
     "write_report",
     "paper_numbers",
     "add_arguments",
+    "check_config",
+    "check_cell_gen_kwargs",
     "run",
     "main",
 ]
@@ -63,6 +72,10 @@ DEFAULT_METRICS = {
     "mdm_humaneval": "pass_at_1,sandbox",
 }
 PAPER_NUMBERS = Path(__file__).resolve().parent / "paper_numbers.json"
+CONFIG_KEYS = ("name", "output_dir", "tiny_models", "tasks", "metrics", "evaluate", "models")
+MODEL_KEYS = ("name", "model", "model_args", "settings", "tasks", "gen_kwargs", "paper_model")
+SETTING_KEYS = ("name", "model_args", "tasks", "gen_kwargs")
+_SET_BY_COMPARE = ("model", "model_args", "tasks", "task_manager", "evaluation_tracker")  # not `evaluate` keys
 
 
 @dataclass
@@ -99,6 +112,7 @@ class CompareConfig:
 def load_config(path: str | os.PathLike, limit: Optional[float] = None) -> CompareConfig:
     """Read a compare config; builds the tiny local models first if it names ``tiny_models``."""
     raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    check_config(raw, path)
     replacements = {}
     if raw.get("tiny_models"):
         from .tiny import build_tiny_models
@@ -135,6 +149,63 @@ def load_config(path: str | os.PathLike, limit: Optional[float] = None) -> Compa
     return CompareConfig(
         name=name, output_dir=output_dir, cells=cells, metrics=dict(raw.get("metrics") or {}), evaluate=evaluate
     )
+
+
+def evaluate_keys() -> list[str]:
+    """The keys of a config's ``evaluate`` section: the arguments of ``lm_eval.simple_evaluate`` that compare does
+    not set itself (``batch_size``, ``device``, ``limit``, ``gen_kwargs``, ``use_cache``, ...)."""
+    from lm_eval.evaluator import simple_evaluate
+
+    return [name for name in inspect.signature(simple_evaluate).parameters if name not in _SET_BY_COMPARE]
+
+
+def check_config(raw: Any, path: str | os.PathLike) -> None:
+    """A ValueError for the first key of a raw config that its section does not take (naming the key, the closest
+    accepted one and all of them), or for a section of the wrong kind (a list where a mapping belongs)."""
+    _check_keys(raw, CONFIG_KEYS, "the config", path)
+    for section in ("evaluate", "metrics"):
+        _check_mapping(raw.get(section), f"`{section}`", path)
+    _check_list(raw.get("tasks"), "`tasks`", path)
+    _check_keys(raw.get("evaluate") or {}, evaluate_keys(), "`evaluate`", path)
+    _check_mapping((raw.get("evaluate") or {}).get("gen_kwargs"), "`evaluate.gen_kwargs`", path)
+    for index, spec in enumerate(_check_list(raw.get("models"), "`models`", path)):
+        _check_keys(spec, MODEL_KEYS, f"`models[{index}]`", path)
+        if "name" not in spec:
+            raise ValueError(f"{path}: `models[{index}]` has no `name`: give every model a name")
+        _check_parts(spec, f"models[{index}]", f" ({spec['name']})", path)
+        for number, setting in enumerate(_check_list(spec.get("settings"), f"`models[{index}].settings`", path)):
+            where = f"models[{index}].settings[{number}]"
+            _check_keys(setting, SETTING_KEYS, f"`{where}` ({spec['name']})", path)
+            _check_parts(setting, where, f" ({spec['name']})", path)
+
+
+def _check_parts(section: dict, where: str, label: str, path: str | os.PathLike) -> None:
+    for item in ("model_args", "gen_kwargs"):
+        _check_mapping(section.get(item), f"`{where}.{item}`{label}", path)
+    _check_list(section.get("tasks"), f"`{where}.tasks`{label}", path)
+
+
+def _check_keys(section: Any, accepted: Sequence[str], where: str, path: str | os.PathLike) -> None:
+    _check_mapping(section, where, path)
+    for key in section:
+        if key not in accepted:
+            near = difflib.get_close_matches(str(key), accepted, n=1, cutoff=0.6)
+            raise ValueError(
+                f"{path}: unknown key {key!r} in {where}"
+                + (f" (did you mean {near[0]!r}?)" if near else "")
+                + f"; accepted keys: {', '.join(accepted)}"
+            )
+
+
+def _check_mapping(value: Any, where: str, path: str | os.PathLike) -> None:
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{path}: {where} must be a mapping ({{key: value}}), got {value!r}")
+
+
+def _check_list(value: Any, where: str, path: str | os.PathLike) -> list:
+    if value is not None and not isinstance(value, list):
+        raise ValueError(f"{path}: {where} must be a list ([a, b]), got {value!r}")
+    return value or []
 
 
 def _substitute(value: Any, replacements: dict[str, str]) -> Any:
@@ -174,12 +245,12 @@ def run_matrix(config: CompareConfig, force: bool = False) -> list[Path]:
         groups.setdefault(key, []).append(cell)
     evaluate = {k: v for k, v in config.evaluate.items() if k not in ("gen_kwargs",)}
     lm_kwargs = {k: evaluate.pop(k) for k in ("batch_size", "max_batch_size", "device") if k in evaluate}
-    use_cache = evaluate.pop("use_cache", True)
+    evaluate.pop("use_cache", None)
     for cells in groups.values():
         first = cells[0]
         lm = create_lm(first.model, dict(first.model_args), **lm_kwargs)
         for cell in cells:
-            cache = _request_cache(config, cell, use_cache, force)
+            cache = _request_cache(config, cell, force)
             results = simple_evaluate(
                 lm,
                 model_args=cell.model_args,
@@ -196,13 +267,21 @@ def run_matrix(config: CompareConfig, force: bool = False) -> list[Path]:
     return written
 
 
-def _request_cache(config: CompareConfig, cell: Cell, use_cache: Any, force: bool) -> Optional[str]:
-    """The cell's request-cache prefix (``<output_dir>/cache/<cell>``; the evaluator adds a fingerprint of the model
-    and its arguments): a cell killed mid-way resumes from its finished requests. ``evaluate: {use_cache: false}``
-    turns it off, a string puts it elsewhere; ``--force`` starts the cell's cache anew."""
+def _cache_root(config: CompareConfig) -> Optional[Path]:
+    """The folder of the request caches: ``<output_dir>/cache``; ``evaluate: {use_cache: false}`` turns them off, a
+    string puts them elsewhere."""
+    use_cache = config.evaluate.get("use_cache", True)
     if use_cache is False or use_cache is None:
         return None
-    root = Path(use_cache) if isinstance(use_cache, (str, os.PathLike)) else config.output_dir / "cache"
+    return Path(use_cache) if isinstance(use_cache, (str, os.PathLike)) else config.output_dir / "cache"
+
+
+def _request_cache(config: CompareConfig, cell: Cell, force: bool) -> Optional[str]:
+    """The cell's request-cache prefix (``<cache root>/<cell>``; the evaluator adds a fingerprint of the model and
+    its arguments): a cell killed mid-way resumes from its finished requests; ``--force`` starts it anew."""
+    root = _cache_root(config)
+    if root is None:
+        return None
     if force and _is_main_process():
         for stale in root.glob(f"{cell.slug}_*"):
             stale.unlink()
@@ -342,24 +421,59 @@ def _positive_limit(text: str) -> float:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-mdm compare`` with parsed arguments: every requirement of the whole matrix is checked before its
-    first cell."""
+    first cell; Ctrl-C prints one line saying what finished and how to resume, and returns 130."""
     from .launch import check_launch
     from .requirements import check_requirements
 
-    check_launch()
-    config = load_config(args.config, limit=args.limit)
-    if not args.report_only:
-        check_requirements(
-            [c.task for c in config.cells],
-            config.evaluate.get("confirm_run_unsafe_code", False),
-            [c.model_args.get("pretrained") for c in config.cells],
-        )
-        run_matrix(config, force=args.force)
-    if _is_main_process():
-        paths = write_report(config)
-        print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
-        print(paths["markdown"].read_text(encoding="utf-8"))
+    config: Optional[CompareConfig] = None
+    try:
+        check_launch()
+        config = load_config(args.config, limit=args.limit)
+        if not args.report_only:
+            check_requirements(
+                [c.task for c in config.cells],
+                config.evaluate.get("confirm_run_unsafe_code", False),
+                [c.model_args.get("pretrained") for c in config.cells],
+            )
+            check_cell_gen_kwargs(config)
+            run_matrix(config, force=args.force)
+        if _is_main_process():
+            paths = write_report(config)
+            print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
+            print(paths["markdown"].read_text(encoding="utf-8"))
+    except KeyboardInterrupt:
+        if _is_main_process():
+            print(f"hf-mdm compare: interrupted; {_resume_note(args, config)}", file=sys.stderr)
+        return 130
     return 0
+
+
+def check_cell_gen_kwargs(config: CompareConfig) -> None:
+    """The generation kwargs of every ``hf_mdm`` cell, by name, before the first cell runs
+    (`hf_mdm.harness.sampler_config.check_gen_kwargs`; with ``reference=auto``, the settings of every sampler pass
+    here and the loaded model checks its own)."""
+    from .sampler_config import canonical_reference, check_gen_kwargs
+
+    for cell in config.cells:
+        if cell.model == "hf_mdm" and cell.gen_kwargs:
+            reference = canonical_reference(cell.model_args.get("reference", cell.model_args.get("preset", "auto")))
+            check_gen_kwargs(cell.gen_kwargs, reference, f"gen_kwargs of {cell.model_name} / {cell.setting}")
+
+
+def _resume_note(args: argparse.Namespace, config: Optional[CompareConfig]) -> str:
+    """What an interrupted run leaves and the command that resumes it (finished cells are reused; the interrupted
+    cell answers its finished requests from the request cache)."""
+    command = f"hf-mdm compare --config {args.config}" + (f" --limit {args.limit:g}" if args.limit else "")
+    if config is None:
+        return f"no cell ran; start again with `{command}`"
+    cells_dir = config.output_dir / "cells"
+    done = sum((cells_dir / f"{c.slug}.json").is_file() for c in config.cells)
+    cache = _cache_root(config)
+    kept = f", the unfinished cell's finished requests in {cache}" if cache is not None else ""
+    return (
+        f"{done} of {len(config.cells)} cells finished (in {cells_dir}{kept}): run `{command}` (without --force) "
+        "to resume where it stopped"
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -87,42 +87,54 @@ def markdown(config: Any, rows: Sequence[dict], paper_numbers: Path) -> str:
 
 
 def plot(config: Any, rows: Sequence[dict]) -> bytes:
+    """Accuracy against time per benchmark, one colour per model (filled: ours, hollow: the paper's); each point
+    carries the number of its setting, and the numbers are keyed under the panel (names beside the points overlap)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     benchmarks = sorted({r["benchmark"] for r in rows}) or ["(no finished cells)"]
-    figure, axes = plt.subplots(1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4.2), squeeze=False)
+    numbers = {
+        b: {s: i + 1 for i, s in enumerate(dict.fromkeys(r["setting"] for r in rows if r["benchmark"] == b))}
+        for b in benchmarks
+    }
+    key_lines = max(len(n) for n in numbers.values())
+    figure, axes = plt.subplots(
+        1, len(benchmarks), figsize=(5.5 * len(benchmarks), 4.2 + 0.16 * key_lines), squeeze=False
+    )
     colors = {}
     palette = plt.get_cmap("tab10")
     for axis, benchmark in zip(axes[0], benchmarks):
-        subset = [r for r in rows if r["benchmark"] == benchmark]
+        subset, number = [r for r in rows if r["benchmark"] == benchmark], numbers[benchmark]
         for model in dict.fromkeys(r["model"] for r in subset):
             color = colors.setdefault(model, palette(len(colors) % 10))
             points = sorted(
                 (r for r in subset if r["model"] == model and r["accuracy"] is not None), key=lambda r: r["time_s"]
             )
-            _series(axis, [(r["time_s"], r["accuracy"], r["setting"]) for r in points], color, model, filled=True)
+            _series(axis, [(r["time_s"], r["accuracy"], number[r["setting"]]) for r in points], color, model, True)
             published = sorted((r for r in points if r["paper_accuracy"] is not None), key=lambda r: r["paper_time_s"])
-            _series(
-                axis,
-                [(r["paper_time_s"], r["paper_accuracy"], r["setting"]) for r in published],
-                color,
-                f"{model} (paper)",
-                filled=False,
-            )
+            paper = [(r["paper_time_s"], r["paper_accuracy"], number[r["setting"]]) for r in published]
+            _series(axis, paper, color, f"{model} (paper)", filled=False)
         axis.set_title(benchmark)
         axis.set_xlabel("time for the benchmark (s)")
         axis.set_ylabel("accuracy (%)")
         if any(r["time_s"] > 0 for r in subset):
             axis.set_xscale("log")
+            axis.xaxis.set_minor_locator(matplotlib.ticker.LogLocator(subs=(2.0, 3.0, 5.0)))  # labels that fit
+            axis.xaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         axis.set_ylim(-2, 102)
         axis.grid(True, alpha=0.3)
         if subset:
             axis.legend(fontsize=7)
-    figure.suptitle(f"{config.name}: accuracy vs time (filled: ours, hollow: the paper)")
-    figure.tight_layout()
+    figure.suptitle(
+        f"{config.name}: accuracy vs time\n(filled: ours, hollow: the paper; numbers: settings)", fontsize=9
+    )
+    bottom = 0.16 * key_lines / (4.2 + 0.16 * key_lines)
+    figure.tight_layout(rect=(0, bottom, 1, 1))
+    for axis, benchmark in zip(axes[0], benchmarks):  # each panel's settings keyed under it
+        key = "\n".join(f"{i}: {setting}" for setting, i in numbers[benchmark].items())
+        figure.text(axis.get_position().x0, 0.01, key, fontsize=6, va="bottom", family="monospace")
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=120)
     plt.close(figure)
@@ -135,8 +147,8 @@ def _series(axis: Any, points: Sequence[tuple], color: Any, label: str, filled: 
     xs, ys, names = zip(*points)
     axis.plot(xs, ys, linestyle="-" if filled else "--", color=color, alpha=0.8)
     axis.scatter(xs, ys, color=color if filled else "none", edgecolors=color, label=label, zorder=3)
-    for x, y, name in points:
-        axis.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    for x, y, number in points:
+        axis.annotate(str(number), (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
 
 
 # -- command line --------------------------------------------------------------------------------------------------

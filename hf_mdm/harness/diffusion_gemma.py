@@ -42,10 +42,17 @@ DIFFUSION_GEMMA_SETTINGS = (
 class DiffusionGemmaLM(TimedHFLM):
     """lm-eval model for `DiffusionGemmaForBlockDiffusion` checkpoints (see the module docstring)."""
 
+    registered_name = "hf_diffusion_gemma"
+
     def __init__(self, *args: Any, **kwargs: Any):
         self._settings = {name: kwargs.pop(name) for name in DIFFUSION_GEMMA_SETTINGS if name in kwargs}
         super().__init__(*args, **kwargs)
         self._ignored: set[str] = set()
+
+    @classmethod
+    def own_arguments(cls) -> list[str]:
+        """``max_gen_toks`` and DiffusionGemma's generation settings."""
+        return [*super().own_arguments(), *DIFFUSION_GEMMA_SETTINGS]
 
     def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: Optional[bool] = False) -> None:
         """Tokenise as a decoder; load with the Auto class transformers maps DiffusionGemma to (a ValueError for

@@ -4,7 +4,8 @@
 lm-eval does) so that it can read the model's timing afterwards, runs ``lm_eval.simple_evaluate``, gathers the
 per-request timing of every process (``accelerate launch``) and writes it into the results (see
 `hf_mdm.harness.timing.attach_timing`). `build_task_manager` indexes hf_mdm's task directory and, only when a
-requested task is not one of ours, lm-eval's ~15k built-in task configs (a slow scan).
+requested task is not one of ours, lm-eval's ~15k built-in task configs (a slow scan). `create_lm` builds a model on
+`pick_device`'s device when none is named, for ``hf-mdm-eval run`` and ``hf-mdm compare`` alike.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
+import torch
 import yaml
 from lm_eval import evaluator as lm_eval_evaluator
 from lm_eval.api.model import LM
@@ -21,12 +23,12 @@ from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import simple_parse_args_string
 
-from . import models as _models  # noqa: F401  (registers hf_mdm and hf_timed)
+from . import models as _models  # noqa: F401  (registers hf_mdm, hf_timed and hf_diffusion_gemma)
 from .resume import cache_prefix, caching
 from .sandbox import isolation_report
 from .timing import RequestTiming, attach_timing
 
-__all__ = ["TASKS_DIR", "task_names", "build_task_manager", "simple_evaluate", "create_lm"]
+__all__ = ["TASKS_DIR", "task_names", "build_task_manager", "simple_evaluate", "create_lm", "pick_device"]
 
 TASKS_DIR = Path(__file__).resolve().parent / "tasks"
 
@@ -91,6 +93,18 @@ def build_task_manager(
     return TaskManager(include_path=paths, include_defaults=not _only_ours(tasks), metadata=metadata or {})
 
 
+def pick_device(device: Optional[str] = None) -> str:
+    """``device`` if one is named, else ``"cuda"`` when torch sees a GPU and ``"cpu"`` otherwise.
+
+    This is lm-eval HFLM's own choice for a device it does not know, which is how ``hf-mdm-eval run`` (lm-eval's
+    CLI passes ``cuda:0`` by default) runs on a machine without a GPU; a caller that names no device (``hf-mdm
+    compare`` without ``evaluate: {device: ...}``, the Python API) would otherwise get HFLM's default ``"cuda"``,
+    which HFLM takes as given."""
+    if device:
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def create_lm(
     model: str,
     model_args: Union[None, str, dict] = None,
@@ -98,7 +112,11 @@ def create_lm(
     max_batch_size: Optional[int] = None,
     device: Optional[str] = None,
 ) -> LM:
-    """Instantiate a registered lm-eval model the way ``lm_eval.simple_evaluate`` does."""
+    """Instantiate a registered lm-eval model the way ``lm_eval.simple_evaluate`` does, on `pick_device`'s device
+    unless ``model_args`` names one."""
+    args = simple_parse_args_string(model_args) if isinstance(model_args, str) else dict(model_args or {})
+    if "device" not in args:
+        device = pick_device(device)
     extra = {"batch_size": batch_size, "max_batch_size": max_batch_size, "device": device}
     model_class = get_model(model)
     if isinstance(model_args, dict):
@@ -134,6 +152,7 @@ def simple_evaluate(
     if task_manager is None:
         task_manager = build_task_manager(tasks, metadata=args_dict | (metadata or {}))
     lm = model if isinstance(model, LM) else create_lm(model, model_args, batch_size, max_batch_size, device)
+    _check_gen_kwargs(lm, kwargs.get("gen_kwargs"))
     timing = getattr(lm, "timing", None)
     if timing is not None:
         timing.clear()
@@ -165,6 +184,14 @@ def simple_evaluate(
         results["sandbox"] = isolation_report()  # which isolation layer ran the generated code
         results["sandbox"]["programs"] = _program_verdicts(results.get("samples") or {})
     return results
+
+
+def _check_gen_kwargs(lm: LM, gen_kwargs: Union[None, str, Mapping[str, Any]]) -> None:
+    """The run's ``--gen_kwargs``, before any request, by a model that checks them (``hf_mdm``:
+    `hf_mdm.harness.mdm.MaskedDiffusionLM.check_gen_kwargs`); a ValueError names a key the model does not take."""
+    check = getattr(lm, "check_gen_kwargs", None)
+    if check is not None and gen_kwargs:
+        check(simple_parse_args_string(gen_kwargs) if isinstance(gen_kwargs, str) else dict(gen_kwargs))
 
 
 def _program_verdicts(samples: dict) -> dict[str, dict[str, int]]:

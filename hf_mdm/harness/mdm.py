@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import warnings
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 import transformers
@@ -35,6 +35,7 @@ from .model_args import check_near_misses, check_pretrained, explain_model_argum
 from .sampler_config import (
     RequestConfigs,
     canonical_reference,
+    check_gen_kwargs,
     check_model_args,
     check_no_reference_args,
     check_reference_args,
@@ -226,6 +227,11 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         return Denoiser.for_model(self.model, self.mask_token_id, config.cfg_scale, self.logits_shift)
 
     # -- generation ------------------------------------------------------------------------------------------
+
+    def check_gen_kwargs(self, gen_kwargs: Mapping[str, Any]) -> None:
+        """A run's ``--gen_kwargs``, before any request: a ValueError for a key this model's sampler does not take
+        (`hf_mdm.harness.sampler_config.check_gen_kwargs`); called by `hf_mdm.harness.simple_evaluate`."""
+        check_gen_kwargs(gen_kwargs, self.reference)
 
     def _request_config(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
         return self.request_configs(max_gen_toks, kwargs)

@@ -3,8 +3,9 @@
 lm-eval's `HFLM` hands every argument it does not know to ``from_pretrained``, which passes those that are not
 config fields to the model's ``__init__``: a misspelled argument (``stepz=8``) ends in a ``TypeError`` from the
 model class. `explain_model_arguments` turns it into a ValueError that names the argument, the nearest known
-names and every argument the model takes; `check_pretrained` says when a local checkpoint path does not exist
-(`hf_mdm.checkpoints`) before lm-eval asks the Hub for it.
+names and every argument the model takes; `check_pretrained` says when a checkpoint is neither a local folder nor
+a model the Hub can give (`hf_mdm.checkpoints` for local paths) before lm-eval asks the Hub for it, which without
+a network retries for half a minute and ends in a long traceback.
 """
 
 from __future__ import annotations
@@ -12,26 +13,81 @@ from __future__ import annotations
 import contextlib
 import difflib
 import inspect
+import os
 import re
+from pathlib import Path
 from typing import Any, Iterable, Iterator
-
-from lm_eval.models.huggingface import HFLM
 
 from ..checkpoints import check_local_path
 
 __all__ = ["hflm_arguments", "check_pretrained", "explain_model_arguments"]
 
 _UNEXPECTED = re.compile(r"got an unexpected keyword argument '(\w+)'")
+HUB_TIMEOUT_S = 5.0  # one request, no retries: the Hub answers in well under a second
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 
 
 def hflm_arguments() -> list[str]:
     """The named arguments of lm-eval's `HFLM` (``pretrained``, ``dtype``, ``device``, ``batch_size``, ...)."""
+    from lm_eval.models.huggingface import HFLM
+
     return [name for name in inspect.signature(HFLM.__init__).parameters if name not in ("self", "kwargs")]
 
 
 def check_pretrained(pretrained: Any) -> None:
-    """A ValueError when ``pretrained`` is a local path that does not exist."""
+    """A ValueError naming ``pretrained`` when it is neither a local folder nor a model the Hub can give.
+
+    A path that exists, a loaded model and a Hub id in the local Hub cache pass without a network request. A local
+    path that does not exist is said to be one (`hf_mdm.checkpoints.check_local_path`). Any other name is a Hub id
+    (``namespace/name``, or a legacy id without ``/`` such as ``gpt2``): a name that cannot be one (``tiny mdm``,
+    ``a--b``) fails at once, so does any name in offline mode (``HF_HUB_OFFLINE`` / ``TRANSFORMERS_OFFLINE``), and
+    otherwise one request without retries (`HUB_TIMEOUT_S`) asks the Hub whether the model exists. A mistyped
+    folder name (``tiny-mdmm``) is thus an error in at most a few seconds, where ``from_pretrained`` would retry
+    for half a minute; a Hub that answers with another error (rate limit, server error) is left to the loading.
+    """
+    if not isinstance(pretrained, (str, os.PathLike)):
+        return
     check_local_path(pretrained, "pretrained")
+    name = os.fspath(pretrained)
+    if Path(name).expanduser().exists():
+        return
+    problem = _hub_problem(name)
+    if problem:
+        raise ValueError(
+            f"pretrained={name}: neither a local folder nor reachable on the Hub ({problem}): check the name, or "
+            "give the path of a local checkpoint"
+        )
+
+
+def _hub_problem(name: str) -> str:
+    """Why the Hub cannot give the model ``name`` ("" when it can or when it answered with another error)."""
+    from huggingface_hub import HfApi, constants, try_to_load_from_cache
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, HFValidationError, RepositoryNotFoundError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return "not a valid Hub id: letters, digits, '-', '_' and '.', as name or namespace/name"
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return ""
+    if constants.HF_HUB_OFFLINE or any(_truthy(os.environ.get(v)) for v in _OFFLINE_VARIABLES):
+        return f"the Hub is offline ({' / '.join(_OFFLINE_VARIABLES)}) and the model is not in the Hub cache"
+    try:
+        HfApi().model_info(name, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return ""
+    except RepositoryNotFoundError:
+        return "the Hub has no such model; a private one needs `hf auth login` or HF_TOKEN"
+    except HfHubHTTPError:
+        return ""
+    except Exception as err:  # no answer: the HTTP client's connection and timeout errors
+        return f"the Hub could not be reached: {type(err).__name__}: {' '.join(str(err).split())}"
+    return ""
+
+
+def _truthy(value: Any) -> bool:
+    return str(value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def check_near_misses(

@@ -1,9 +1,9 @@
 """lm-eval models, registered on import: ``hf_mdm`` (masked diffusion LMs), ``hf_timed`` (lm-eval's HF causal LM) and
 ``hf_diffusion_gemma`` (transformers' DiffusionGemma through its own generate).
 
-Both subclass lm-eval's `HFLM`, so loading (``pretrained``, ``dtype``, ``device``, ``trust_remote_code``,
+All three subclass lm-eval's `HFLM`, so loading (``pretrained``, ``dtype``, ``device``, ``trust_remote_code``,
 ``parallelize``, ``peft``, ...), tokenisation, chat templates and data parallelism under ``accelerate launch``
-are lm-eval's own, and both are timed per request (`hf_mdm.harness.timing`). The pieces:
+are lm-eval's own, and all are timed per request (`hf_mdm.harness.timing`). The pieces:
 
 - `hf_mdm.harness.timed`: the shared ``generate_until`` (batching, stop strings, timing) and ``hf_timed``;
 - `hf_mdm.harness.mdm`: ``hf_mdm`` (`MaskedDiffusionLM`): sampling with `hf_mdm.generation.diffusion_generate`,

@@ -11,16 +11,19 @@ The ``hf_mdm`` model samples with one of two samplers, chosen by the model argum
   declares (`hf_mdm.families`: ``llada`` for LLaDA, ``dream`` for Dream), else ``none``.
 
 Model arguments ``temperature``, ``top_k`` and ``top_p`` win over a request's (lm-eval tasks always send
-temperature 0). Every check and table here is the sampler's own (`hf_mdm.generation_reference`); this module only
+temperature 0). A run's ``--gen_kwargs`` are checked by name before any request (`check_gen_kwargs`): a key no
+sampler has is a ValueError, where a task's own generation kwargs that are no sampler setting are ignored with a
+warning. Every check and table here is the sampler's own (`hf_mdm.generation_reference`); this module only
 maps lm-eval's names onto them.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig
@@ -36,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 REFERENCE_CHOICES = ("auto", "llada", "dream", "none")
 LM_EVAL_ONLY_KWARGS = ("do_sample",)  # request kwargs that are not sampler settings
+LM_EVAL_REQUEST_KWARGS = ("until", "max_gen_toks", *LM_EVAL_ONLY_KWARGS)  # taken by lm-eval's side of a request
 SAMPLING_FIELDS = frozenset({"temperature", "top_k", "top_p", "eos_token_id", "pad_token_id"})
 EXPLICIT_WINS = frozenset({"temperature", "top_k", "top_p"})  # model arguments that win over a request's value
 RUN_ARGS = ("compile_forward",)  # how the model runs, not how it samples: every sampler takes them
@@ -98,6 +102,34 @@ def check_no_reference_args(overrides: dict[str, Any], model_type: Optional[str]
             f"{', '.join(given)}: setting(s) of reference={' / '.join(owners)}, but this model samples with "
             f"reference=none (hf_mdm's sampler; reference=auto picks none for model_type {model_type!r}): pass "
             f"reference={owners[0]} to sample as that reference, or use hf_mdm's strategy= / transfer= settings"
+        )
+
+
+def request_kwargs(reference: str = "auto") -> list[str]:
+    """The generation kwargs a request takes with sampler ``reference``: lm-eval's own (``until``,
+    ``max_gen_toks``, ``do_sample``) and the settings of that sampler (of every sampler for ``auto``)."""
+    if reference in REFERENCE_ARGS:
+        settings = set(REFERENCE_ARGS[reference] + REFERENCE_TOKEN_ARGS + RUN_ARGS)
+    else:
+        settings = set(sampler_fields())
+    return sorted(settings | set(LM_EVAL_REQUEST_KWARGS))
+
+
+def check_gen_kwargs(gen_kwargs: Mapping[str, Any], reference: str = "auto", where: str = "--gen_kwargs") -> None:
+    """Generation kwargs given for a run (``where``), before any request: a key no sampler has is a ValueError
+    naming it, the nearest accepted key and every accepted one; a setting of hf_mdm's sampler that the reference
+    sampler lacks is the ValueError that says to pass ``reference=none``."""
+    accepted = request_kwargs(reference)
+    for key, value in gen_kwargs.items():
+        if key in accepted or reference == "llada" and _neutral_top(key, value):
+            continue
+        if key in sampler_fields():
+            raise ValueError(foreign_message(reference, [key], f"{where} {key}={value!r}"))
+        near = difflib.get_close_matches(key, accepted, n=1, cutoff=0.6)
+        raise ValueError(
+            f"unknown generation kwarg {key!r} in {where} for --model hf_mdm"
+            + (f" (did you mean {near[0]!r}?)" if near else "")
+            + f": with reference={reference} a request takes {', '.join(accepted)}"
         )
 
 

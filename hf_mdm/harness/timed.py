@@ -215,14 +215,24 @@ class TimedHFLM(TimedGeneration, HFLM):
     stop at its EOS or at the token that completed one of its stop strings.
     """
 
+    registered_name = "hf_timed"  # the lm-eval model name, for messages about its arguments
+
     def __init__(self, *args: Any, max_gen_toks: Optional[int] = None, **kwargs: Any):
         check_pretrained(kwargs.get("pretrained", args[0] if args else None))
-        with explain_model_arguments(
-            "hf_timed", kwargs, {"hf_timed's": ["max_gen_toks"], "lm-eval HFLM's": hflm_arguments()}
-        ):
+        with explain_model_arguments(self.registered_name, kwargs, self.known_arguments()):
             super().__init__(*args, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
         self._init_timing()
+
+    @classmethod
+    def own_arguments(cls) -> list[str]:
+        """The model arguments this model takes besides lm-eval HFLM's."""
+        return ["max_gen_toks"]
+
+    @classmethod
+    def known_arguments(cls) -> dict[str, list[str]]:
+        """The model arguments by kind (for the message about an unknown one)."""
+        return {f"{cls.registered_name}'s": cls.own_arguments(), "lm-eval HFLM's": hflm_arguments()}
 
     @property
     def max_gen_toks(self) -> int:

@@ -29,6 +29,30 @@ from .base import (
 )
 from .inference import HiddenChain, MarkovBridge, forward_backward
 
+#: The most table entries (``V + V**2 + ... + V**n``, float64) ``NGramLanguage.random`` draws: 2**27 entries are
+#: 1 GiB of tables, and drawing them takes a few times that in temporaries.
+MAX_TABLE_ENTRIES = 2**27
+
+
+def check_table_size(vocab_size: int, n: int) -> None:
+    """A ValueError, before anything is allocated, when the tables of an n-gram language over ``vocab_size``
+    tokens would hold more than ``MAX_TABLE_ENTRIES`` entries; it says how many and what to lower."""
+    entries = table_entries(vocab_size, n)
+    if entries <= MAX_TABLE_ENTRIES:
+        return
+    fits = [k for k in range(2, min(n, 64)) if table_entries(vocab_size, k) <= MAX_TABLE_ENTRIES]
+    lower = f"n to {fits[-1]}{' or less' * (fits[-1] > 2)} at this vocab_size, or vocab_size" if fits else "vocab_size"
+    raise ValueError(
+        f"an n-gram language with vocab_size={vocab_size} and n={n} needs {entries:,} table entries (about "
+        f"{max(entries * 8 // 2**30, 1):,} GiB of float64; vocab_size**n of them in the n-gram table), more than "
+        f"MAX_TABLE_ENTRIES = {MAX_TABLE_ENTRIES:,}: lower {lower}."
+    )
+
+
+def table_entries(vocab_size: int, n: int) -> int:
+    """Entries of an n-gram language's tables: ``V`` (first token) + ``V**2`` + ... + ``V**n``."""
+    return n if vocab_size == 1 else (vocab_size ** (n + 1) - vocab_size) // (vocab_size - 1)
+
 
 class NGramLanguage(SyntheticLanguage):
     """An n-gram language (``n >= 2``) with exact inference.
@@ -88,11 +112,13 @@ class NGramLanguage(SyntheticLanguage):
         prune_threshold: float = DEFAULT_PRUNE_THRESHOLD,
     ) -> "NGramLanguage":
         """A random n-gram language: ``initial`` then the tables of orders 2..n, each row pruned-Dirichlet, all
-        drawn in that order from ``torch.Generator().manual_seed(seed)``."""
+        drawn in that order from ``torch.Generator().manual_seed(seed)``. Tables of more than
+        ``MAX_TABLE_ENTRIES`` entries in all (``vocab_size**n`` for the n-gram table) raise a ValueError first."""
         if n < 2:
             raise ValueError(f"n must be >= 2, got {n}.")
         if vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {vocab_size}.")
+        check_table_size(vocab_size, n)
         generator = torch.Generator().manual_seed(seed)
         tables = [
             random_stochastic_rows(rows, vocab_size, generator, concentration, prune_threshold)

@@ -6,6 +6,7 @@ metric script on its own into a cache folder, where relative imports would not r
 """
 
 import math
+import numbers
 import os
 from collections import defaultdict
 from statistics import NormalDist
@@ -111,6 +112,69 @@ def wilson_interval(successes: int, trials: int, confidence_level: float = 0.95)
     low = 0.0 if successes == 0 else max(0.0, center - half)  # exact at the edges, free of rounding
     high = 1.0 if successes == trials else min(1.0, center + half)
     return low, high
+
+
+def check_token_ids(sequences: Any, name: str = "predictions") -> None:
+    """A ValueError naming the first entry of ``sequences`` (token-id sequences: lists, tensors or arrays) that is
+    not an integer token id, e.g. a float: `evaluate` casts its inputs to int64, which would truncate 1.5 to 1."""
+    if _integer_dtype(sequences, name):
+        return
+    for index, sequence in enumerate(sequences):
+        check_token_sequence(sequence, f"{name}[{index}]")
+
+
+def check_token_sequence(sequence: Any, name: str) -> None:
+    """`check_token_ids` of one sequence; anything that is not a sequence is left to `evaluate`'s own check."""
+    if isinstance(sequence, (str, bytes)) or not hasattr(sequence, "__iter__") or _integer_dtype(sequence, name):
+        return
+    for index, value in enumerate(sequence):
+        if type(value) is int or _integer_dtype(value, f"{name}[{index}]"):  # numpy and torch scalars have a dtype
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise ValueError(
+                f"{name}[{index}] is {value!r}, not an integer token id: pass token ids as integers "
+                "(e.g. tensor.long().tolist())"
+            )
+
+
+def _integer_dtype(values: Any, name: str) -> bool:
+    """True for a tensor or array of integers, a ValueError for one of floats (or booleans), False otherwise (no
+    dtype, or numpy's ``object``: check the values one by one)."""
+    dtype = getattr(values, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    elif dtype is not None and getattr(dtype, "kind", "O") != "O":
+        integer = dtype.kind in "iu"
+    else:
+        return False
+    if not integer:
+        raise ValueError(
+            f"{name} holds {dtype} values, not integer token ids: convert them (tensor.long(), array.astype(int))"
+        )
+    return True
+
+
+class TokenIdInputs:
+    """Checks the token-id inputs named in ``token_id_inputs`` with `check_token_ids` before `evaluate` casts them
+    (a mix-in, before ``evaluate.Metric`` in the bases)."""
+
+    token_id_inputs: Tuple[str, ...] = ("predictions",)
+
+    def add_batch(self, *, predictions=None, references=None, **kwargs):
+        """Add a batch of inputs, after checking their token ids."""
+        inputs = {"predictions": predictions, "references": references}
+        for name in self.token_id_inputs:
+            if inputs[name] is not None:
+                check_token_ids(inputs[name], name)
+        return super().add_batch(predictions=predictions, references=references, **kwargs)
+
+    def add(self, *, prediction=None, reference=None, **kwargs):
+        """Add one input, after checking its token ids."""
+        inputs = {"predictions": prediction, "references": reference}
+        for name in self.token_id_inputs:
+            if inputs[name] is not None:
+                check_token_sequence(inputs[name], name[:-1])
+        return super().add(prediction=prediction, reference=reference, **kwargs)
 
 
 def metric_info(description: str, inputs_description: str, features: Any = None) -> Any:

@@ -13,6 +13,7 @@ import evaluate
 import torch
 
 from hf_mdm.metrics.common import LanguageLike
+from hf_mdm.metrics.common import TokenIdInputs
 from hf_mdm.metrics.common import mean_interval
 from hf_mdm.metrics.common import metric_info
 from hf_mdm.metrics.common import reference_ter
@@ -34,7 +35,8 @@ q must be an hf_mdm synthetic language (n-gram, HMM or the Theorem 4.4 chain), w
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `list` of `int`): generated sequences, token ids in `[0, vocab_size)` of the language
-        (strip prompt, padding and special tokens first; other ids raise a ValueError). Lengths may differ.
+        (strip prompt, padding and special tokens first; other ids, and ids that are not integers, raise a
+        ValueError). Lengths may differ.
     language (`SyntheticLanguage`, `str` or `os.PathLike`): the true language q, as an object from
         `hf_mdm.languages` or the directory it was saved to with `save_pretrained` (or its `to_config()` dict).
     skip_out_of_support (`bool`, defaults to `False`): drop the samples with q(x) = 0 instead of returning an
@@ -68,7 +70,7 @@ Examples:
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class GenerativePerplexity(evaluate.Metric):
+class GenerativePerplexity(TokenIdInputs, evaluate.Metric):
     """Generative perplexity of generated sequences under a synthetic language (see the module docstring)."""
 
     def _info(self) -> evaluate.MetricInfo:

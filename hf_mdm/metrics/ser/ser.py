@@ -10,6 +10,7 @@ import evaluate
 import torch
 
 from hf_mdm.metrics.common import LanguageLike
+from hf_mdm.metrics.common import TokenIdInputs
 from hf_mdm.metrics.common import metric_info
 from hf_mdm.metrics.common import resolve_language
 from hf_mdm.metrics.common import sequence_log_probs
@@ -26,7 +27,8 @@ q must be an hf_mdm synthetic language (n-gram, HMM or the Theorem 4.4 chain).
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `list` of `int`): generated sequences, token ids in `[0, vocab_size)` of the language
-        (strip prompt, padding and special tokens first; other ids raise a ValueError). Lengths may differ.
+        (strip prompt, padding and special tokens first; other ids, and ids that are not integers, raise a
+        ValueError). Lengths may differ.
     language (`SyntheticLanguage`, `str` or `os.PathLike`): the true language q, as an object from
         `hf_mdm.languages` or the directory it was saved to with `save_pretrained` (or its `to_config()` dict).
     confidence_level (`float`, defaults to 0.95): of the Wilson interval.
@@ -49,7 +51,7 @@ Examples:
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class SequenceErrorRate(evaluate.Metric):
+class SequenceErrorRate(TokenIdInputs, evaluate.Metric):
     """Sequence Error Rate of generated sequences under a synthetic language (see the module docstring)."""
 
     def _info(self) -> evaluate.MetricInfo:

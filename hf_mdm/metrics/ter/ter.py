@@ -14,6 +14,7 @@ import evaluate
 import torch
 
 from hf_mdm.metrics.common import LanguageLike
+from hf_mdm.metrics.common import TokenIdInputs
 from hf_mdm.metrics.common import mean_interval
 from hf_mdm.metrics.common import metric_info
 from hf_mdm.metrics.common import reference_ter
@@ -36,8 +37,9 @@ the relative increase TER(p) / TER(q) - 1 = exp(KL(q || p) / L) - 1 (the paper's
 
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `float`): log p(x), natural log, of each reference sequence under the model (the
-        sampler's law: `hf_mdm.sampler_likelihood.exact_sampler_log_probs` or `estimate_sampler_log_probs`).
+    predictions (`list` of `float`): log p(x) <= 0, natural log, of each reference sequence under the model (the
+        sampler's law: `hf_mdm.sampler_likelihood.exact_sampler_log_probs` or `estimate_sampler_log_probs`);
+        `-inf` where p(x) = 0. Positive values and NaN raise a ValueError naming the first.
     references (`list` of `list` of `int`): the sequences x, drawn from the true language q (or, with `weights`,
         every sequence of the support). Lengths may differ.
     language (`SyntheticLanguage`, `str` or `os.PathLike`, optional): the true language q, for TER(q) and the
@@ -72,8 +74,10 @@ Examples:
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
-class TokenErrorRate(evaluate.Metric):
+class TokenErrorRate(TokenIdInputs, evaluate.Metric):
     """The paper's Token Error Rate of a model on a synthetic language (see the module docstring)."""
+
+    token_id_inputs = ("references",)
 
     def _info(self) -> evaluate.MetricInfo:
         features = datasets.Features(
@@ -96,7 +100,7 @@ class TokenErrorRate(evaluate.Metric):
         lengths = torch.tensor([len(x) for x in references], dtype=torch.float64)
         if bool((lengths == 0).any()):
             raise ValueError("every reference needs at least one token.")
-        nll = -torch.tensor(list(predictions), dtype=torch.float64) / lengths
+        nll = -_log_probs(predictions) / lengths
         offset, reference, stderr = 0.0, None, None
         if language is not None:
             language = resolve_language(language)
@@ -127,6 +131,25 @@ class TokenErrorRate(evaluate.Metric):
                 relative_increase_ci_high=math.expm1(high),
             )
         return result
+
+
+#: How far above 0 a log-probability may round (an exact log p(x) = 0 summed from several terms).
+LOG_PROB_TOLERANCE = 1e-9
+
+
+def _log_probs(predictions: Sequence[float]) -> torch.Tensor:
+    """The predictions as a float64 tensor; a ValueError naming the first that is not a log-probability (NaN, or
+    above 0 by more than ``LOG_PROB_TOLERANCE``)."""
+    log_p = torch.tensor(list(predictions), dtype=torch.float64)
+    bad = torch.isnan(log_p) | (log_p > LOG_PROB_TOLERANCE)
+    if bool(bad.any()):
+        index = int(bad.nonzero()[0])
+        raise ValueError(
+            f"predictions[{index}] is {float(log_p[index])}, not a log-probability: predictions must be the model's "
+            "natural-log probabilities log p(x) <= 0 of each reference (-inf where p(x) = 0), not probabilities, "
+            "negative log-likelihoods or NaN"
+        )
+    return log_p
 
 
 def _weighted_mean(nll: torch.Tensor, weights: Sequence[float]) -> float:
