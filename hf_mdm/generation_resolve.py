@@ -29,6 +29,7 @@ Exported with the model as remote code.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
 from transformers import GenerationConfig
@@ -102,7 +103,16 @@ def check_block_length(model: Any, block_length: Optional[int]) -> None:
     (``config.block_size`` b): a multiple of b decodes whole attention blocks, a divisor of b decodes an attention
     block in parts (LLaDA2's published generate() takes such a block_length); any other length cuts across them."""
     block = attention_block_size(model)
-    if block is None or block_length is None or block_length % block == 0 or block % block_length == 0:
+    if block is None or block_length is None or block % block_length == 0:
+        return
+    if block_length % block == 0:
+        if block_length > block:  # legal, but every forward recomputes the attention blocks before the last
+            warnings.warn(
+                f"block_length={block_length} spans {block_length // block} attention blocks of this block-causal "
+                f"model (model.config.block_size={block}): each forward computes all {block_length} positions, "
+                f"where block_length={block} (the default) computes {block} with the exact block cache",
+                stacklevel=3,
+            )
         return
     divisors = [d for d in range(1, block) if block % d == 0]
     raise ValueError(

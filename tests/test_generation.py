@@ -439,8 +439,13 @@ def test_block_length_of_a_block_causal_model_nests_with_its_blocks():
     (whole attention blocks) or a divisor; a length that cuts across them is a ValueError (see test_bad_input)."""
     model = tiny_mdm(block_size=4)
     assert resolve_config(model, None, {}).block_length == 4
-    for length in (1, 2, 4, 8):
-        assert resolve_config(model, None, {"block_length": length}).block_length == length
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the block size and its divisors: nothing to say
+        for length in (1, 2, 4):
+            assert resolve_config(model, None, {"block_length": length}).block_length == length
+    with pytest.warns(UserWarning, match=r"block_length=16 spans 4 attention blocks .* computes all 16 positions"):
+        out = model.generate(prompt(1), max_new_tokens=16, block_length=16, return_dict_in_generate=True)
+    assert out.sequences.shape[1] == prompt(1).shape[1] + 16
     with pytest.raises(ValueError, match=r"block_length=3 .*model.config.block_size=4.*pass block_length=4"):
         model.generate(prompt(1), max_new_tokens=4, block_length=3)
 

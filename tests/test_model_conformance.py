@@ -238,7 +238,8 @@ def test_tensor_parallel_plan_names_real_modules(model_class):
         plan = {key: style for key, style in plan.items() if not key.endswith("transformer.ff_out")}
     plan_matches(plan, names)
     assert set(plan.values()) <= TP_STYLES, plan
-    plan_matches(model.ep_plan, names)  # the mixtures of experts' expert-parallel plan
+    if hasattr(model, "ep_plan"):  # the mixtures of experts' expert-parallel plan (transformers 5.2x on)
+        plan_matches(model.ep_plan, names)
     split = {type(module).__name__ for module in model.modules()}
     assert set(model._no_split_modules) <= split
 
@@ -273,7 +274,7 @@ def run_in_two_processes(model, tmp_path, layout: str) -> list[dict]:
 
 @pytest.mark.skipif(
     version.parse(transformers.__version__) < version.parse(TP_VERIFIED_FROM),
-    reason=f"tp_plan='auto' is verified from transformers {TP_VERIFIED_FROM}; 5.10.1 leaves these plans unsharded",
+    reason=f"tp_plan='auto' is verified from transformers {TP_VERIFIED_FROM}; older releases leave these plans unsharded",
 )
 def test_tensor_parallel_in_two_processes_gives_the_same_logits(model_class, tmp_path):
     """``from_pretrained(..., tp_plan="auto")`` in two CPU processes (gloo) shards the weights and gives the

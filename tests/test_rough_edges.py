@@ -238,13 +238,18 @@ def saved_mdm(tmp_path) -> Path:
 
 
 def _unreachable_errors():
-    import httpx2
+    """The errors the installed huggingface_hub raises without a network: its HTTP client's (httpx2 from
+    huggingface_hub 2.x, httpx before) and its offline mode's."""
+    import importlib
+    import importlib.util
+
     from huggingface_hub.errors import OfflineModeIsEnabled
 
-    request = httpx2.Request("POST", "https://huggingface.co/api/repos/create")
+    client = next(importlib.import_module(m) for m in ("httpx2", "httpx") if importlib.util.find_spec(m))
+    request = client.Request("POST", "https://huggingface.co/api/repos/create")
     return [
-        httpx2.ConnectError("[Errno -3] Temporary failure in name resolution\nmore detail", request=request),
-        httpx2.ConnectTimeout("timed out", request=request),
+        client.ConnectError("[Errno -3] Temporary failure in name resolution\nmore detail", request=request),
+        client.ConnectTimeout("timed out", request=request),
         OfflineModeIsEnabled("Cannot reach https://huggingface.co/api/repos/create: offline mode is enabled."),
     ]
 

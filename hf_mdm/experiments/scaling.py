@@ -80,6 +80,8 @@ def scaling_fit(rows: list[dict], key: str) -> dict[str, float]:
     """The least-squares slope of log N (``row[key]``) against log L with its 95% interval; NaN bounds for fewer than
     three lengths."""
     rows = [r for r in rows if math.isfinite(r[key]) and r[key] > 0]
+    if len(rows) < 2:  # no line through fewer points (scipy's linregress refuses them)
+        return {"slope": math.nan, "slope_ci_low": math.nan, "slope_ci_high": math.nan, "points": len(rows)}
     x = [math.log(r["length"]) for r in rows]
     y = [math.log(r[key]) for r in rows]
     fit = stats.linregress(x, y)
