@@ -153,3 +153,22 @@ def test_every_number_the_readme_quotes_is_in_the_results_it_names():
         found = set(quoted_numbers(sources))
         missing = [n for n in quoted_numbers(region["text"]) if n not in found]
         assert not missing, f"README numbers not in {region['sources']}: {missing}"
+
+
+def test_tuning_block_runs_as_written_and_writes_the_front(tmp_path):
+    """The Tuning section's first bash block, as written, on the CPU: front.json with every documented field, the
+    chosen setting on the front, its held-out quality, the AR baseline."""
+    (block,) = [b for b in blocks("bash") if "hf-mdm tune" in b]
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    result = subprocess.run(
+        ["bash", "-c", "set -e\n" + block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    front = json.loads((tmp_path / "runs" / "tune" / "front.json").read_text())
+    fields = {"setting", "quality", "quality_ci_low", "quality_ci_high", "samples", "nfe_per_token"}
+    fields |= {"positions_per_token", "tokens_per_s", "on_front"}
+    assert len(front["rows"]) == 9 and all(fields <= set(row) for row in front["rows"])
+    assert front["chosen"]["on_front"] and front["held_out"]["samples"] == 256
+    assert (
+        front["baseline"]["samples"] == 256 and "AR baseline" in (tmp_path / "runs" / "tune" / "front.md").read_text()
+    )

@@ -1,0 +1,239 @@
+"""hf-mdm tune (hf_mdm.tuning): the space, the front against brute force, halving against the grid, the files, the
+chosen config round trip, resuming, and the command line."""
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from hf_mdm import MDMForMaskedDiffusion, cli
+from hf_mdm.experiments.common import CellCache
+from hf_mdm.languages import ChainLanguage, NGramLanguage, OracleDenoiser
+from hf_mdm.tuning import SyntheticTask, choose, expand, pareto_front, search, tune
+from hf_mdm.tuning.outputs import write_generation_config
+from hf_mdm.tuning.space import check_settings, setting_key
+
+CHAIN_SPACE = [
+    {"transfer": "stochastic", "strategy": "random", "steps": [2, 4, 8, 16]},
+    {"transfer": "deterministic", "strategy": "left_to_right", "steps": 16},
+]
+
+
+def test_space_expands_each_group_to_its_product_once():
+    space = [{"transfer": "threshold", "threshold": [0.5, 0.9], "block_length": [4, 8]}, {"steps": 4}, {"steps": [4]}]
+    settings = expand(space)
+    assert len(settings) == 5 and settings[-1] == {"steps": 4}
+    assert {"transfer": "threshold", "threshold": 0.9, "block_length": 4} in settings
+
+
+@pytest.mark.parametrize(
+    "space, message",
+    [
+        ({"steps": [4]}, "must be a non-empty list of groups"),
+        ([{"stepz": [4]}], "space[0]: unknown generate field 'stepz' (did you mean steps"),
+        ([{"steps": 4}, {"temperature": [0.5]}], "space[1]: 'temperature' is fixed by the task"),
+        ([{}], "space[0] must be a non-empty mapping"),
+    ],
+)
+def test_bad_spaces_are_named(space, message):
+    with pytest.raises(ValueError) as err:
+        expand(space)
+    assert message in str(err.value)
+
+
+def test_settings_generate_refuses_are_refused_before_anything_runs():
+    oracle = OracleDenoiser(ChainLanguage())
+    with pytest.raises(ValueError, match=r'setting \{"threshold":0.9\}: threshold=0.9 is read only by'):
+        check_settings(oracle, expand([{"threshold": 0.9}]), 8)
+
+
+def _brute_front(rows):
+    def beats(a, b):
+        return (
+            a["quality"] >= b["quality"]
+            and a["tokens_per_s"] >= b["tokens_per_s"]
+            and a != b
+            and (a["quality"] > b["quality"] or a["tokens_per_s"] > b["tokens_per_s"])
+        )
+
+    return {id(r) for r in rows if not any(beats(o, r) for o in rows)}
+
+
+def test_front_is_exactly_the_undominated_rows():
+    rng = random.Random(0)
+    for _ in range(50):
+        rows = [
+            {"quality": rng.choice([0.1, 0.5, 0.9]), "tokens_per_s": rng.choice([10, 20, 30]), "dropped_after": None}
+            for _ in range(8)
+        ]
+        front = pareto_front(rows)
+        assert {id(r) for r in front} == _brute_front(rows)
+        assert [r["tokens_per_s"] for r in front] == sorted(r["tokens_per_s"] for r in front)
+
+
+def test_choice_is_the_fastest_within_the_tolerance():
+    front = [
+        {"quality": 0.99, "tokens_per_s": 10},
+        {"quality": 0.975, "tokens_per_s": 20},
+        {"quality": 0.9, "tokens_per_s": 50},
+    ]
+    assert choose(front, 0.02)["tokens_per_s"] == 20
+    assert choose(front, 0.1)["tokens_per_s"] == 50
+    assert choose(front, 0.0)["tokens_per_s"] == 10
+    assert choose(front, objective=lambda r: r["quality"] * r["tokens_per_s"])["tokens_per_s"] == 50
+
+
+def _speeds(settings, slow_key=None):
+    """Deterministic speeds: a forward per step, so tokens/s = 1000 / steps; ``slow_key`` ten times slower."""
+    return {
+        setting_key(s): {
+            "tokens_per_s": 1000 / s["steps"] / (10 if setting_key(s) == slow_key else 1),
+            "tokens_per_s_min": 0.0,
+            "tokens_per_s_max": 0.0,
+        }
+        for s in settings
+    }
+
+
+def _chain_fronts(model, tmp_path, language):
+    settings = expand(CHAIN_SPACE)
+    speeds = _speeds(settings)
+    task = SyntheticTask(language, 16)
+    rows = {}
+    for how in ("grid", "halving"):
+        cache = CellCache(tmp_path / f"{how}.json")
+        rows[how] = search(model, task, settings, speeds, cache, how, min_samples=32, max_samples=128)
+    return rows
+
+
+def test_halving_finds_the_grid_front_with_fewer_samples_on_the_oracle(tmp_path):
+    """The chain language with its oracle: random order at 16 steps (SER about 0.5) ties left-to-right's speed with
+    a far lower quality, so halving drops it after its first 32 samples; both searches give the same front."""
+    rows = _chain_fronts(OracleDenoiser(ChainLanguage()), tmp_path, ChainLanguage())
+    fronts = {how: [setting_key(r["setting"]) for r in pareto_front(found)] for how, found in rows.items()}
+    assert fronts["grid"] == fronts["halving"]
+    dropped = [r for r in rows["halving"] if r["dropped_after"] is not None]
+    assert [r["setting"] for r in dropped] == [{"transfer": "stochastic", "strategy": "random", "steps": 16}]
+    assert dropped[0]["samples"] == 32 and dropped[0]["dropped_after"] == 0
+    used = {how: sum(r["samples"] for r in found) for how, found in rows.items()}
+    assert used == {"grid": 5 * 128, "halving": 5 * 128 - 96}
+    front = pareto_front(rows["grid"])
+    assert all(
+        not any(o["quality"] > r["quality"] and o["tokens_per_s"] >= r["tokens_per_s"] for o in rows["grid"])
+        for r in front
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny MDM trained briefly on a 2-gram language with every sequence valid but one pruned transition."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    from hf_mdm.training import build_trainer
+
+    language = NGramLanguage.random(vocab_size=4, n=2, seed=0, prune_threshold=0.2)
+    rows = language.sample(2048, 8, generator=torch.Generator().manual_seed(0))
+    data = Dataset.from_dict({"input_ids": rows.tolist()})
+    folder = tmp_path_factory.mktemp("trained")
+    args = TrainingArguments(
+        output_dir=str(folder / "run"),
+        per_device_train_batch_size=64,
+        max_steps=150,
+        learning_rate=3e-3,
+        report_to=[],
+        logging_steps=1000,
+        disable_tqdm=True,
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+    )
+    trainer = build_trainer("mdm", data, data, vocab_size=4, length=8, args=args)
+    trainer.train()
+    trainer.model.save_pretrained(folder / "model")
+    language.save_pretrained(folder / "model" / "language")
+    return folder / "model", language
+
+
+def test_halving_and_grid_agree_on_a_trained_model(trained, tmp_path):
+    folder, language = trained
+    model = MDMForMaskedDiffusion.from_pretrained(folder).eval()
+    settings = expand([{"transfer": "stochastic", "strategy": "random", "steps": [1, 2, 8]}])
+    slow = setting_key(settings[2])
+    speeds = _speeds(settings, slow_key=slow)  # 8 steps, ten times slower: dominated once 1 or 2 steps beat it
+    task = SyntheticTask(language, 8)
+    grid = search(model, task, settings, speeds, CellCache(tmp_path / "g.json"), "grid", 32, 256)
+    halving = search(model, task, settings, speeds, CellCache(tmp_path / "h.json"), "halving", 32, 256)
+    assert [setting_key(r["setting"]) for r in pareto_front(grid)] == [
+        setting_key(r["setting"]) for r in pareto_front(halving)
+    ]
+    assert sum(r["samples"] for r in halving) <= sum(r["samples"] for r in grid)
+
+
+def test_tune_writes_the_front_and_a_config_generate_uses(trained, tmp_path):
+    folder, language = trained
+    model = MDMForMaskedDiffusion.from_pretrained(folder).eval()
+    space = [
+        {"transfer": "stochastic", "strategy": "random", "steps": [2, 8]},
+        {"transfer": "threshold", "strategy": "confidence", "threshold": 0.9},
+    ]
+    out = tmp_path / "tune"
+    result = tune(model, SyntheticTask(language, 8), space, out, min_samples=16, max_samples=32, rounds=2)
+    front = json.loads((out / "front.json").read_text())
+    assert front["chosen"]["on_front"] and front["held_out"]["samples"] == 32
+    for row in front["rows"]:
+        assert {"setting", "quality", "quality_ci_low", "quality_ci_high", "samples", "nfe_per_token"} <= set(row)
+        assert {"positions_per_token", "tokens_per_s", "on_front"} <= set(row)
+        assert row["quality_ci_low"] <= row["quality"] <= row["quality_ci_high"]
+    assert (out / "front.csv").read_text().count("\n") == 4 and (out / "front.png").stat().st_size > 0
+    assert "Chosen (the fastest on the front within 0.02" in (out / "front.md").read_text()
+    # the chosen setting, put in a model folder, is what generate does by default
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    write_generation_config(copy, result["chosen"]["setting"])
+    reloaded = MDMForMaskedDiffusion.from_pretrained(copy).eval()
+    prompt = torch.zeros(4, 0, dtype=torch.long)
+    by_default = reloaded.generate(prompt, max_new_tokens=8, seed=3, temperature=1.0)
+    explicit = model.generate(prompt, max_new_tokens=8, seed=3, temperature=1.0, **result["chosen"]["setting"])
+    assert torch.equal(by_default, explicit)
+
+
+def test_a_killed_tune_resumes_to_the_same_front(tmp_path, monkeypatch):
+    """The cache of a finished run with its last chunks removed (a kill mid-run): the same call measures only those
+    chunks again and writes the same front."""
+    language = ChainLanguage()
+    oracle, task = OracleDenoiser(language), SyntheticTask(language, 16)
+    first = tune(oracle, task, CHAIN_SPACE, tmp_path / "a", min_samples=32, max_samples=64, rounds=2)
+    cells = json.loads((tmp_path / "a" / "cache.json").read_text())
+    chunks = sorted(k for k in cells if k.startswith("chunk|") and "|dev|" in k)
+    kept = {k: v for k, v in cells.items() if k not in chunks[:3]}
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "cache.json").write_text(json.dumps(kept))
+    calls = []
+    measure = SyntheticTask.measure
+    monkeypatch.setattr(SyntheticTask, "measure", lambda self, *a, **k: calls.append(a) or measure(self, *a, **k))
+    second = tune(oracle, task, CHAIN_SPACE, tmp_path / "b", min_samples=32, max_samples=64, rounds=2)
+    assert len(calls) == 3
+    assert [r["on_front"] for r in second["rows"]] == [r["on_front"] for r in first["rows"]]
+    assert [r["quality"] for r in second["rows"]] == [r["quality"] for r in first["rows"]]
+
+
+def test_cli_tune_on_the_oracle_and_its_errors(tmp_path, capsys):
+    language = ChainLanguage()
+    language.save_pretrained(tmp_path / "lang")
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(CHAIN_SPACE))
+    argv = ["tune", "--model", "oracle", "--language", str(tmp_path / "lang"), "--space", str(tmp_path / "space.yaml")]
+    argv += ["--length", "8", "--output-dir", str(tmp_path / "out"), "--min-samples", "16", "--max-samples", "32"]
+    assert cli.main(argv + ["--rounds", "2", "--threads", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "| front | setting |" in printed and "samples used:" in printed
+    assert json.loads((tmp_path / "out" / "front.json").read_text())["search"] == "halving"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump([{"transfer": "stochastic", "stepz": [2]}]))
+    bad = [a if a != str(tmp_path / "space.yaml") else str(tmp_path / "bad.yaml") for a in argv]
+    assert cli.main(bad) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "unknown generate field 'stepz'" in err[0]
+    assert not (tmp_path / "out2").exists()
