@@ -39,13 +39,31 @@ def _space(path: str) -> list:
     return space.get("space", space) if isinstance(space, dict) else space
 
 
+def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    """(model, task, AR baseline or None): an lm-eval task with ``--task``, else the synthetic language."""
+    from .tuning import LmEvalTask, SyntheticTask
+
+    if args.task:
+        from .harness.evaluator import create_lm
+
+        if args.model == "oracle" or args.ar_model:
+            raise ValueError("--task runs a checkpoint through lm-eval: pass --model PATH and no --ar-model")
+        lm = create_lm("hf_mdm", {"pretrained": args.model}, batch_size=args.batch_size)
+        start = args.test_start if args.test_start is not None else args.max_samples
+        task = LmEvalTask(lm, args.task, start, metric=args.metric, max_gen_toks=args.max_gen_toks)
+        return lm.model, task, None
+    if args.length is None:
+        raise ValueError("--length is needed with a synthetic language (or pass --task for an lm-eval task)")
+    model, language, ar = _load(args)
+    return model, SyntheticTask(language, args.length, batch_size=args.batch_size), ar
+
+
 def _tune(args: argparse.Namespace) -> int:
     from .fileio import write_atomic
-    from .tuning import SyntheticTask, tune
+    from .tuning import tune
 
     space = _space(args.space)
-    model, language, ar = _load(args)
-    task = SyntheticTask(language, args.length, batch_size=args.batch_size)
+    model, task, ar = _task(args)
     result = tune(
         model,
         task,
@@ -56,6 +74,7 @@ def _tune(args: argparse.Namespace) -> int:
         max_samples=args.max_samples,
         tolerance=args.tolerance,
         rounds=args.rounds,
+        timing_rows=args.timing_rows,
         ar_model=ar,
     )
     print((Path(args.output_dir) / "front.md").read_text())
@@ -69,17 +88,27 @@ def _tune(args: argparse.Namespace) -> int:
 
 def add_tune_command(commands: Any, at_least: Callable) -> None:
     """``hf-mdm tune`` (``at_least``: the command line's integer-range type)."""
-    tune = commands.add_parser("tune", help="the sampler settings that win for a model and a synthetic language")
+    tune = commands.add_parser("tune", help="the sampler settings that win for a model on a language or lm-eval task")
     tune.add_argument("--model", required=True, help="an MDM checkpoint directory, or `oracle`")
     tune.add_argument("--language", default=None, help="saved language directory (default: the model's language/)")
     tune.add_argument("--space", required=True, help="YAML: a list of groups, each mapping generate fields to values")
-    tune.add_argument("--length", type=at_least(1), required=True, help="tokens per sample")
+    tune.add_argument("--length", type=at_least(1), default=None, help="tokens per sample (synthetic languages)")
+    tune.add_argument("--task", default=None, help="an lm-eval generation task (e.g. mdm_gsm8k) instead of a language")
+    tune.add_argument("--metric", default="exact_match", help="--task: the 0/1 metric whose share is the quality")
+    tune.add_argument("--max-gen-toks", type=at_least(1), default=256, help="--task: tokens generated at most")
+    tune.add_argument(
+        "--test-start",
+        type=at_least(0),
+        default=None,
+        help="--task: the first held-out document (default --max-samples)",
+    )
     tune.add_argument("--output-dir", required=True, help="front.json/csv/md/png, generation_config.json, cache")
     tune.add_argument("--search", choices=["halving", "grid"], default="halving")
     tune.add_argument("--min-samples", type=at_least(1), default=32, help="samples each setting gets first")
     tune.add_argument("--max-samples", type=at_least(1), default=256, help="samples of the settings never dropped")
     tune.add_argument("--tolerance", type=float, default=0.02, help="quality the chosen setting may give up")
     tune.add_argument("--rounds", type=at_least(1), default=5, help="interleaved timing rounds")
+    tune.add_argument("--timing-rows", type=at_least(1), default=16, help="samples (documents) per timed call")
     tune.add_argument("--batch-size", type=at_least(1), default=64)
     tune.add_argument("--ar-model", default=None, help="an AR checkpoint timed and scored as the reference")
     tune.add_argument(

@@ -86,7 +86,7 @@ def test_python_blocks_run_as_written(hub_cache, tmp_path):
 
 
 def test_synthetic_pipeline_commands(tmp_path, monkeypatch, capsys):
-    (pipeline,) = [b for b in blocks("bash") if "hf-mdm dataset build" in b]
+    (pipeline,) = [b for b in blocks("bash") if "hf-mdm dataset build" in b and "hf-mdm tune" not in b]
     monkeypatch.chdir(tmp_path)
     printed = {}
     with mock.patch.object(HfApi, "create_repo"), mock.patch.object(HfApi, "create_commit") as commit:

@@ -4,6 +4,7 @@ chosen config round trip, resuming, and the command line."""
 import json
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -237,3 +238,29 @@ def test_cli_tune_on_the_oracle_and_its_errors(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unknown generate field 'stepz'" in err[0]
     assert not (tmp_path / "out2").exists()
+
+
+def test_cli_tune_on_a_tiny_lm_eval_task(tmp_path, capsys, monkeypatch):
+    """hf-mdm tune --task: the tiny MDM on mdm_gsm8k, two settings, two then four development documents each, the
+    chosen one on four held-out documents; the rows carry the harness's counted costs."""
+    import os
+
+    from hf_mdm.harness.tiny import build_tiny_models
+
+    monkeypatch.setenv(
+        "HF_MDM_DATA_DIR", os.environ.get("HF_MDM_DATA_DIR", str(Path(__file__).parents[2] / "shared" / "data"))
+    )
+    paths = build_tiny_models(tmp_path / "models")
+    space = [{"transfer": "stochastic", "strategy": "random", "steps": [4, 8]}]
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
+    argv = ["tune", "--model", paths["mdm"], "--task", "mdm_gsm8k", "--space", str(tmp_path / "space.yaml")]
+    argv += ["--max-gen-toks", "8", "--output-dir", str(tmp_path / "out"), "--min-samples", "2", "--max-samples", "4"]
+    assert cli.main(argv + ["--rounds", "1", "--timing-rows", "2", "--batch-size", "2"]) == 0
+    front = json.loads((tmp_path / "out" / "front.json").read_text())
+    assert [r["samples"] for r in front["rows"]] == [4, 4] and front["held_out"]["samples"] == 4
+    by_steps = {r["setting"]["steps"]: r for r in front["rows"]}
+    # a step that reveals nothing runs no forward: at most 4 and 8 forwards for the 8 tokens
+    assert 0 < by_steps[4]["nfe_per_token"] <= 4 / 8 < by_steps[8]["nfe_per_token"] <= 1.0
+    assert front["quality_name"].startswith("mdm_gsm8k exact_match")
+    assert cli.main(argv[:-6] + ["--output-dir", str(tmp_path / "x"), "--ar-model", paths["llama"]]) == 2
+    assert "--task runs a checkpoint through lm-eval" in capsys.readouterr().err

@@ -6,6 +6,6 @@ from .front import choose, pareto_front
 from .run import tune
 from .search import search, time_settings
 from .space import expand
-from .tasks import SyntheticTask
+from .tasks import LmEvalTask, SyntheticTask
 
-__all__ = ["SyntheticTask", "choose", "expand", "pareto_front", "search", "time_settings", "tune"]
+__all__ = ["LmEvalTask", "SyntheticTask", "choose", "expand", "pareto_front", "search", "time_settings", "tune"]

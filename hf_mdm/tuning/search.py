@@ -39,7 +39,7 @@ def time_settings(
 
     def measure() -> dict:
         times = interleaved_times(runs, rounds, device=_device(model))
-        tokens = rows * task.length
+        tokens = rows * task.length  # the tokens a call may generate (a task stopping early is faster per token)
         return {
             name: {
                 "tokens_per_s": tokens / statistics.median(seconds),
@@ -112,7 +112,7 @@ def _budgets(min_samples: int, max_samples: int) -> list[int]:
 def describe(counts: Counts, length: int) -> dict:
     """A row's quality with its interval, its samples and its costs per token."""
     quality, low, high = counts.quality()
-    tokens = max(counts.samples, 1) * length
+    tokens = counts.tokens or max(counts.samples, 1) * length
     return {
         "quality": quality,
         "quality_ci_low": low,

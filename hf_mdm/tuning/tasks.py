@@ -33,12 +33,13 @@ class Counts:
     samples: int = 0
     forwards: float = 0.0
     positions: float = 0.0
+    tokens: float = 0.0  # tokens generated; 0: every sample generated the task's full length
 
     def __add__(self, other: "Counts") -> "Counts":
         return Counts(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple())))
 
     def as_tuple(self) -> tuple:
-        return self.valid, self.samples, self.forwards, self.positions
+        return self.valid, self.samples, self.forwards, self.positions, self.tokens
 
     def quality(self) -> tuple[float, float, float]:
         """The share of valid samples with its 95% Wilson interval."""
@@ -92,3 +93,57 @@ class SyntheticTask:
         empty = torch.zeros(rows, 0, dtype=torch.long, device=_device(model))
         kwargs = {"steps": None, **setting, "temperature": 1.0}
         return lambda: diffusion_generate(model, empty, max_new_tokens=self.length, seed=0, stop_at_eos=False, **kwargs)
+
+
+class LmEvalTask:
+    """A generation task of lm-eval (e.g. the harness's ``mdm_gsm8k``) run through an hf_mdm lm-eval model ``lm``
+    (`hf_mdm.harness.create_lm`), each setting as the run's generation kwargs with ``max_gen_toks``; the quality is
+    the share of documents whose 0/1 ``metric`` (of the task's first filter) is 1, with its Wilson interval. The
+    development split is the task's documents from 0, the held-out split those from ``test_start`` on (disjoint
+    when ``test_start`` is at least the development documents used). Costs from the harness's per-request timing:
+    sequential forwards, positions computed and tokens generated."""
+
+    def __init__(self, lm: Any, task: str, test_start: int, metric: str = "exact_match", max_gen_toks: int = 256):
+        from ..harness.evaluator import build_task_manager
+
+        self.lm, self.task, self.metric, self.test_start = lm, task, metric, int(test_start)
+        self.length = int(max_gen_toks)
+        self.manager = build_task_manager([task])
+        self.quality_name = f"{task} {metric} (share of documents)"
+
+    @property
+    def description(self) -> str:
+        return f"lm-eval task {self.task}, up to {self.length} generated tokens"
+
+    @property
+    def key(self) -> str:
+        described = json.dumps([self.task, self.metric, self.length, str(getattr(self.lm, "pretrained", ""))])
+        return "lm-eval|" + hashlib.sha1(described.encode()).hexdigest()[:12]
+
+    def measure(self, model: Any, setting: dict, num: int, start: int, split: str = "dev") -> Counts:
+        """Counts of documents ``start`` to ``start + num`` of ``split`` answered with ``setting``."""
+        from ..harness.evaluator import simple_evaluate
+
+        first = start + (0 if split == "dev" else self.test_start)
+        results = simple_evaluate(
+            self.lm,
+            tasks=[self.task],
+            samples={self.task: list(range(first, first + num))},
+            log_samples=True,
+            gen_kwargs={**setting, "max_gen_toks": self.length},
+            task_manager=self.manager,
+        )
+        logged = results["samples"][self.task]
+        kept = [s for s in logged if s["filter"] == logged[0]["filter"]]
+        timing = [t for s in kept for t in s.get("timing") or []]
+        return Counts(
+            int(sum(float(s[self.metric]) == 1.0 for s in kept)),
+            len(kept),
+            float(sum(t["nfe"] for t in timing)),
+            float(sum(t.get("forward_tokens", 0.0) for t in timing)),
+            float(sum(t["generated_tokens"] for t in timing)),
+        )
+
+    def timed_run(self, model: Any, setting: dict, rows: int) -> Callable[[], Any]:
+        """The task's first ``rows`` development documents answered with ``setting``."""
+        return lambda: self.measure(model, setting, rows, 0, "dev")
