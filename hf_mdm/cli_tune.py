@@ -48,6 +48,7 @@ def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
         if args.model == "oracle" or args.ar_model:
             raise ValueError("--task runs a checkpoint through lm-eval: pass --model PATH and no --ar-model")
+        _check_task_inputs(args.task, args.model)
         lm = create_lm("hf_mdm", {"pretrained": args.model}, batch_size=args.batch_size)
         start = args.test_start if args.test_start is not None else args.max_samples
         task = LmEvalTask(lm, args.task, start, metric=args.metric, max_gen_toks=args.max_gen_toks)
@@ -56,6 +57,19 @@ def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
         raise ValueError("--length is needed with a synthetic language (or pass --task for an lm-eval task)")
     model, language, ar = _load(args)
     return model, SyntheticTask(language, args.length, batch_size=args.batch_size), ar
+
+
+def _check_task_inputs(task: str, model: str) -> None:
+    """Before any model loads: the task is one lm-eval knows, and a local checkpoint has a tokenizer to read it."""
+    from .harness.evaluator import build_task_manager
+
+    if task not in build_task_manager([task]).all_tasks:
+        raise ValueError(f"--task {task}: no such lm-eval task (hf_mdm's: mdm_gsm8k, mdm_gsm8k_chain, mdm_mbpp, ...)")
+    folder = Path(model)
+    if folder.is_dir() and not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(
+            f"--model {model} has no tokenizer: --task reads and writes text, so save one beside the model"
+        )
 
 
 def _tune(args: argparse.Namespace) -> int:

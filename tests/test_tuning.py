@@ -264,3 +264,5 @@ def test_cli_tune_on_a_tiny_lm_eval_task(tmp_path, capsys, monkeypatch):
     assert front["quality_name"].startswith("mdm_gsm8k exact_match")
     assert cli.main(argv[:-6] + ["--output-dir", str(tmp_path / "x"), "--ar-model", paths["llama"]]) == 2
     assert "--task runs a checkpoint through lm-eval" in capsys.readouterr().err
+    bad_task = argv[:4] + ["nosuchtask"] + argv[5:]
+    assert cli.main(bad_task) == 2 and "--task nosuchtask: no such lm-eval task" in capsys.readouterr().err
