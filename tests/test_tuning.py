@@ -266,3 +266,10 @@ def test_cli_tune_on_a_tiny_lm_eval_task(tmp_path, capsys, monkeypatch):
     assert "--task runs a checkpoint through lm-eval" in capsys.readouterr().err
     bad_task = argv[:4] + ["nosuchtask"] + argv[5:]
     assert cli.main(bad_task) == 2 and "--task nosuchtask: no such lm-eval task" in capsys.readouterr().err
+    # the chosen setting in a model folder is what the lm-eval model samples with by default
+    from hf_mdm.harness.evaluator import create_lm
+
+    shutil.copytree(paths["mdm"], tmp_path / "chosen")
+    write_generation_config(tmp_path / "chosen", front["chosen"]["setting"])
+    resolved = create_lm("hf_mdm", {"pretrained": str(tmp_path / "chosen")})._resolve_generation_config({})
+    assert {k: getattr(resolved, k) for k in front["chosen"]["setting"]} == front["chosen"]["setting"]
