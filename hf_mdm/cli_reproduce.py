@@ -42,9 +42,12 @@ def _bench(args: argparse.Namespace) -> int:
     return 0 if result else 1
 
 
-def _experiment_worker(name: str, config_dir: str, output_dir: str, full: bool) -> float:
+def _experiment_worker(name: str, config_dir: str, output_dir: str, full: bool, announce: str = "") -> float:
+    """Run one experiment on one thread (printing ``announce`` as it starts); its seconds."""
     import torch
 
+    if announce:
+        print(announce, flush=True)
     torch.set_num_threads(1)
     start = time.perf_counter()
     _run_experiment(name, Path(config_dir), Path(output_dir), full)
@@ -57,9 +60,10 @@ class _Progress:
     def __init__(self, names: list[str]):
         self.total, self.started, self.done, self.start = len(names), 0, 0, time.perf_counter()
 
-    def starting(self, name: str) -> None:
+    def starting(self, name: str) -> str:
+        """The line an experiment prints as it starts (in its own process, when a core is free for it)."""
         self.started += 1
-        print(f"[{self.started}/{self.total}] {name}: started ({self.total - self.started} still to start)", flush=True)
+        return f"[{self.started}/{self.total}] {name}: started ({self.total - self.started} still to start)"
 
     def finished(self, name: str, seconds: float) -> None:
         self.done += 1
@@ -77,8 +81,8 @@ def _run_side_by_side(parallel: list[str], args: argparse.Namespace, progress: _
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
 
         def submit(name: str) -> Any:
-            progress.starting(name)
-            future = pool.submit(_experiment_worker, name, args.config_dir, args.output_dir, args.full)
+            announce = progress.starting(name)
+            future = pool.submit(_experiment_worker, name, args.config_dir, args.output_dir, args.full, announce)
             future.add_done_callback(lambda f: f.exception() or progress.finished(name, f.result()))
             return future
 
@@ -103,8 +107,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     progress = _Progress(names)
     seconds = _run_side_by_side([n for n in names if n != "wallclock"], args, progress)
     if "wallclock" in names:  # alone, so that nothing else competes for the cores while it times
-        progress.starting("wallclock")
-        seconds["wallclock"] = _experiment_worker("wallclock", args.config_dir, str(output_dir), args.full)
+        announce = progress.starting("wallclock")
+        seconds["wallclock"] = _experiment_worker("wallclock", args.config_dir, str(output_dir), args.full, announce)
         progress.finished("wallclock", seconds["wallclock"])
     report = write_report(output_dir, full=args.full)
     print("\n" + "\n".join(f"{name}: {seconds[name] / 60:.1f} min, {output_dir / name}.md" for name in names))

@@ -49,7 +49,7 @@ def test_a_section_whose_json_is_missing_says_so(tmp_path):
     assert report.index("## Summary") < report.index("## Sequence error rate vs steps")
 
 
-def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, capsys):
+def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, capfd):
     """One experiment (the SER one, in miniature): a line when it starts and ends with how many remain, then one line
     per experiment with its time and table, the report's summary and where the report is; not the tables."""
     configs = tmp_path / "configs"
@@ -72,7 +72,7 @@ def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, cap
         "1",
     ]
     assert cli.main(args) == 0
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out  # the experiment's own process prints its start
     assert "[1/1] ser_vs_steps: started (0 still to start)" in printed
     assert "[1/1 done] ser_vs_steps: " in printed
     assert "ser_vs_steps: " in printed and f"{out / 'ser_vs_steps'}.md" in printed
