@@ -273,3 +273,16 @@ def test_cli_tune_on_a_tiny_lm_eval_task(tmp_path, capsys, monkeypatch):
     write_generation_config(tmp_path / "chosen", front["chosen"]["setting"])
     resolved = create_lm("hf_mdm", {"pretrained": str(tmp_path / "chosen")})._resolve_generation_config({})
     assert {k: getattr(resolved, k) for k in front["chosen"]["setting"]} == front["chosen"]["setting"]
+
+
+def test_an_objective_picks_the_chosen_setting(tmp_path):
+    language = ChainLanguage()
+    oracle, task = OracleDenoiser(language), SyntheticTask(language, 16)
+    picked = tune(
+        oracle, task, CHAIN_SPACE, tmp_path, min_samples=32, max_samples=32, rounds=1, objective=lambda r: -r["quality"]
+    )
+    front = [r for r in picked["rows"] if r["on_front"]]
+    assert (
+        picked["chosen"]["quality"] == min(r["quality"] for r in front)
+        and picked["rule"] == "the objective's best on the front"
+    )

@@ -12,7 +12,7 @@ Cells (timings, chunks of samples) are cached in ``<output_dir>/cache.json``: th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..experiments.common import CellCache
 from .front import choose, pareto_front
@@ -36,9 +36,11 @@ def tune(
     rounds: int = 5,
     timing_rows: int = 16,
     ar_model: Optional[Any] = None,
+    objective: Optional[Callable[[dict], float]] = None,
 ) -> dict:
     """Search ``space`` for ``model`` on ``task`` and write the answer into ``output_dir`` (see the module
-    docstring); returns what ``front.json`` holds."""
+    docstring); returns what ``front.json`` holds. ``objective`` (a row -> a score, higher better) picks the chosen
+    row of the front instead of the tolerance rule."""
     settings = expand(space)  # 1
     check_settings(model, settings, task.length)
     output_dir = Path(output_dir)
@@ -49,14 +51,16 @@ def tune(
     front = pareto_front(rows)  # 4
     for row in rows:
         row["on_front"] = any(row is f for f in front)
-    chosen = choose(front, tolerance)
+    chosen = choose(front, tolerance, objective)
     held = measured(model, task, chosen["setting"], max_samples, min_samples, cache, "test")  # 5
     result = {
         "task": task.description,
         "quality_name": task.quality_name,
         "search": how,
         "rounds": rounds,
-        "rule": f"the fastest on the front within {tolerance} of the best quality",
+        "rule": "the objective's best on the front"
+        if objective
+        else f"the fastest on the front within {tolerance} of the best quality",
         "rows": rows,
         "chosen": chosen,
         "held_out": describe(held, task.length),
