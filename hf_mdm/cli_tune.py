@@ -46,17 +46,19 @@ def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if args.task:
         from .harness.evaluator import create_lm
 
-        if args.model == "oracle" or args.ar_model:
-            raise ValueError("--task runs a checkpoint through lm-eval: pass --model PATH and no --ar-model")
-        _check_task_inputs(args.task, args.model)
+        if args.model == "oracle":
+            raise ValueError("--task runs a checkpoint through lm-eval: pass --model PATH, not oracle")
+        for model in filter(None, (args.model, args.ar_model)):
+            _check_task_inputs(args.task, model)
         lm = create_lm("hf_mdm", {"pretrained": args.model}, batch_size=args.batch_size)
+        ar = create_lm("hf_timed", {"pretrained": args.ar_model}, batch_size=args.batch_size) if args.ar_model else None
         start = args.test_start if args.test_start is not None else args.max_samples
         task = LmEvalTask(lm, args.task, start, metric=args.metric, max_gen_toks=args.max_gen_toks)
-        return lm.model, task, None
+        return lm.model, task, ar
     if args.length is None:
         raise ValueError("--length is needed with a synthetic language (or pass --task for an lm-eval task)")
     model, language, ar = _load(args)
-    return model, SyntheticTask(language, args.length, batch_size=args.batch_size), ar
+    return model, SyntheticTask(language, args.length, batch_size=args.batch_size, quality=args.quality), ar
 
 
 def _check_task_inputs(task: str, model: str) -> None:
@@ -107,6 +109,12 @@ def add_tune_command(commands: Any, at_least: Callable) -> None:
     tune.add_argument("--language", default=None, help="saved language directory (default: the model's language/)")
     tune.add_argument("--space", required=True, help="YAML: a list of groups, each mapping generate fields to values")
     tune.add_argument("--length", type=at_least(1), default=None, help="tokens per sample (synthetic languages)")
+    tune.add_argument(
+        "--quality",
+        choices=["valid", "likelihood"],
+        default="valid",
+        help="synthetic languages: the share of valid samples (1 - SER), or their mean log q(x) per token",
+    )
     tune.add_argument("--task", default=None, help="an lm-eval generation task (e.g. mdm_gsm8k) instead of a language")
     tune.add_argument("--metric", default="exact_match", help="--task: the 0/1 metric whose share is the quality")
     tune.add_argument("--max-gen-toks", type=at_least(1), default=256, help="--task: tokens generated at most")
@@ -124,7 +132,11 @@ def add_tune_command(commands: Any, at_least: Callable) -> None:
     tune.add_argument("--rounds", type=at_least(1), default=5, help="interleaved timing rounds")
     tune.add_argument("--timing-rows", type=at_least(1), default=16, help="samples (documents) per timed call")
     tune.add_argument("--batch-size", type=at_least(1), default=64)
-    tune.add_argument("--ar-model", default=None, help="an AR checkpoint timed and scored as the reference")
+    tune.add_argument(
+        "--ar-model",
+        default=None,
+        help="an AR checkpoint timed and scored as the reference (with --task: through hf_timed)",
+    )
     tune.add_argument(
         "--save-to-model", action="store_true", help="also write the chosen generation_config.json into --model"
     )

@@ -255,15 +255,21 @@ def test_cli_tune_on_a_tiny_lm_eval_task(tmp_path, capsys, monkeypatch):
     (tmp_path / "space.yaml").write_text(yaml.safe_dump(space))
     argv = ["tune", "--model", paths["mdm"], "--task", "mdm_gsm8k", "--space", str(tmp_path / "space.yaml")]
     argv += ["--max-gen-toks", "8", "--output-dir", str(tmp_path / "out"), "--min-samples", "2", "--max-samples", "4"]
-    assert cli.main(argv + ["--rounds", "1", "--timing-rows", "2", "--batch-size", "2"]) == 0
+    assert (
+        cli.main(argv + ["--rounds", "1", "--timing-rows", "2", "--batch-size", "2", "--ar-model", paths["llama"]]) == 0
+    )
     front = json.loads((tmp_path / "out" / "front.json").read_text())
     assert [r["samples"] for r in front["rows"]] == [4, 4] and front["held_out"]["samples"] == 4
     by_steps = {r["setting"]["steps"]: r for r in front["rows"]}
     # a step that reveals nothing runs no forward: at most 4 and 8 forwards for the 8 tokens
     assert 0 < by_steps[4]["nfe_per_token"] <= 4 / 8 < by_steps[8]["nfe_per_token"] <= 1.0
     assert front["quality_name"].startswith("mdm_gsm8k exact_match")
-    assert cli.main(argv[:-6] + ["--output-dir", str(tmp_path / "x"), "--ar-model", paths["llama"]]) == 2
-    assert "--task runs a checkpoint through lm-eval" in capsys.readouterr().err
+    assert (
+        front["baseline"]["samples"] == 4 and front["baseline"]["tokens_per_s"] > 0
+    )  # the tiny Llama on the same docs
+    assert front["baseline"]["nfe_per_token"] == pytest.approx(1.0, abs=0.5)  # one forward a token (stops early)
+    oracle = ["tune", "--model", "oracle"] + argv[3:]
+    assert cli.main(oracle) == 2 and "--task runs a checkpoint through lm-eval" in capsys.readouterr().err
     bad_task = argv[:4] + ["nosuchtask"] + argv[5:]
     assert cli.main(bad_task) == 2 and "--task nosuchtask: no such lm-eval task" in capsys.readouterr().err
     # the chosen setting in a model folder is what the lm-eval model samples with by default
@@ -286,3 +292,38 @@ def test_an_objective_picks_the_chosen_setting(tmp_path):
         picked["chosen"]["quality"] == min(r["quality"] for r in front)
         and picked["rule"] == "the objective's best on the front"
     )
+
+
+def test_likelihood_quality_is_the_samples_mean_log_q_per_token(tmp_path):
+    """On the chain every valid sequence of 16 tokens has log q = -log 16 - 15 log 4: one token a step left to right
+    with the oracle (an exact sampler) scores exactly that per token, with a zero-width interval; two steps of the
+    paper's sampler produce invalid sequences, whose log q is -inf, and no interval can lift them."""
+    import math
+
+    language = ChainLanguage()
+    task = SyntheticTask(language, 16, quality="likelihood")
+    settings = expand(CHAIN_SPACE)
+    rows = search(
+        OracleDenoiser(language), task, settings, _speeds(settings), CellCache(tmp_path / "c.json"), "grid", 32, 64
+    )
+    by_key = {setting_key(r["setting"]): r for r in rows}
+    exact = by_key[setting_key(settings[-1])]
+    assert exact["quality"] == pytest.approx(-(math.log(16) + 15 * math.log(4)) / 16)
+    assert exact["quality_ci_low"] == pytest.approx(exact["quality"]) == pytest.approx(exact["quality_ci_high"])
+    assert by_key[setting_key(settings[0])]["quality"] == -math.inf
+    assert task.quality_name.startswith("mean log q(x) per token")
+    assert exact in pareto_front(rows)
+
+
+def test_front_json_is_strict_json_with_null_for_minus_infinity(tmp_path):
+    language = ChainLanguage()
+    task = SyntheticTask(language, 16, quality="likelihood")
+    tune(OracleDenoiser(language), task, CHAIN_SPACE, tmp_path, min_samples=16, max_samples=16, rounds=1)
+
+    def refuse(constant):
+        raise AssertionError(f"{constant} in front.json")
+
+    front = json.loads((tmp_path / "front.json").read_text(), parse_constant=refuse)
+    steps2 = next(r for r in front["rows"] if r["setting"].get("steps") == 2)
+    assert steps2["quality"] is None and steps2["quality_ci_low"] is None  # invalid samples: log q = -inf
+    assert front["chosen"]["quality"] < 0  # the tolerance rule picks among finite qualities near the best

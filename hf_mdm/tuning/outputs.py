@@ -8,9 +8,10 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from ..fileio import write_atomic
 from ..generation_config import MaskedDiffusionGenerationConfig
@@ -35,11 +36,23 @@ COLUMNS = (
 def write_outputs(folder: Path, result: dict) -> None:
     """All files of the module docstring from ``result`` (rows, chosen, held_out, baseline, task description)."""
     folder = Path(folder)
-    write_atomic(folder / "front.json", json.dumps(result, indent=1))
+    write_atomic(folder / "front.json", json.dumps(_json_safe(result), indent=1, allow_nan=False))
     write_atomic(folder / "front.csv", _csv(result["rows"]))
     write_atomic(folder / "front.md", front_table(result))
     write_atomic(folder / "front.png", _plot(result))
     write_generation_config(folder, result["chosen"]["setting"])
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float as None (a log-likelihood quality is -inf for a sample outside the
+    language), so that ``front.json`` is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 def write_generation_config(folder: Path, setting: dict) -> Path:
@@ -108,7 +121,7 @@ def _plot(result: dict) -> bytes:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for on_front, colour, label in ((False, "0.6", "setting"), (True, "C0", "on the front")):
-        rows = [r for r in result["rows"] if r["on_front"] == on_front]
+        rows = [r for r in result["rows"] if r["on_front"] == on_front and math.isfinite(r["quality"])]
         if rows:
             ax.errorbar(
                 [r["tokens_per_s"] for r in rows],
@@ -127,11 +140,13 @@ def _plot(result: dict) -> bytes:
                 capsize=2,
                 label=label,
             )
-    front = sorted((r for r in result["rows"] if r["on_front"]), key=lambda r: r["tokens_per_s"])
+    front = sorted(
+        (r for r in result["rows"] if r["on_front"] and math.isfinite(r["quality"])), key=lambda r: r["tokens_per_s"]
+    )
     ax.plot([r["tokens_per_s"] for r in front], [r["quality"] for r in front], "-", color="C0", lw=1)
     chosen = result["chosen"]
     ax.plot([chosen["tokens_per_s"]], [chosen["quality"]], "*", color="C3", ms=14, label="chosen")
-    if result.get("baseline"):
+    if result.get("baseline") and math.isfinite(result["baseline"]["quality"]):
         ax.axhline(result["baseline"]["quality"], color="black", ls="--", lw=1, label="AR baseline quality")
     ax.set(xscale="log", xlabel="tokens / s (median round; bars: range of rounds)", ylabel=result["quality_name"])
     ax.set_title("Quality against speed (bars: 95% intervals)", fontsize=10)

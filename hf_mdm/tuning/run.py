@@ -63,7 +63,7 @@ def tune(
         else f"the fastest on the front within {tolerance} of the best quality",
         "rows": rows,
         "chosen": chosen,
-        "held_out": describe(held, task.length),
+        "held_out": describe(held, task),
         "samples_used": sum(r["samples"] for r in rows),
         "baseline": _baseline(task, ar_model, max_samples, speeds, cache),
     }
@@ -75,4 +75,4 @@ def _baseline(task: Any, ar_model: Any, num: int, speeds: dict, cache: CellCache
     if ar_model is None:
         return None
     cell = cache.get(f"ar|{task.key}|{num}", lambda: vars(task.measure_ar(ar_model, num)))
-    return {**describe(Counts(**cell), task.length), **speeds[AR_NAME]}
+    return {**describe(Counts(**cell), task), **speeds[AR_NAME]}

@@ -95,7 +95,7 @@ def search(
         alive = [r for r in rows.values() if r["dropped_after"] is None]
         for row in progress(alive, desc=f"{budget} samples each", leave=False):
             counts = measured(model, task, row["setting"], budget, min_samples, cache, "dev")
-            row.update(describe(counts, task.length), **speeds[setting_key(row["setting"])])
+            row.update(describe(counts, task), **speeds[setting_key(row["setting"])])
         if how == "halving" and budget < max_samples:
             for row in [r for r in alive if dominated(r, alive)]:
                 row["dropped_after"] = round_
@@ -109,10 +109,10 @@ def _budgets(min_samples: int, max_samples: int) -> list[int]:
     return budgets
 
 
-def describe(counts: Counts, length: int) -> dict:
-    """A row's quality with its interval, its samples and its costs per token."""
-    quality, low, high = counts.quality()
-    tokens = counts.tokens or max(counts.samples, 1) * length
+def describe(counts: Counts, task: Any) -> dict:
+    """A row's quality (the task's, with its interval), its samples and its costs per token."""
+    quality, low, high = task.quality(counts)
+    tokens = counts.tokens or max(counts.samples, 1) * task.length
     return {
         "quality": quality,
         "quality_ci_low": low,

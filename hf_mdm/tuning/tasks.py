@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,28 +35,54 @@ class Counts:
     forwards: float = 0.0
     positions: float = 0.0
     tokens: float = 0.0  # tokens generated; 0: every sample generated the task's full length
+    log_q: float = 0.0  # the samples' log q(x) per token under the language, summed (-inf: one outside it)
+    log_q_squares: float = 0.0  # and their squares, for the interval of the mean
 
     def __add__(self, other: "Counts") -> "Counts":
         return Counts(*(a + b for a, b in zip(self.as_tuple(), other.as_tuple())))
 
     def as_tuple(self) -> tuple:
-        return self.valid, self.samples, self.forwards, self.positions, self.tokens
+        return self.valid, self.samples, self.forwards, self.positions, self.tokens, self.log_q, self.log_q_squares
 
-    def quality(self) -> tuple[float, float, float]:
+    def valid_share(self) -> tuple[float, float, float]:
         """The share of valid samples with its 95% Wilson interval."""
         low, high = wilson_interval(self.valid, self.samples)
         return self.valid / max(self.samples, 1), low, high
 
+    def mean_log_q(self) -> tuple[float, float, float]:
+        """The mean log q(x) per token with its 95% normal interval (-inf throughout once a sample is outside the
+        language: the generative perplexity is then infinite)."""
+        n = max(self.samples, 1)
+        mean = self.log_q / n
+        if not math.isfinite(mean):
+            return -math.inf, -math.inf, -math.inf
+        variance = max(self.log_q_squares / n - mean * mean, 0.0) * n / max(n - 1, 1)
+        half = 1.959963984540054 * math.sqrt(variance / n)
+        return mean, mean - half, mean + half
+
+
+#: The qualities of a synthetic task: name -> (its description, the Counts method computing it).
+SYNTHETIC_QUALITIES = {
+    "valid": ("valid share (1 - SER)", "valid_share"),
+    "likelihood": ("mean log q(x) per token (minus the log of the generative perplexity)", "mean_log_q"),
+}
+
 
 class SyntheticTask:
-    """Samples of ``length`` tokens scored by ``language``; ``batch_size`` rows per `generate` call."""
+    """Samples of ``length`` tokens scored by ``language``; ``batch_size`` rows per `generate` call; ``quality``
+    "valid" (1 - SER) or "likelihood" (the samples' mean log q(x) per token, whose exponential of minus it is the
+    generative perplexity)."""
 
-    quality_name = "valid share (1 - SER)"
-
-    def __init__(self, language: Any, length: int, batch_size: int = 64):
+    def __init__(self, language: Any, length: int, batch_size: int = 64, quality: str = "valid"):
         if length < 1:
             raise ValueError(f"length must be >= 1, got {length}")
+        if quality not in SYNTHETIC_QUALITIES:
+            raise ValueError(f"unknown quality {quality!r}: use one of {', '.join(SYNTHETIC_QUALITIES)}")
         self.language, self.length, self.batch_size = language, int(length), int(batch_size)
+        self.quality_name, self._quality = SYNTHETIC_QUALITIES[quality]
+
+    def quality(self, counts: Counts) -> tuple[float, float, float]:
+        return getattr(counts, self._quality)()
 
     @property
     def description(self) -> str:
@@ -73,16 +100,23 @@ class SyntheticTask:
         mask_id = int(model.config.mask_token_id)
         for out in generate_batches(model, num, self.length, seed, setting, self.batch_size):
             rows = out.sequences.cpu()
-            valid = int(self.language.in_support(rows).sum())
-            forwards = float(active_steps(out.history, mask_id).double().sum())
-            counts = counts + Counts(valid, rows.shape[0], forwards, float(out.forward_tokens))
+            counts = counts + self._scored(rows, float(active_steps(out.history, mask_id).double().sum()))
+            counts.positions += float(out.forward_tokens)
         return counts
+
+    def _scored(self, rows: torch.Tensor, forwards: float) -> Counts:
+        """A chunk's validity and log q(x) per token counts (forwards given; positions added by the caller)."""
+        per_token = self.language.log_prob(rows).double() / self.length
+        squares = float((per_token**2).sum()) if bool(torch.isfinite(per_token).all()) else math.inf
+        valid = int(self.language.in_support(rows).sum())
+        return Counts(valid, rows.shape[0], forwards, 0.0, 0.0, float(per_token.sum()), squares)
 
     def measure_ar(self, model: Any, num: int) -> Counts:
         """Counts of ``num`` ancestral samples of an AR baseline (one forward a token) on the development split."""
         rows = sample_ar(model, num, self.length, seed=DEV_SEED, batch_size=self.batch_size)
-        tokens = float(num * self.length)
-        return Counts(int(self.language.in_support(rows).sum()), num, tokens, tokens)
+        counts = self._scored(rows.cpu(), float(num * self.length))
+        counts.positions = float(num * self.length)  # one new position a forward with the KV cache
+        return counts
 
     def timed_ar_run(self, model: Any, rows: int) -> Callable[[], Any]:
         """One call drawing ``rows`` sequences from the AR baseline."""
@@ -111,6 +145,9 @@ class LmEvalTask:
         self.manager = build_task_manager([task])
         self.quality_name = f"{task} {metric} (share of documents)"
 
+    def quality(self, counts: Counts) -> tuple[float, float, float]:
+        return counts.valid_share()
+
     @property
     def description(self) -> str:
         return f"lm-eval task {self.task}, up to {self.length} generated tokens"
@@ -122,15 +159,26 @@ class LmEvalTask:
 
     def measure(self, model: Any, setting: dict, num: int, start: int, split: str = "dev") -> Counts:
         """Counts of documents ``start`` to ``start + num`` of ``split`` answered with ``setting``."""
+        first = start + (0 if split == "dev" else self.test_start)
+        return self._run(self.lm, {**setting, "max_gen_toks": self.length}, first, num)
+
+    def measure_ar(self, lm: Any, num: int) -> Counts:
+        """Counts of the first ``num`` development documents answered by an AR lm-eval model (``hf_timed``)."""
+        return self._run(lm, {"max_gen_toks": self.length}, 0, num)
+
+    def timed_ar_run(self, lm: Any, rows: int) -> Callable[[], Any]:
+        """The AR model on the task's first ``rows`` development documents."""
+        return lambda: self.measure_ar(lm, rows)
+
+    def _run(self, lm: Any, gen_kwargs: dict, first: int, num: int) -> Counts:
         from ..harness.evaluator import simple_evaluate
 
-        first = start + (0 if split == "dev" else self.test_start)
         results = simple_evaluate(
-            self.lm,
+            lm,
             tasks=[self.task],
             samples={self.task: list(range(first, first + num))},
             log_samples=True,
-            gen_kwargs={**setting, "max_gen_toks": self.length},
+            gen_kwargs=gen_kwargs,
             task_manager=self.manager,
         )
         logged = results["samples"][self.task]
