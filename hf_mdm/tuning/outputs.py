@@ -146,8 +146,10 @@ def _plot(result: dict) -> bytes:
     ax.plot([r["tokens_per_s"] for r in front], [r["quality"] for r in front], "-", color="C0", lw=1)
     chosen = result["chosen"]
     ax.plot([chosen["tokens_per_s"]], [chosen["quality"]], "*", color="C3", ms=14, label="chosen")
-    if result.get("baseline") and math.isfinite(result["baseline"]["quality"]):
-        ax.axhline(result["baseline"]["quality"], color="black", ls="--", lw=1, label="AR baseline quality")
+    baseline = result.get("baseline")
+    if baseline and math.isfinite(baseline["quality"]):
+        ax.axhline(baseline["quality"], color="black", ls="--", lw=1, label="AR baseline quality")
+        ax.plot([baseline["tokens_per_s"]], [baseline["quality"]], "ks", ms=6, label="AR baseline")
     ax.set(xscale="log", xlabel="tokens / s (median round; bars: range of rounds)", ylabel=result["quality_name"])
     ax.set_title("Quality against speed (bars: 95% intervals)", fontsize=10)
     ax.grid(alpha=0.3)
