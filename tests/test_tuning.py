@@ -115,6 +115,8 @@ def test_halving_finds_the_grid_front_with_fewer_samples_on_the_oracle(tmp_path)
     a far lower quality, so halving drops it after its first 32 samples; both searches give the same front."""
     rows = _chain_fronts(OracleDenoiser(ChainLanguage()), tmp_path, ChainLanguage())
     fronts = {how: [setting_key(r["setting"]) for r in pareto_front(found)] for how, found in rows.items()}
+    brute = _brute_front(rows["grid"])  # the grid's front, by brute force in this test
+    assert {setting_key(r["setting"]) for r in rows["grid"] if id(r) in brute} == set(fronts["halving"])
     assert fronts["grid"] == fronts["halving"]
     dropped = [r for r in rows["halving"] if r["dropped_after"] is not None]
     assert [r["setting"] for r in dropped] == [{"transfer": "stochastic", "strategy": "random", "steps": 16}]
@@ -171,6 +173,10 @@ def test_halving_and_grid_agree_on_a_trained_model(trained, tmp_path):
     assert [setting_key(r["setting"]) for r in pareto_front(grid)] == [
         setting_key(r["setting"]) for r in pareto_front(halving)
     ]
+    brute = _brute_front(grid)
+    assert {setting_key(r["setting"]) for r in grid if id(r) in brute} == {
+        setting_key(r["setting"]) for r in pareto_front(halving)
+    }
     assert sum(r["samples"] for r in halving) <= sum(r["samples"] for r in grid)
 
 
