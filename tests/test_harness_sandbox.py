@@ -138,10 +138,11 @@ def test_hostile_programs_fail_and_harm_nothing(victim):
 
 
 def test_process_limit_holds_without_the_guard():
-    """With the guard off, the operating-system limit (RLIMIT_NPROC / pids cgroup) stops a fork loop."""
+    """With the guard off, the operating-system limit (RLIMIT_NPROC / pids cgroup) stops a fork loop. The children
+    outlive the run's timeout (a child that exited while a slow loop still forked would free its slot)."""
     program = (
         "import os, time\ncount = 0\ntry:\n    for _ in range(40):\n        if os.fork() == 0:\n"
-        "            time.sleep(3)\n            os._exit(0)\n        count += 1\nfinally:\n    print(count, flush=True)"
+        "            time.sleep(60)\n            os._exit(0)\n        count += 1\nfinally:\n    print(count, flush=True)"
     )
     before = _leftovers()
     result = run_program(program, LIMITS, guard=False)
