@@ -13,6 +13,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any, Callable
 
 import torch
@@ -57,7 +58,7 @@ class Counts:
         if not math.isfinite(mean):
             return -math.inf, -math.inf, -math.inf
         variance = max(self.log_q_squares / n - mean * mean, 0.0) * n / max(n - 1, 1)
-        half = 1.959963984540054 * math.sqrt(variance / n)
+        half = NormalDist().inv_cdf(0.975) * math.sqrt(variance / n)
         return mean, mean - half, mean + half
 
 
