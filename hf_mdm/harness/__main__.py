@@ -40,7 +40,7 @@ from lm_eval._cli import HarnessCLI as LMEvalCLI
 from lm_eval.utils import setup_logging
 
 from .evaluator import TASKS_DIR, build_task_manager, simple_evaluate, task_names
-from .launch import check_launch
+from .launch import check_launch, close_process_group
 from .requirements import check_requirements
 from .resume import atomic_outputs
 
@@ -145,6 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         _check_run(args)
         cli.execute(args)
+        close_process_group()
     except ValueError as err:  # bad model arguments, settings or inputs: the message says what to change
         logging.getLogger(__name__).debug("hf-mdm-eval failed", exc_info=True)
         print(f"hf-mdm-eval: error: {err}", file=sys.stderr)

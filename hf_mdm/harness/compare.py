@@ -422,7 +422,7 @@ def _positive_limit(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-mdm compare`` with parsed arguments: every requirement of the whole matrix is checked before its
     first cell; Ctrl-C prints one line saying what finished and how to resume, and returns 130."""
-    from .launch import check_launch
+    from .launch import check_launch, close_process_group
     from .requirements import check_requirements
 
     config: Optional[CompareConfig] = None
@@ -441,6 +441,7 @@ def run(args: argparse.Namespace) -> int:
             paths = write_report(config)
             print("\n".join(f"{kind}: {path}" for kind, path in paths.items()))
             print(paths["markdown"].read_text(encoding="utf-8"))
+        close_process_group()
     except KeyboardInterrupt:
         if _is_main_process():
             print(f"hf-mdm compare: interrupted; {_resume_note(args, config)}", file=sys.stderr)

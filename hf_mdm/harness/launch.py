@@ -5,6 +5,7 @@ it sees several GPUs); otherwise it starts the script once, with ``MASTER_ADDR``
 processes it did not start and no ``WORLD_SIZE``. On a CPU machine ``accelerate launch --num_processes 2 ...``
 would thus evaluate everything in one process, silently. `check_launch` refuses that before any work, with the
 command that does shard: ``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N ...`` on CPUs.
+At the end of a run `close_process_group` lets the processes finish together.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Mapping, Optional
 
-__all__ = ["SHARDED_LAUNCH", "check_launch"]
+__all__ = ["SHARDED_LAUNCH", "check_launch", "close_process_group"]
 
 SHARDED_LAUNCH = "ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N"
 _WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE")
@@ -30,3 +31,14 @@ def check_launch(environ: Optional[Mapping[str, str]] = None) -> None:
             f"and the run would not be sharded. On CPUs run `{SHARDED_LAUNCH} -m hf_mdm.harness run ...`; on "
             "GPUs add --multi_gpu (or configure it once with `accelerate config`); for one process drop --num_processes"
         )
+
+
+def close_process_group() -> None:
+    """After a run that succeeded: under ``accelerate launch`` every process waits for the others (rank 0 may still
+    be writing results), then the process group is closed. A process that exits with the group's threads alive
+    can abort ("terminate called without an active exception"), and ``accelerate`` then reports the run failed."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
