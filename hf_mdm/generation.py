@@ -16,6 +16,7 @@ so they import only torch, transformers and each other):
 - `hf_mdm.generation_reveal`: the logits, proposals and tokens at the positions a step reveals;
 - `hf_mdm.generation_speculative`: exact speculative decoding of the left-to-right factorisation;
 - `hf_mdm.generation_remask`: the remasking samplers (ReMDM), steps of a block that may take tokens back;
+- `hf_mdm.generation_rows`: rows generated alone (``batch_invariant``, one seed per row);
 - `hf_mdm.generation_stopping`: EOS, stopping criteria, padding after EOS, streaming;
 - `hf_mdm.generation_reference`: LLaDA's and Dream's reference samplers, token for token;
 - `hf_mdm.timer`: the device-synchronised timer behind ``elapsed_s``.
@@ -25,7 +26,7 @@ Every public name of those modules that users import from here is re-exported.
 
 from __future__ import annotations
 
-import numbers
+import functools
 from typing import Any, Optional, Union
 
 import torch
@@ -36,7 +37,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from .families import attention_block_size
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
 from .generation_denoiser import Denoiser, compile_options, logits_shift_of
-from .generation_processors import ScoreRecorder, config_processors, config_warpers
+from .generation_processors import ScoreRecorder, config_ngram, config_processors, config_warpers
 from .generation_reference import (
     DREAM_ALGS,
     LLADA_EOS_TOKEN_ID,
@@ -49,6 +50,7 @@ from .generation_reference import (
 )
 from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
+from .generation_rows import Seeds, check_seed, generate_rows, runs_rows_alone
 from .generation_sampler import Canvas, Sampler, Trace, fill_last_blocks, prepare_canvas, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
 from .generation_stopping import (
@@ -117,7 +119,7 @@ def diffusion_generate(
     stopping_criteria: Optional[StoppingCriteriaList] = None,
     streamer: Any = None,
     generator: Optional[torch.Generator] = None,
-    seed: Optional[int] = None,
+    seed: Seeds = None,
     **kwargs: Any,
 ) -> Union[torch.LongTensor, MaskedDiffusionGenerateOutput]:
     r"""Sample from a masked diffusion LM by reverse diffusion (see the module docstring for the algorithm).
@@ -135,7 +137,9 @@ def diffusion_generate(
             on the revealed prefix.
         streamer: a transformers streamer (batch size 1): receives the prompt, then tokens as the leftmost
             generated prefix becomes final.
-        generator / seed: randomness for sampling, stochastic transfer and the random strategy.
+        generator / seed: randomness for sampling, stochastic transfer and the random strategy. ``seed`` may be a
+            list with one seed per row: each row then draws from its own generator, as it does alone
+            (`hf_mdm.generation_rows`: rows run one at a time when the call draws random numbers).
 
     Returns:
         (B, P + max_new_tokens) LongTensor, or `MaskedDiffusionGenerateOutput` with ``return_dict_in_generate``.
@@ -157,11 +161,16 @@ def diffusion_generate(
     # 1. the config: each field from the highest level that sets it (call, generation config, model, defaults)
     config = resolve_config(model, generation_config, kwargs)
     reject_inert_reference_args(config, kwargs)
-    generator = _generator(generator, seed, input_ids)
     # 2. the canvas: the prompt, then max_new_tokens [MASK] tokens; padding never attended to nor generated
-    mask_id = int(config.mask_token_id)
-    canvas = prepare_canvas(input_ids, attention_mask, _new_tokens(config, input_ids), mask_id, _max_positions(model))
+    mask_id, new_tokens = int(config.mask_token_id), _new_tokens(config, input_ids)
+    canvas = prepare_canvas(input_ids, attention_mask, new_tokens, mask_id, _max_positions(model))
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
+    check_seed(seed, canvas.x.shape[0], generator)
+    if canvas.x.shape[0] > 1 and runs_rows_alone(config, seed, generator):
+        # batch_invariant, or one seed per row: every row generated alone, its padding dropped
+        again = functools.partial(diffusion_generate, model, **_call_pieces(logits_processor, stopping_criteria))
+        return generate_rows(again, input_ids, attention_mask, config, new_tokens, seed)
+    generator = _generator(generator, seed[0] if isinstance(seed, (list, tuple)) else seed, input_ids)
     output_width = canvas.x.shape[1]
     if config.whole_blocks:
         canvas = _whole_blocks(model, config, canvas, mask_id)
@@ -201,10 +210,12 @@ def diffusion_generate(
     return _output(canvas, sampler, trace, num_generated, missing.any(1), watch.seconds, bool(config.output_history))
 
 
+def _call_pieces(logits_processor, stopping_criteria) -> dict[str, Any]:
+    return {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
+
+
 def _generator(generator: Optional[torch.Generator], seed: Optional[int], input_ids) -> Optional[torch.Generator]:
-    """``generator``, else one seeded with ``seed``, else None; a ValueError for a seed that is not an integer."""
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise ValueError(f"seed must be an integer, got {seed!r} (or pass generator=torch.Generator().manual_seed(n))")
+    """``generator``, else one seeded with ``seed`` (checked by `check_seed`), else None."""
     if generator is None and seed is not None:
         device = input_ids.device if isinstance(input_ids, torch.Tensor) else "cpu"
         generator = torch.Generator(device=device).manual_seed(int(seed))
@@ -354,6 +365,7 @@ def _default_sampler(
         context_processors=context_processors,
         record=record,
         compile_options=compile_options(config),
+        ngram=config_ngram(config, denoiser.mask_id),
     )
     recorder = None
     if record:
@@ -415,7 +427,7 @@ class MaskedDiffusionGenerationMixin:
         stopping_criteria: Optional[StoppingCriteriaList] = None,
         streamer: Any = None,
         generator: Optional[torch.Generator] = None,
-        seed: Optional[int] = None,
+        seed: Seeds = None,
         **kwargs: Any,
     ) -> Union[torch.LongTensor, MaskedDiffusionGenerateOutput]:
         r"""Generate by reverse diffusion. Arguments as in `hf_mdm.generation.diffusion_generate`.

@@ -42,6 +42,7 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "kv_cache": None,
     "kv_cache_refresh": None,
     "compile_forward": False,
+    "batch_invariant": False,
     "remdm": None,
     "remdm_eta": None,
     "remdm_t_on": None,
@@ -144,15 +145,22 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             number of positions a step asks logits for); unset, ``dynamic=True`` with inductor's default mode. A
             CUDA-graph mode (``"reduce-overhead"``) needs ``kv_cache="none"``. ``disable_compile=True`` turns it off
             (`hf_mdm.generation_denoiser.compile_options`).
+        batch_invariant (`bool`, defaults to `False`): every row's tokens are those it gets alone, whatever the batch
+            size, padding and neighbours, in every dtype and under every sampler and cache: rows run one at a time
+            without their padding, each with its own seed (`hf_mdm.generation_rows`; a sampler that draws random
+            numbers needs ``seed=``, an integer for every row or a list with one per row). Costs the batching.
         remdm (`str`, *optional*): ReMDM remasking, ``"cap"``, ``"rescale"``, ``"conf"`` or ``"loop"``
             (`hf_mdm.generation_remask`): the paper's sampler (``transfer="stochastic"``, ``strategy="random"``, which
             may be left unset) where a step may also remask revealed tokens of the current block. Combines with
             blocks, guidance, logits processors and ``kv_cache``; not with a ``reference`` nor a streamer.
         remdm_eta (`float`, *optional*): the remasking rate: in [0, 1] for cap, rescale and conf (conf's default 1),
-            in [0, min(1, (1 - alpha_on) / alpha_on)] for loop (required but for conf).
-        remdm_t_on, remdm_t_off (`float`, *optional*): the window of ``remdm="loop"``, 0 < t_off < t_on < 1.
-        remdm_alpha_on (`float`, *optional*): alpha held on the loop's window, in (0, 1) (ReMDM's published 0.9,
-            with t_on 0.55, t_off 0.05, eta 0.02); unset, alpha(t_on) of the schedule.
+            in [0, min(1, (1 - alpha_on) / alpha_on)] for loop (required for cap and rescale; loop's default is
+            ReMDM's published 0.02).
+        remdm_t_on, remdm_t_off (`float`, *optional*): the window of ``remdm="loop"``, 0 < t_off < t_on < 1, given
+            together; neither given: ReMDM's published window, t_on 0.55, t_off 0.05 with alpha_on 0.9
+            (`hf_mdm.generation_remask.REMDM_LOOP_PUBLISHED`).
+        remdm_alpha_on (`float`, *optional*): alpha held on the loop's window, in (0, 1) (ReMDM's published 0.9);
+            unset with a window given, alpha(t_on) of the schedule.
         cfg_scale (`float`, defaults to 0): classifier-free guidance; the unconditional input is the canvas with
             the prompt masked, and logits = u + (cfg_scale + 1)(c - u). Costs a second forward per step.
         mask_token_id (`int`, *optional*): [MASK] id (default: the model config's).
@@ -234,6 +242,8 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             raise ValueError("transfer='threshold' needs threshold in (0, 1], got None")
         if self.cfg_scale is None:
             raise ValueError("cfg_scale must be a number >= 0 (0 = no guidance), got None")
+        if not isinstance(self.batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
         if self.logits_shift not in (None, 0, 1):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
         self._validate_fast_sampling()

@@ -9,9 +9,12 @@ the reverse process has no meaning for, with what to use instead. The honoured o
 - logits processors built from the config, run before the user's ``logits_processor`` and the warpers
   (`config_processors`): ``repetition_penalty`` (tokens anywhere in the canvas, [MASK] excluded),
   ``suppress_tokens``, ``renormalize_logits``, ``remove_invalid_values`` see the canvas row of each scored
-  position; ``no_repeat_ngram_size``, ``bad_words_ids`` and ``sequence_bias`` see its *left context* (the
-  revealed tokens before it): a position whose n - 1 left neighbours are all revealed cannot complete an n-gram
-  that already occurs on its left, nor a banned / biased sequence; a position with a [MASK] among them is left as is;
+  position; ``bad_words_ids`` and ``sequence_bias`` see its *left context* (the revealed tokens before it): a
+  position whose left neighbours are all revealed cannot complete a banned / biased sequence; a position with a
+  [MASK] among them is left as is;
+- ``no_repeat_ngram_size`` holds on the returned sequence in any reveal order (`hf_mdm.generation_ngram`): a token
+  that would complete, on either side, an n-gram already in the row is banned, and one step's positions are decided
+  in turn (speculative decoding and the reference samplers, which take no processors, refuse it);
 - ``min_p``, ``typical_p``, ``epsilon_cutoff``, ``eta_cutoff`` are warpers, as ``top_k`` / ``top_p`` (temperature
   > 0 only);
 - ``output_scores`` / ``output_logits``: the processed scores / raw logits (B, V) of each generated column at the
@@ -36,12 +39,13 @@ from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinPLogitsWarper,
     NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SequenceBiasLogitsProcessor,
     SuppressTokensLogitsProcessor,
     TypicalLogitsWarper,
 )
+
+from .generation_ngram import NoRepeatNGram
 
 # the value of a field that leaves generation unchanged (besides None), in every transformers 5 release
 NEUTRAL: dict[str, Any] = {
@@ -183,9 +187,6 @@ def config_processors(config: Any, mask_id: int) -> tuple[LogitsProcessorList, L
         canvas.append(SuppressTokensLogitsProcessor(list(config.suppress_tokens)))
     if is_active(config, "remove_invalid_values"):
         canvas.append(InfNanRemoveLogitsProcessor())
-    if is_active(config, "no_repeat_ngram_size"):
-        size = int(config.no_repeat_ngram_size)
-        left.append(_RevealedContext(NoRepeatNGramLogitsProcessor(size), size - 1, mask_id))
     if is_active(config, "bad_words_ids"):
         for width, words in _by_context_width(config.bad_words_ids, len).items():
             left.append(_RevealedContext(NoBadWordsLogitsProcessor(words), width, mask_id))
@@ -193,6 +194,13 @@ def config_processors(config: Any, mask_id: int) -> tuple[LogitsProcessorList, L
         for width, biases in _by_context_width(config.sequence_bias, lambda bias: len(bias[0])).items():
             left.append(_RevealedContext(SequenceBiasLogitsProcessor(biases), width, mask_id))
     return canvas, left
+
+
+def config_ngram(config: Any, mask_id: int) -> Optional[NoRepeatNGram]:
+    """``no_repeat_ngram_size``: the bans that hold on the returned sequence in any order (`NoRepeatNGram`)."""
+    if not is_active(config, "no_repeat_ngram_size"):
+        return None
+    return NoRepeatNGram(int(config.no_repeat_ngram_size), mask_id)
 
 
 def _by_context_width(sequences: list, length: Any) -> dict[int, list]:

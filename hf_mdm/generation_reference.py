@@ -112,6 +112,14 @@ def reject_inert_reference_args(config: Any, kwargs: dict[str, Any]) -> None:
             )
 
 
+def reference_draws(config: Any) -> bool:
+    """Whether the reference sampler of ``config`` draws random numbers: LLaDA's Gumbel noise (temperature > 0) and
+    random remasking; Dream's token draws (temperature > 0), its ``origin`` reveals and ``alg_temp`` choices."""
+    if config.reference == "llada":
+        return bool(config.temperature) or config.remasking == "random"
+    return bool(config.temperature) or config.alg == "origin" or bool(config.alg_temp)
+
+
 def validate_reference(config: Any, defaults: dict[str, Any]) -> None:
     """Raise a ValueError naming the field for a reference config that its reference cannot run; ``defaults`` are
     the config's field defaults (the default sampler's own fields must keep them)."""

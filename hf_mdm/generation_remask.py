@@ -20,8 +20,9 @@ The variants choose sigma_t (eta = ``remdm_eta``):
   with the plain probability (alpha_s - alpha_t) / (1 - alpha_t), as in the paper's code;
 - ``loop``: the plain sampler until ``remdm_t_on``, then alpha held at alpha_on while revealed tokens are
   remasked with probability eta and masked ones revealed with probability eta alpha_on / (1 - alpha_on) until
-  ``remdm_t_off``, then the plain sampler to the end (`LoopSchedule`). With ``remdm_alpha_on`` (as published: ReMDM's
-  official defaults are alpha_on = 0.9, t_on = 0.55, t_off = 0.05, eta = 0.02, `REMDM_LOOP_PUBLISHED`) the
+  ``remdm_t_off``, then the plain sampler to the end (`LoopSchedule`). Unset, the window, alpha_on and eta are
+  ReMDM's official defaults, alpha_on = 0.9, t_on = 0.55, t_off = 0.05, eta = 0.02 (`REMDM_LOOP_PUBLISHED`,
+  `apply_remdm_defaults`; eta alone when a window is given). With ``remdm_alpha_on`` the
   schedule's alpha is squeezed into [t_on, 1] to reach alpha_on at t_on, and into [0, t_off] to rise from alpha_on
   to 1 (for the linear schedule: alpha_on (1 - t) / (1 - t_on), then alpha_on + (1 - alpha_on)(1 - t / t_off));
   without it alpha_on = alpha(t_on) and alpha runs over [0, t_on] of the schedule on [0, t_off]. A step is in the
@@ -57,6 +58,17 @@ REMDM_VARIANTS = ("cap", "rescale", "conf", "loop")
 REMDM_FIELDS = ("remdm_eta", "remdm_t_on", "remdm_t_off", "remdm_alpha_on")
 #: ReMDM-loop as published (Wang et al. 2025, its official sampling defaults): the window and alpha held on it.
 REMDM_LOOP_PUBLISHED = {"remdm_t_on": 0.55, "remdm_t_off": 0.05, "remdm_alpha_on": 0.9, "remdm_eta": 0.02}
+
+
+def apply_remdm_defaults(config: Any) -> None:
+    """``remdm="loop"``'s unset parameters from ReMDM's published defaults (`REMDM_LOOP_PUBLISHED`): the window
+    with its alpha_on when neither end of the window is given, and eta when unset."""
+    if config.remdm != "loop":
+        return
+    window = config.remdm_t_on is None and config.remdm_t_off is None
+    for name, value in REMDM_LOOP_PUBLISHED.items():
+        if getattr(config, name) is None and (window or name == "remdm_eta"):
+            setattr(config, name, value)
 
 
 def validate_remdm(config: Any) -> None:
@@ -106,10 +118,12 @@ def _check_window(config: Any) -> None:
     alpha_on = config.remdm_alpha_on
     if alpha_on is not None and not (is_number(alpha_on) and 0 < alpha_on < 1):
         raise ValueError(f"remdm_alpha_on={alpha_on!r}: alpha held on the loop's window must be in (0, 1), e.g. 0.9")
+    if t_on is None and t_off is None:
+        return  # the published window (`apply_remdm_defaults`)
     if t_on is None or t_off is None:
         raise ValueError(
-            "remdm='loop' needs its window remdm_t_on and remdm_t_off with 0 < remdm_t_off < remdm_t_on "
-            "< 1, e.g. remdm_t_on=0.55, remdm_t_off=0.05"
+            "remdm='loop' takes its window as remdm_t_on and remdm_t_off together, 0 < remdm_t_off < remdm_t_on "
+            "< 1 (e.g. remdm_t_on=0.55, remdm_t_off=0.05), or neither for ReMDM's published window"
         )
     if not (is_number(t_on) and is_number(t_off) and 0 < t_off < t_on < 1):
         raise ValueError(
@@ -120,11 +134,11 @@ def _check_window(config: Any) -> None:
 def _check_eta(config: Any) -> None:
     eta = config.remdm_eta
     if eta is None:
-        if config.remdm == "conf":
-            return  # the paper's conf: eta = 1
+        if config.remdm in ("conf", "loop"):
+            return  # the paper's conf: eta = 1; loop: the published eta (`apply_remdm_defaults`)
         raise ValueError(f"remdm={config.remdm!r} needs remdm_eta in [0, 1] (the remasking rate), e.g. remdm_eta=0.05")
     bound, why = 1.0, ""
-    if config.remdm == "loop" and is_number(eta):
+    if config.remdm == "loop" and is_number(eta) and config.remdm_t_on is not None:
         alpha_on = config.remdm_alpha_on
         if alpha_on is None:
             alpha_on = float(

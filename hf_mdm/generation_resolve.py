@@ -39,6 +39,7 @@ from .generation_config import DIFFUSION_FIELDS, MaskedDiffusionGenerationConfig
 from .generation_denoiser import logits_shift_of, supports_kv_cache
 from .generation_processors import apply_do_sample, check_generation_fields
 from .generation_reference import REFERENCES
+from .generation_remask import apply_remdm_defaults
 from .generation_speculative import SPECULATIVE
 from .generation_transfer import check_transfer_parameters
 
@@ -81,6 +82,7 @@ def resolve_config(
             "on the model (e.g. 126336 for LLaDA, 151666 for Dream)"
         )
     apply_do_sample(config)
+    apply_remdm_defaults(config)
     check_generation_fields(config, DIFFUSION_FIELDS)
     config.validate_diffusion()
     if config.reference is None:

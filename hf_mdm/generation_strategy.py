@@ -27,6 +27,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from .generation_ngram import NoRepeatNGram
 from .generation_processors import left_context
 
 
@@ -41,6 +42,7 @@ class Strategy(ABC):
     aliases: tuple[str, ...] = ()
     positional: bool = False
     needs_distributions: bool = False
+    draws: bool = False  # whether the scores are random numbers (`hf_mdm.generation_rows.draws_random_numbers`)
 
     @abstractmethod
     def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
@@ -94,7 +96,7 @@ def register_strategy(cls: type) -> type:
 class RandomStrategy(PositionalStrategy):
     """Uniformly random positions (the paper's sampler; Dream's ``origin``)."""
 
-    name, aliases = "random", ("origin",)
+    name, aliases, draws = "random", ("origin",), True
 
     def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
         return torch.rand(shape, generator=generator, device=device)
@@ -185,10 +187,14 @@ class Proposals(NamedTuple):
 
 class ProcessorIds(NamedTuple):
     """What logits processors read for each scored position: its canvas row (N, L) and its left context (N, L)
-    (`hf_mdm.generation_processors.left_context`); None where no processor reads it."""
+    (`hf_mdm.generation_processors.left_context`); for ``no_repeat_ngram_size`` the canvas (B, L) and each
+    position's row and column (N,); None where nothing reads it."""
 
     canvas: Optional[torch.Tensor] = None
     left: Optional[torch.Tensor] = None
+    x: Optional[torch.Tensor] = None
+    rows: Optional[torch.Tensor] = None
+    cols: Optional[torch.Tensor] = None
 
 
 def step_options(forward_options: dict[str, Any]) -> dict[str, Any]:
@@ -214,6 +220,7 @@ class Proposer:
     context_processors: LogitsProcessorList = field(default_factory=LogitsProcessorList)
     record: bool = False
     compile_options: Optional[dict[str, Any]] = None  # compile_forward: the proposals compiled too (`step_options`)
+    ngram: Optional[NoRepeatNGram] = None  # no_repeat_ngram_size: bans on either side, a row's positions in turn
 
     def __post_init__(self) -> None:
         options = None if self.compile_options is None else step_options(self.compile_options)
@@ -230,10 +237,13 @@ class Proposer:
         ``need_probs`` (margin, entropy). At temperature 0 the probability of the argmax is exp(max - logsumexp):
         two read-only passes over the logits instead of writing a softmax. ``ids``: what the processors read."""
         logits = self.process(logits, ids)
+        picked = None if self.ngram is None else self.ngram.propose(logits, ids.x, ids.rows, ids.cols, self._pick)
         scores = logits.clone() if self.record else None
         if self.temperature or need_probs:
             probs = torch.softmax(logits, dim=-1)
-            if self.temperature:
+            if picked is not None:
+                tokens = picked
+            elif self.temperature:
                 sample_probs = probs.clone()
                 sample_probs[:, self.mask_id] = 0.0
                 tokens = torch.multinomial(sample_probs, 1, generator=self.generator).squeeze(1)
@@ -245,6 +255,16 @@ class Proposer:
         logits[:, self.mask_id] = -float("inf")
         top, tokens = logits.max(-1)  # ties: the first index, as argmax
         return Proposals(tokens, torch.exp(top - log_normaliser), None, scores)
+
+    def _pick(self, logits: torch.Tensor) -> torch.Tensor:
+        """A token (M,) from processed ``logits`` (M, V), [MASK] excluded: drawn at temperature > 0, else the argmax."""
+        if self.temperature:
+            probs = torch.softmax(logits, dim=-1)
+            probs[:, self.mask_id] = 0.0
+            return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        masked = logits.clone()
+        masked[:, self.mask_id] = -float("inf")
+        return masked.argmax(-1)
 
     def process(self, logits: torch.Tensor, ids: ProcessorIds) -> torch.Tensor:
         """The logits (N, V) after the logits processors and the temperature / top-k / top-p warpers."""
@@ -272,7 +292,9 @@ class Proposer:
         """What the processors read for the scored positions (``rows``, ``cols``) (N,) of the canvas ``x``."""
         canvas = x[rows] if len(self.processors) else None
         left = left_context(x, rows, cols, self.mask_id) if len(self.context_processors) else None
-        return ProcessorIds(canvas, left)
+        if self.ngram is None:
+            return ProcessorIds(canvas, left)
+        return ProcessorIds(canvas, left, x, rows, cols)
 
 
 def choose(

@@ -181,6 +181,7 @@ class Transfer(ABC):
 
     block_denoiser: Any = None  # a transfer with its own block loop (a `BlockDenoiser`), else the default loop's
     edits: bool = False  # whether a step may rewrite revealed tokens of its block (they are final once it is done)
+    draws: bool = False  # whether the rule draws random numbers (`hf_mdm.generation_rows.draws_random_numbers`)
 
     @classmethod
     def from_config(cls, config: Any) -> "Transfer":
@@ -241,7 +242,7 @@ def register_transfer(cls: type) -> type:
 class StochasticTransfer(Transfer):
     """Binomial(m, (alpha(s) - alpha(t)) / (1 - alpha(t))) of the m still-masked positions."""
 
-    name = "stochastic"
+    name, draws = "stochastic", True
 
     def count_rule(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> CountRule:
         """Each step's counts drawn at the step, from the positions still masked (so the draws interleave with the

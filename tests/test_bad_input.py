@@ -141,7 +141,7 @@ GENERATE_KWARGS = [
     (dict(remdm="rescale", remdm_eta=-0.1), r"remdm_eta must be a number in \[0, 1\]"),
     (dict(remdm="conf", remdm_eta=2), r"remdm_eta must be a number in \[0, 1\]"),
     (dict(remdm="cap", remdm_eta="x"), r"remdm_eta must be a number in \[0, 1\]"),
-    (dict(remdm="loop", remdm_eta=0.1), "remdm='loop' needs its window remdm_t_on and remdm_t_off"),
+    (dict(remdm="loop", remdm_t_on=0.5), "remdm='loop' takes its window as remdm_t_on and remdm_t_off together"),
     (
         dict(remdm="loop", remdm_eta=0.1, remdm_t_on=0.3, remdm_t_off=0.5),
         "the loop window needs 0 < remdm_t_off < remdm_t_on < 1",

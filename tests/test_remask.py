@@ -405,6 +405,11 @@ def test_published_loop_runs_and_validates():
     assert not (out.sequences == 16).any()
     history = torch.stack(out.history)
     assert bool(((history[:-1] != 16) & (history[1:] == 16)).any())  # some token was taken back on the window
+    # unset, the window, alpha_on and eta are the published ones: the same call, the same tokens
+    published = dict(max_new_tokens=16, steps=32, remdm="loop", seed=0, stop_at_eos=False, temperature=1.0)
+    by_default = diffusion_generate(oracle, empty[:4], **published)
+    assert torch.equal(by_default, diffusion_generate(oracle, empty[:4], **published, **REMDM_LOOP_PUBLISHED))
+    assert not torch.equal(by_default, diffusion_generate(oracle, empty[:4], **{**published, "remdm_eta": 0.0}))
     with pytest.raises(ValueError, match=r"remdm_alpha_on=1.5"):
         diffusion_generate(
             oracle, empty, max_new_tokens=4, remdm="loop", **{**REMDM_LOOP_PUBLISHED, "remdm_alpha_on": 1.5}
