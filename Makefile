@@ -71,10 +71,13 @@ lock: test-newest
 # One table (evaluation/bench.py): each sampler's time outside model.forward, the caches' speed-ups against their
 # ideal from positions computed, hf_mdm's forward against a transformers Llama's, each sampler's host syncs per
 # forward, the compiled model call against the eager one (tokens equal), with issue 22's targets and PASS/FAIL;
-# 1 thread, interleaved rounds. About 20 minutes on 2 CPU cores; BENCH_ARGS="--batches 1" for 2.
+# 1 thread, interleaved rounds. About 20 minutes on 2 CPU cores; BENCH_ARGS="--batches 1" for 2. Then batch invariance
+# (evaluation/bench_invariance.py): rows differing from themselves alone by default and with batch_invariant=True,
+# and its cost, written to evaluation/BATCH_INVARIANCE.md (a few minutes).
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
+	$(OFFLINE) $(PY) evaluation/bench_invariance.py --output evaluation/BATCH_INVARIANCE.md
 
 clean:
 	rm -rf $(VENV) .venv-newest .venv-lowest build *.egg-info

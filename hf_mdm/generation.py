@@ -168,8 +168,8 @@ def diffusion_generate(
     check_seed(seed, canvas.x.shape[0], generator)
     if canvas.x.shape[0] > 1 and runs_rows_alone(config, seed, generator):
         # batch_invariant, or one seed per row: every row generated alone, its padding dropped
-        again = functools.partial(diffusion_generate, model, **_call_pieces(logits_processor, stopping_criteria))
-        return generate_rows(again, input_ids, attention_mask, config, new_tokens, seed)
+        again = functools.partial(diffusion_generate, model, logits_processor=logits_processor)
+        return generate_rows(again, input_ids, attention_mask, config, new_tokens, seed, stopping_criteria)
     generator = _generator(generator, seed[0] if isinstance(seed, (list, tuple)) else seed, input_ids)
     output_width = canvas.x.shape[1]
     if config.whole_blocks:
@@ -208,10 +208,6 @@ def diffusion_generate(
     if not config.return_dict_in_generate:
         return canvas.x
     return _output(canvas, sampler, trace, num_generated, missing.any(1), watch.seconds, bool(config.output_history))
-
-
-def _call_pieces(logits_processor, stopping_criteria) -> dict[str, Any]:
-    return {"logits_processor": logits_processor, "stopping_criteria": stopping_criteria}
 
 
 def _generator(generator: Optional[torch.Generator], seed: Optional[int], input_ids) -> Optional[torch.Generator]:

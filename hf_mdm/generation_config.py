@@ -346,7 +346,9 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
         steps: denoising steps run (summed over blocks); with a reference preset, the reference's steps, including
             those whose forward was skipped because they reveal nothing.
         nfe: forward passes of the network (classifier-free guidance counts two per step); with
-            ``transfer="speculative"`` the rounds, each one batched forward.
+            ``transfer="speculative"`` the rounds, each one batched forward. When the rows ran alone
+            (``batch_invariant``, one seed per row), the rows' forwards summed.
+        row_nfe: (B,) each row's forward passes, when the rows ran alone (else None: every row took part in ``nfe``).
         forward_rows: canvas rows the forward passes ran, summed (guidance's unconditional rows and speculative
             decoding's verification canvases included).
         forward_tokens: positions the forward passes computed, summed (rows x input length of each).
@@ -369,6 +371,7 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
     sequences: Optional[torch.LongTensor] = None
     steps: Optional[int] = None
     nfe: Optional[int] = None
+    row_nfe: Optional[torch.LongTensor] = None
     forward_rows: Optional[int] = None
     forward_tokens: Optional[int] = None
     elapsed_s: Optional[float] = None

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .generation_config import MaskedDiffusionGenerateOutput
 from .generation_reference import reference_draws
@@ -91,13 +92,15 @@ def generate_rows(
     config: Any,
     new_tokens: int,
     seed: Seeds,
-    **kwargs: Any,
+    stopping_criteria: Any = None,
 ) -> Union[torch.Tensor, MaskedDiffusionGenerateOutput]:
-    """``generate(input_ids=row, generation_config=..., seed=..., **kwargs)`` for every row alone, without its
+    """``generate(row, generation_config=..., seed=..., stopping_criteria=...)`` for every row alone, without its
     padding, with its own seed (the row's of a list, else ``seed``), and the outputs in the batch's layout: the
     prompt columns as given (a prompt [MASK] the row infilled written at its column), the ``new_tokens`` generated
-    columns after the prompt. With ``return_dict_in_generate`` the costs are the rows' sums (they ran one after the
-    other) and ``elapsed_s`` the whole call's."""
+    columns after the prompt. Stopping criteria see each row in the batch's layout (`_InBatchLayout`: a criterion
+    built for the batch, e.g. one that reads the columns after the batch's prompt, reads the same columns). With
+    ``return_dict_in_generate`` the costs are the rows' sums (they ran one after the other) and ``elapsed_s`` the
+    whole call's."""
     _reject_unmergeable(config)
     bsz = input_ids.shape[0]
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * bsz
@@ -111,11 +114,31 @@ def generate_rows(
             if deadline is not None:
                 row_config.max_time = max(deadline - time.monotonic(), 0.0)
             row = input_ids[b][keep[b].to(input_ids.device)][None]
-            outputs.append(generate(row, generation_config=row_config, seed=seeds[b], **kwargs))
+            criteria = (
+                None
+                if not stopping_criteria
+                else StoppingCriteriaList([_InBatchLayout(stopping_criteria, input_ids[b], keep[b])])
+            )
+            outputs.append(generate(row, generation_config=row_config, seed=seeds[b], stopping_criteria=criteria))
     sequences = _assemble(input_ids, keep, [_sequences(out) for out in outputs], new_tokens)
     if not config.return_dict_in_generate:
         return sequences
     return _merged_output(sequences, outputs, time.perf_counter() - start)
+
+
+class _InBatchLayout(StoppingCriteria):
+    """Stopping criteria called on a row generated alone as if on its row of the batch: the prompt at the row's
+    columns of the batch (its padding ids kept), what follows the prompt after the batch's prompt width."""
+
+    def __init__(self, criteria: Any, batch_row: torch.Tensor, keep: torch.Tensor):
+        self.criteria, self.batch_row, self.keep = criteria, batch_row.long(), keep.bool()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
+        n = int(self.keep.sum())
+        prompt = self.batch_row.to(input_ids.device).clone()
+        prompt[self.keep.to(input_ids.device)] = input_ids[0, :n]
+        laid_out = torch.cat([prompt, input_ids[0, n:]])[None]
+        return self.criteria(laid_out, scores, **kwargs)
 
 
 def _reject_unmergeable(config: Any) -> None:
@@ -168,6 +191,7 @@ def _merged_output(sequences: torch.Tensor, outputs: list[Any], seconds: float) 
         sequences=sequences,
         steps=sum(int(o.steps) for o in outputs),
         nfe=nfe,
+        row_nfe=torch.tensor([int(o.nfe) for o in outputs]),
         forward_rows=sum(int(o.forward_rows) for o in outputs),
         forward_tokens=sum(int(o.forward_tokens) for o in outputs),
         elapsed_s=seconds,

@@ -156,3 +156,17 @@ def test_position_cost_row():
     short = Series([Call(t, 0.0, 1, 8) for t in (1.0, 2.0, 3.0)])
     row = bench.position_cost_row(args, {"mdm forward": full, "mdm block-wide forward": short}, 1)
     assert row["measured"] == "1.50x" and "target" not in row
+
+
+def test_batch_invariance_counts_differences_and_quick_run_writes_its_tables(tmp_path):
+    import bench_invariance
+
+    assert bench_invariance.differences(torch.tensor([[1, 2, 3], [4, 5, 6]]), [[1, 2, 3], [4, 0, 0]]) == (1, 2)
+    output = tmp_path / "invariance.md"
+    text = bench_invariance.main(["--quick", "--output", str(output)])
+    assert output.read_text() == text
+    variance = text.split("Cost of")[0]
+    rows = [line.split(" | ") for line in variance.splitlines() if line.startswith(("| MDM |", "| AR ("))]
+    assert len(rows) == 2 * (len(bench_invariance.SAMPLERS) + 1)
+    assert all(row[-1].startswith("0 of 3") for row in rows)  # batch_invariant: every row as alone
+    assert text.count("x |") == 4  # the cost ratios: MDM and AR, float32 and bfloat16

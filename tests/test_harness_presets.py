@@ -27,10 +27,12 @@ from transformers import AutoModelForMaskedLM, AutoTokenizer
 from hf_mdm.generation import MaskedDiffusionGenerationConfig
 from hf_mdm.harness import MaskedDiffusionLM, simple_evaluate
 from hf_mdm.harness.evaluator import build_task_manager, create_lm
+from hf_mdm.harness.reproducible import request_seed
+from hf_mdm.harness.timing import tag_requests
 from hf_mdm.harness.tiny import CHAT_TEMPLATE, EOS, MASK, build_tiny_models, build_tokenizer
 
 PROMPTS = ["Question: what is 2 + 3?\nAnswer:", "Q: 7 * 6?\nA:", "Tell me a story about a cat named"]
-SEED = 1234  # the lm-eval model's default seed
+SEED = 1234  # lm-eval's default torch seed, which the lm-eval model takes as its seed
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -127,6 +129,8 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def lm(path, **kwargs) -> MaskedDiffusionLM:
+    """The lm-eval model with one random stream for the run (seeded with SEED), as `reference_generation` draws."""
+    kwargs = {"seed": SEED, "per_request_seeds": False, **kwargs}
     return MaskedDiffusionLM(pretrained=str(path), device="cpu", dtype="float32", **kwargs)
 
 
@@ -143,8 +147,8 @@ def spy_batches(model: MaskedDiffusionLM) -> list[dict]:
         seen.append({"config": config})
         return config
 
-    def record_batch(input_ids, attention_mask, until, max_gen_toks, kwargs):
-        out = generate_batch(input_ids, attention_mask, until, max_gen_toks, kwargs)
+    def record_batch(input_ids, attention_mask, until, max_gen_toks, kwargs, seeds):
+        out = generate_batch(input_ids, attention_mask, until, max_gen_toks, kwargs, seeds)
         seen[-1].update(input_ids=input_ids.clone(), attention_mask=attention_mask.clone(), tokens=out["tokens"])
         return out
 
@@ -230,6 +234,27 @@ def test_generation_through_lm_eval_is_the_presets_token_for_token(checkpoints, 
     assert len(records) == 3 and all(r.generate_s > 0 and r.nfe > 0 for r in records)
     assert sorted(r.nfe for r in records) == sorted(nfe for ids, *_, nfe in batches for _ in range(ids.shape[0]))
     assert all(r.batch_forward_rows == r.nfe * r.batch_size for r in records)
+
+
+def test_per_request_seeds_give_each_request_its_answer_at_any_batch_size(checkpoints):
+    """A preset that draws (LLaDA's random remasking): with per-request seeds (the default) a request's answer is
+    the preset's generate on its prompt alone with the request's seed, at batch size 1 and 3 alike."""
+    settings = dict(steps=8, remasking="random")
+    answers = []
+    for batch_size in (1, 3):
+        model = MaskedDiffusionLM(pretrained=str(checkpoints["llada"]), device="cpu", batch_size=batch_size, **settings)
+        answers.append(model.generate_until(requests(PROMPTS, {"until": [], "max_gen_toks": 16})))
+    assert answers[0] == answers[1]
+    tags = tag_requests(requests(PROMPTS, {}))
+    preset = MaskedDiffusionGenerationConfig.llada(gen_length=16, steps=8, block_length=16, remasking="random")
+    network = AutoModelForMaskedLM.from_pretrained(checkpoints["llada"], dtype=torch.float32).eval()
+    for prompt, tag, answer in zip(PROMPTS, tags, answers[0]):
+        seed = request_seed(model.seed, tag, prompt, {"until": [], "max_gen_toks": 16})
+        ids = model.tokenizer(prompt, return_tensors="pt").input_ids
+        row = network.generate(ids, generation_config=preset, seed=seed)[0, ids.shape[1] :].tolist()
+        eos = model.tokenizer.eos_token_id
+        row = row[: row.index(eos)] if eos in row else row
+        assert answer == model.tokenizer.decode(row, skip_special_tokens=True)
 
 
 def test_stop_strings_cut_the_preset_generation(checkpoints):

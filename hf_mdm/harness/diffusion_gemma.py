@@ -75,27 +75,32 @@ class DiffusionGemmaLM(TimedHFLM):
             settings["sampler_config"] = EntropyBoundSamplerConfig(entropy_bound=float(bound))
         return settings
 
-    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs):
+    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs, seeds):
         for key in set(kwargs) - self._ignored:
             logger.warning("hf_diffusion_gemma: generation kwarg %r is not a DiffusionGemma setting; ignored", key)
             self._ignored.add(key)
-        forwards = [0]
+
+        def generate(ids, mask):
+            before = forwards[0]
+            settings = self._generation_settings()
+            pad = self.tokenizer.pad_token_id
+            output = self.model.generate(
+                ids, attention_mask=mask, max_new_tokens=max_gen_toks, pad_token_id=pad, return_dict_in_generate=True,
+                **settings,
+            )  # fmt: skip
+            per_call.append(forwards[0] - before)
+            return output.sequences
+
+        forwards, per_call = [0], []
         hook = self.model.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
         try:
             with Stopwatch(self.device) as watch, self._autocast():
-                output = self.model.generate(
-                    input_ids,
-                    attention_mask=attention_mask,
-                    max_new_tokens=max_gen_toks,
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    return_dict_in_generate=True,
-                    **self._generation_settings(),
-                )
+                tokens, _ = self._batch_or_rows(generate, input_ids, attention_mask, seeds)
         finally:
             hook.remove()
-        tokens = output.sequences[:, input_ids.shape[1] :]
         generated = [self._row_length(row, until) for row in tokens.tolist()]
-        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": forwards[0], "generated_tokens": generated}
+        nfe = per_call if self.batch_invariant else forwards[0]  # rows alone: each its own decoder forwards
+        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": nfe, "generated_tokens": generated}
 
 
 __all__ = ["DIFFUSION_GEMMA_SETTINGS", "DiffusionGemmaLM"]

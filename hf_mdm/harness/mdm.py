@@ -32,6 +32,7 @@ from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
 from ..likelihood import ELBOEstimator, greedy_matches
 from .model_args import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
+from .reproducible import reproducibility_info
 from .sampler_config import (
     RequestConfigs,
     canonical_reference,
@@ -70,7 +71,14 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         greedy_check: compute lm-eval's ``is_greedy`` for ``loglikelihood`` as LLaDA does (the continuation
             decoded one token per step, most confident first, must equal the target); costs one forward per
             continuation token.
-        seed: seed of the sampler's and the Monte Carlo estimator's random numbers.
+        seed: the run's seed, of the sampler's and the Monte Carlo estimator's random numbers; unset, the torch seed
+            lm-eval's ``--seed`` set (1234 by default).
+        per_request_seeds: every request draws from a seed of its own, derived from the run's seed and the request
+            (`hf_mdm.harness.reproducible`), so a sampled answer is the same at any ``batch_size`` and process count;
+            a batch whose sampler draws random numbers then runs its rows one at a time. ``False``: one random stream
+            for the run, shared by a batch's rows (batched, reproducible only at the same batch size). Together
+            with the sampler argument ``batch_invariant=True`` (each row also computed alone, so in bfloat16 too) a
+            run's every answer is the same at any batch size and process count.
         **kwargs: sampler settings, then everything else to lm-eval's HFLM (``dtype``, ``device``, ``batch_size``,
             ``trust_remote_code``, ...) and from there to ``from_pretrained``. The sampler settings depend on the
             reference:
@@ -114,11 +122,13 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         max_gen_toks: Optional[int] = None,
         mc_num: int = 128,
         greedy_check: bool = True,
-        seed: int = 1234,
+        seed: Optional[int] = None,
+        per_request_seeds: bool = True,
         **kwargs: Any,
     ):
         choice = canonical_reference(_former_preset_argument(reference, kwargs))
-        check_model_args(kwargs, max_gen_toks=max_gen_toks, mc_num=mc_num, greedy_check=greedy_check, seed=seed)
+        own = dict(max_gen_toks=max_gen_toks, mc_num=mc_num, greedy_check=greedy_check, seed=seed)
+        check_model_args(kwargs, **own, per_request_seeds=per_request_seeds)
         check_near_misses("hf_mdm", kwargs, _known_arguments(), inspect.signature(HFLM.__init__).parameters)
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in sampler_fields()}
         if choice in REFERENCE_ARGS:  # fail before loading the weights
@@ -128,7 +138,8 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         with explain_model_arguments("hf_mdm", kwargs, _known_arguments()):
             super().__init__(pretrained, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
-        self.mc_num, self.greedy_check, self.seed = int(mc_num), bool(greedy_check), int(seed)
+        self.mc_num, self.greedy_check, self._seed_argument = int(mc_num), bool(greedy_check), seed
+        self.per_request_seeds = per_request_seeds
         self.reference = self._choose_reference(choice, overrides)
         self.generation_config = self._resolve_generation_config(overrides)
         self.mask_token_id = int(self.generation_config.mask_token_id)
@@ -139,7 +150,7 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         )
         if self.reference in REFERENCE_ARGS and self._explicit_max_gen_toks is not None:
             self.request_configs(self._explicit_max_gen_toks, {})  # settings that cannot run fail here, not mid-run
-        self._generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        self._shared_generator: Optional[torch.Generator] = None  # per_request_seeds=False: the run's one stream
         self._current_tags: Optional[list[RequestTag]] = None  # set by loglikelihood for _loglikelihood_tokens
         self._init_timing()
 
@@ -236,9 +247,10 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
     def _request_config(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
         return self.request_configs(max_gen_toks, kwargs)
 
-    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs):
+    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs, seeds):
         config = self._request_config(max_gen_toks, kwargs)
         criteria = StoppingCriteriaList([StopStringCriteria(self.tokenizer, until, input_ids.shape[1])])
+        randomness = {"seed": seeds} if self.per_request_seeds else {"generator": self._run_generator()}
         with self._autocast():
             output = diffusion_generate(
                 self.model,
@@ -246,16 +258,21 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
                 attention_mask=attention_mask,
                 generation_config=config,
                 stopping_criteria=None if config.reference is not None else criteria,
-                generator=self._generator,
+                **randomness,
             )
         tokens = output.sequences[:, input_ids.shape[1] :]
         return {
             "tokens": tokens,
             "generate_s": float(output.elapsed_s),
-            "nfe": int(output.nfe),
+            "nfe": int(output.nfe) if output.row_nfe is None else output.row_nfe.tolist(),
             "forward_tokens": float(output.forward_tokens or 0),
             "generated_tokens": [int(n) for n in output.num_generated_tokens.tolist()],
         }
+
+    def _run_generator(self) -> torch.Generator:
+        if self._shared_generator is None:
+            self._shared_generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        return self._shared_generator
 
     # -- likelihood ------------------------------------------------------------------------------------------
 
@@ -341,6 +358,8 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         info["generation_config"] = self.generation_config.to_diff_dict()
         info["reference"] = self.reference
         info.update(mc_num=self.mc_num, greedy_check=self.greedy_check, seed=self.seed, max_gen_toks=self.max_gen_toks)
+        seeds = "per request" if self.per_request_seeds else "one stream for the run, shared by a batch"
+        info["reproducibility"] = reproducibility_info(self.generation_config.batch_invariant, seeds, self.seed)
         return info
 
 

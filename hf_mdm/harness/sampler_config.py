@@ -42,7 +42,7 @@ LM_EVAL_ONLY_KWARGS = ("do_sample",)  # request kwargs that are not sampler sett
 LM_EVAL_REQUEST_KWARGS = ("until", "max_gen_toks", *LM_EVAL_ONLY_KWARGS)  # taken by lm-eval's side of a request
 SAMPLING_FIELDS = frozenset({"temperature", "top_k", "top_p", "eos_token_id", "pad_token_id"})
 EXPLICIT_WINS = frozenset({"temperature", "top_k", "top_p"})  # model arguments that win over a request's value
-RUN_ARGS = ("compile_forward",)  # how the model runs, not how it samples: every sampler takes them
+RUN_ARGS = ("compile_forward", "batch_invariant")  # how the model runs, not how it samples: every sampler takes them
 _REFERENCE_NAMES = {"llada": "LLaDA's generate()", "dream": "Dream's diffusion_generate()"}
 
 
@@ -134,13 +134,14 @@ def check_gen_kwargs(gen_kwargs: Mapping[str, Any], reference: str = "auto", whe
 
 
 def check_model_args(kwargs: dict[str, Any], **own: Any) -> None:
-    """The ``hf_mdm`` model's own arguments (``max_gen_toks``, ``mc_num``, ``greedy_check``, ``seed``): a ValueError
-    naming the argument, before anything is loaded."""
+    """The ``hf_mdm`` model's own arguments (``max_gen_toks``, ``mc_num``, ``greedy_check``, ``seed``,
+    ``per_request_seeds``): a ValueError naming the argument, before anything is loaded."""
     rules = {
         "max_gen_toks": (lambda v: v is None or _is_int(v) and v >= 1, "an integer >= 1 (or unset)"),
         "mc_num": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
         "greedy_check": (lambda v: isinstance(v, bool), "True or False"),
-        "seed": (lambda v: _is_int(v), "an integer"),
+        "seed": (lambda v: v is None or _is_int(v), "an integer (or unset: lm-eval's --seed)"),
+        "per_request_seeds": (lambda v: isinstance(v, bool), "True or False"),
     }
     for name, value in own.items():
         valid, expected = rules[name]

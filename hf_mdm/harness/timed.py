@@ -24,6 +24,7 @@ from tqdm import tqdm
 from transformers import StoppingCriteria
 
 from .model_args import check_pretrained, explain_model_arguments, hflm_arguments
+from .reproducible import generate_alone, reproducibility_info, request_seed, run_seed
 from .timing import RequestTag, Stopwatch, TimingRecorder, tag_requests
 
 __all__ = ["TimedGeneration", "TimedHFLM", "StopStringCriteria", "tokens_until_stop"]
@@ -73,6 +74,16 @@ class TimedGeneration:
 
     timing: TimingRecorder
     _explicit_max_gen_toks: Optional[int] = None
+    _seed_argument: Optional[int] = None  # the model's seed argument, if it has one
+    _resolved_seed: Optional[int] = None
+
+    @property
+    def seed(self) -> int:
+        """The run's seed, the base of every request's (`hf_mdm.harness.reproducible.run_seed`), read when first
+        needed: lm-eval seeds torch from ``--seed`` after ``hf-mdm-eval`` built the model."""
+        if self._resolved_seed is None:
+            self._resolved_seed = run_seed(self._seed_argument)
+        return self._resolved_seed
 
     def _init_timing(self) -> None:
         self._use_accelerate_rank()
@@ -140,7 +151,8 @@ class TimedGeneration:
                 list(contexts), left_truncate_len=self._max_prompt_length(max_gen_toks), truncation=self.truncation
             )
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-            generation = self._generate_batch(input_ids, attention_mask, until, max_gen_toks, kwargs)
+            seeds = [request_seed(self.seed, tag, c, gen_kwargs) for tag, c in zip(tags, contexts)]
+            generation = self._generate_batch(input_ids, attention_mask, until, max_gen_toks, kwargs, seeds)
             rows = generation["tokens"].tolist()
             texts = [self._postprocess(self.tok_decode(self._after_thinking(row)), until) for row in rows]
             output_tokens = [
@@ -189,8 +201,9 @@ class TimedGeneration:
         until: list[str],
         max_gen_toks: int,
         kwargs: dict,
+        seeds: list[int],
     ) -> dict[str, Any]:
-        """Generate for one left-padded batch. Returns ``tokens`` (B, T) after the prompt, ``generate_s`` (the
+        """Generate for one left-padded batch, ``seeds`` the requests' own (`request_seed`). Returns ``tokens`` (B, T) after the prompt, ``generate_s`` (the
         model's own generation seconds), ``nfe`` (forward passes of the batch), per-row ``generated_tokens`` and
         optionally ``forward_tokens`` (positions the forwards computed, rows x span summed)."""
 
@@ -209,16 +222,22 @@ class TimedGeneration:
 class TimedHFLM(TimedGeneration, HFLM):
     """lm-eval's ``hf`` model (autoregressive, ``AutoModelForCausalLM``) with per-request timing.
 
-    Takes every argument of lm-eval's ``hf`` model, and ``max_gen_toks`` (wins over the request's). Each batch is
-    generated with lm-eval's own ``_model_generate`` (``model.generate`` with its stop-sequence criteria, KV cache
-    on); its NFE is the number of decoding steps of the batch (one forward pass each), and a row's generated tokens
-    stop at its EOS or at the token that completed one of its stop strings.
+    Takes every argument of lm-eval's ``hf`` model, ``max_gen_toks`` (wins over the request's) and
+    ``batch_invariant``. Each batch is generated with lm-eval's own ``_model_generate`` (``model.generate`` with its
+    stop-sequence criteria, KV cache on); its NFE is the number of decoding steps of the batch (one forward pass
+    each), and a row's generated tokens stop at its EOS or at the token that completed one of its stop strings.
+    With ``batch_invariant=True`` each request is generated alone, a batch of one without padding, sampling from its
+    own seed (`hf_mdm.harness.reproducible`): its answer is the same at any batch size and process count, in any
+    dtype; a request's NFE is then its own decoding steps.
     """
 
     registered_name = "hf_timed"  # the lm-eval model name, for messages about its arguments
 
-    def __init__(self, *args: Any, max_gen_toks: Optional[int] = None, **kwargs: Any):
+    def __init__(self, *args: Any, max_gen_toks: Optional[int] = None, batch_invariant: bool = False, **kwargs: Any):
         check_pretrained(kwargs.get("pretrained", args[0] if args else None))
+        if not isinstance(batch_invariant, bool):
+            raise ValueError(f"batch_invariant must be True or False, got {batch_invariant!r}")
+        self.batch_invariant = batch_invariant
         with explain_model_arguments(self.registered_name, kwargs, self.known_arguments()):
             super().__init__(*args, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
@@ -227,7 +246,7 @@ class TimedHFLM(TimedGeneration, HFLM):
     @classmethod
     def own_arguments(cls) -> list[str]:
         """The model arguments this model takes besides lm-eval HFLM's."""
-        return ["max_gen_toks"]
+        return ["max_gen_toks", "batch_invariant"]
 
     @classmethod
     def known_arguments(cls) -> dict[str, list[str]]:
@@ -240,18 +259,31 @@ class TimedHFLM(TimedGeneration, HFLM):
         request's, else 256 (lm-eval's default)."""
         return self._explicit_max_gen_toks or 256
 
-    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs):
+    def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs, seeds):
+        def generate(ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            length = ids.shape[1] + max_gen_toks
+            return self._model_generate(context=ids, attention_mask=mask, stop=until, max_length=length, **kwargs)
+
         with Stopwatch(self.device) as watch:
-            output = self._model_generate(
-                context=input_ids,
-                attention_mask=attention_mask,
-                stop=until,
-                max_length=input_ids.shape[1] + max_gen_toks,
-                **kwargs,
-            )
-        tokens = output[:, input_ids.shape[1] :]
+            tokens, steps = self._batch_or_rows(generate, input_ids, attention_mask, seeds)
         generated = [self._row_length(row, until) for row in tokens.tolist()]
-        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": tokens.shape[1], "generated_tokens": generated}
+        nfe = steps if self.batch_invariant else steps[0]  # rows alone: each its own decoding steps
+        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": nfe, "generated_tokens": generated}
+
+    def _batch_or_rows(self, generate, input_ids, attention_mask, seeds) -> tuple[torch.Tensor, list[int]]:
+        """The tokens (B, T) ``generate(ids, mask)`` writes after the prompts, and the decoding steps taken: one
+        call on the batch (its steps), or with ``batch_invariant`` one per row alone (`generate_alone`: each row's)."""
+        if self.batch_invariant:
+            pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+            return generate_alone(generate, input_ids, attention_mask, seeds, pad)
+        tokens = generate(input_ids, attention_mask)[:, input_ids.shape[1] :]
+        return tokens, [tokens.shape[1]]
+
+    def get_model_info(self) -> dict:
+        info = super().get_model_info()
+        seeds = "per request (rows alone)" if self.batch_invariant else "torch's stream, shared by a batch"
+        info["reproducibility"] = reproducibility_info(self.batch_invariant, seeds, self.seed)
+        return info
 
     def _row_length(self, row: list[int], until: list[str]) -> int:
         """Tokens this row generated before stopping: through its EOS, before padding, through a stop string."""

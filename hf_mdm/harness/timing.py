@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, Union
 
 from ..timer import Stopwatch, synchronize
 
@@ -155,15 +155,18 @@ class TimingRecorder:
         tags: Sequence[RequestTag],
         batch_time_s: float,
         generate_s: float,
-        nfe: float,
+        nfe: Union[float, Sequence[float]],
         generated_tokens: Sequence[int],
         output_tokens: Sequence[int],
         forward_tokens: float = 0.0,
     ) -> None:
         """Record one batch: its times are split evenly among its requests; each request took part in its ``nfe``
-        sequential forward passes, and its share of the positions they computed is ``forward_tokens`` / size."""
+        sequential forward passes (one number: the batch's, which every row took part in; one per row: the rows
+        ran alone, each in its own), and its share of the positions they computed is ``forward_tokens`` / size."""
         size = len(tags)
-        for tag, generated, output in zip(tags, generated_tokens, output_tokens):
+        per_row = list(nfe) if isinstance(nfe, (list, tuple)) else [nfe] * size
+        rows = sum(per_row) if isinstance(nfe, (list, tuple)) else nfe * size
+        for tag, generated, output, row_nfe in zip(tags, generated_tokens, output_tokens, per_row):
             self.records.append(
                 RequestTiming(
                     task=tag.task,
@@ -176,11 +179,11 @@ class TimingRecorder:
                     time_s=batch_time_s / size,
                     batch_time_s=batch_time_s,
                     generate_s=generate_s / size,
-                    nfe=nfe,
+                    nfe=row_nfe,
                     generated_tokens=int(generated),
                     output_tokens=int(output),
                     forward_tokens=forward_tokens / size,
-                    batch_forward_rows=nfe * size,
+                    batch_forward_rows=rows,
                 )
             )
 
