@@ -218,6 +218,8 @@ def test_compare_on_the_tiny_config_writes_table_and_plot(tmp_path, monkeypatch)
     assert "| gsm8k | tiny-mdm | dual cache + threshold 0.9 |" in table
     assert "| gsm8k | tiny-llada2 | llada2 defaults |" in table
     assert "| humaneval | tiny-diffusion-gemma | entropy bound 0.1 |" in table
+    cell = json.loads((out / "cells" / "tiny-mdm__8-steps__mdm_gsm8k.json").read_text())
+    assert cell["reproducibility"] == {"batch_invariant": False, "seeds": "per request", "seed": 1234}
     # resumable: a second run reuses every finished cell
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
     loaded = compare.load_config(path, limit=1)

@@ -79,31 +79,11 @@ def test_two_processes_give_the_one_process_samples(tiny, tmp_path):
     run at batch size 1."""
     args = f"pretrained={tiny['mdm']},dtype=bfloat16,{SAMPLED}"
     one = evaluate("hf_mdm", args, 1)
-    command = [
-        str(Path(sys.executable).parent / "accelerate"),
-        "launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--main_process_port",
-        "0",
-        "-m",
-        "hf_mdm.harness",
-        "run",
-        "--model",
-        "hf_mdm",
-        "--model_args",
-        args,
-        "--tasks",
-        "mdm_gsm8k",
-        "--limit",
-        str(LIMIT),
-        "--batch_size",
-        "4",
-        "--output_path",
-        str(tmp_path),
-        "--log_samples",
-    ]
+    accelerate = Path(sys.executable).parent / "accelerate"
+    command = (
+        f"{accelerate} launch --multi_gpu --num_processes 2 --main_process_port 0 -m hf_mdm.harness run --model hf_mdm "
+        f"--model_args {args} --tasks mdm_gsm8k --limit {LIMIT} --batch_size 4 --output_path {tmp_path} --log_samples"
+    ).split()
     env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_MDM_DATA_DIR=DATA_DIR)
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
     assert result.returncode == 0, result.stderr[-4000:]

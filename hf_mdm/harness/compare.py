@@ -313,6 +313,7 @@ def _save_cell(cells_dir: Path, cell: Cell, results: dict, metric: str) -> Path:
         "results": task_results,
         "timing": timing,
         "limit": results["config"].get("limit"),
+        "reproducibility": results["config"].get("reproducibility"),
         "n_samples": results.get("n-samples", {}).get(cell.task),
         "date": results.get("date"),
     }
