@@ -73,11 +73,13 @@ lock: test-newest
 # forward, the compiled model call against the eager one (tokens equal), with issue 22's targets and PASS/FAIL;
 # 1 thread, interleaved rounds. About 20 minutes on 2 CPU cores; BENCH_ARGS="--batches 1" for 2. Then batch invariance
 # (evaluation/bench_invariance.py): rows differing from themselves alone by default and with batch_invariant=True,
-# and its cost, written to evaluation/BATCH_INVARIANCE.md (a few minutes).
+# and its cost, written to evaluation/BATCH_INVARIANCE.md (a few minutes); the LM head only at the still-masked
+# positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md).
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
 	$(OFFLINE) $(PY) evaluation/bench_invariance.py --output evaluation/BATCH_INVARIANCE.md
+	$(OFFLINE) $(PY) evaluation/bench_lm_head.py --output evaluation/LM_HEAD.md
 
 clean:
 	rm -rf $(VENV) .venv-newest .venv-lowest build *.egg-info

@@ -20,7 +20,7 @@ Exported with the model as remote code.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
@@ -97,6 +97,9 @@ class Sampler:
     generator: Optional[torch.Generator] = None
     recorder: Optional[ScoreRecorder] = None  # output_scores / output_logits
     early_stop_eos: Optional[torch.Tensor] = None  # (E,) EOS ids a row stops at inside a block (eos_early_stop)
+    # a step asks logits only at each row's still-masked positions (`still_masked_positions`); False: at every
+    # column of the block, as before that was known (kept for `evaluation/bench_lm_head.py`'s comparison)
+    gather_still_masked: ClassVar[bool] = True
 
     def record(self, rows: Rows, index: Optional[torch.Tensor], cols, proposals: Proposals, written=None) -> None:
         """Keep the scores and logits of the tokens written at (``index``, ``cols``) of ``rows`` (broadcast to one
@@ -336,10 +339,11 @@ def _denoise_block_by_table(
     block_mask = (rows.x == sampler.mask_id) & region
     keep = block_mask.any(0).nonzero().flatten()
     num_steps = table.shape[1]
-    for i, most in enumerate(table.amax(0).tolist()):
+    still = block_mask.sum(1)[:, None] - (table.cumsum(1) - table)  # (B, S) each row's masked before each step
+    for i, (most, width) in enumerate(torch.stack([table.amax(0), still.amax(0)], 1).tolist()):
         if most == 0:
             continue  # nothing to reveal: skipping the forward changes no token
-        _step(sampler, rows, block_mask, keep, table[:, i], num_steps - i, most)
+        _step(sampler, rows, block_mask, keep, table[:, i], num_steps - i, most, width)
         on_step()
         if _stop_rows(sampler, rows, region, block_mask) and not bool(region.any()):
             break
@@ -355,12 +359,14 @@ def _denoise_block_adaptively(
     keep = block_mask.any(0).nonzero().flatten()
     if keep.numel() == 0:
         return
+    width = int(block_mask.sum(1).max())
     for i in range(num_steps):
-        _step(sampler, rows, block_mask, keep, None, num_steps - i, keep.numel())
+        _step(sampler, rows, block_mask, keep, None, num_steps - i, keep.numel(), width)
         on_step()
         _stop_rows(sampler, rows, region, block_mask)
         block_mask = (rows.x == sampler.mask_id) & region
-        if int(block_mask.sum(1).max()) == 0:
+        width = int(block_mask.sum(1).max())  # the step's one read: whether the block is done, and its width
+        if width == 0:
             break
 
 
@@ -423,11 +429,14 @@ def _step(
     counts: Optional[torch.Tensor],
     steps_left: int,
     most: Optional[int] = None,
+    width: Optional[int] = None,
 ) -> None:
     """One denoising step on ``rows``, in place. ``block_mask`` (B, L) marks the block's masked positions, ``keep``
     (K,) columns that hold every one of them, ``counts`` (B,) the tokens each row reveals (None for the adaptive
     transfers, which decide from the proposals), ``most`` their largest when the host knows it (else it is read:
-    the step-by-step loop of a transfer with its own `count_rule`)."""
+    the step-by-step loop of a transfer with its own `count_rule`), ``width`` the most positions a row still has
+    masked when the host knows it: the model is then asked for logits, and proposals drawn, only at each row's
+    still-masked positions (`still_masked_positions`)."""
     remaining = block_mask.sum(1)
     if counts is not None and sampler.strategy.positional:
         # positions first, then logits only at their columns and proposals only where they are revealed
@@ -436,23 +445,40 @@ def _step(
         if most is not None:
             return reveal_top(sampler, rows, scores, block_mask, counts, most)  # fixed shapes
         return reveal_rows(sampler, rows, choose(scores, block_mask, counts, most))
-    proposals = _propose_at(sampler, rows, keep)
-    scores = sampler.strategy.scores(proposals, keep, rows.x.shape[1], sampler.generator)
+    positions = still_masked_positions(block_mask, keep, width if sampler.gather_still_masked else None)
+    proposals = _propose_at(sampler, rows, positions)
+    scores = sampler.strategy.scores(proposals, positions, rows.x.shape[1], sampler.generator)
     if counts is None:
+        masked = block_mask.gather(1, positions)
         counts = sampler.transfer.adaptive_counts(
-            proposals.confidence, proposals.probs, scores[:, keep], block_mask[:, keep], steps_left
+            proposals.confidence, proposals.probs, scores.gather(1, positions), masked, steps_left
         )
     counts = torch.minimum(counts, remaining)  # a step reveals exactly counts
-    chosen = choose(scores, block_mask, counts, most)[:, keep]  # only kept columns can be chosen
-    rows.x[:, keep] = torch.where(chosen, proposals.tokens, rows.x[:, keep])
-    sampler.record(rows, None, keep, proposals, chosen)
+    chosen = choose(scores, block_mask, counts, most).gather(1, positions)  # only proposed positions can be chosen
+    rows.x.scatter_(1, positions, torch.where(chosen, proposals.tokens, rows.x.gather(1, positions)))
+    sampler.record(rows, None, positions, proposals, chosen)
 
 
-def _propose_at(sampler: Sampler, rows: Rows, keep: torch.Tensor) -> Proposals:
-    """Proposals (B, K) at the columns ``keep`` of every row (distributions (B, K, V) when the strategy needs them)."""
-    logits = sampler.denoiser.logits(rows, keep)
-    bsz, k, vocab = logits.shape
+def still_masked_positions(block_mask: torch.Tensor, keep: torch.Tensor, width: Optional[int]) -> torch.Tensor:
+    """(B, W) the columns a step proposes at: each row's ``width`` first still-masked columns of ``keep`` (K,),
+    left to right, a row with fewer filling its last slots with other columns of ``keep`` (never chosen: not
+    masked); every column of ``keep`` when ``width`` is unknown or not smaller. Fixed shapes, nothing read."""
+    bsz, k = block_mask.shape[0], keep.numel()
+    if width is None or width >= k:
+        return keep.expand(bsz, -1)
+    order = block_mask[:, keep].long() * (k + 1) - torch.arange(k, device=keep.device)
+    return keep[torch.topk(order, max(int(width), 1), dim=1).indices]
+
+
+def _propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> Proposals:
+    """Proposals (B, K) at the columns ``positions`` (K,) of every row, or at per-row columns (B, K) (distributions
+    (B, K, V) when the strategy needs them)."""
+    bsz = rows.x.shape[0]
+    denoiser = sampler.denoiser
+    logits = denoiser.logits(rows, positions) if positions.dim() == 1 else denoiser.logits_at(rows, positions)
+    k, vocab = logits.shape[1], logits.shape[2]
     flat_rows = torch.arange(bsz, device=rows.x.device).repeat_interleave(k)
-    ids = sampler.proposer.processor_ids(rows.x, flat_rows, keep.repeat(bsz))
+    cols = positions.repeat(bsz) if positions.dim() == 1 else positions.reshape(-1)
+    ids = sampler.proposer.processor_ids(rows.x, flat_rows, cols)
     flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions)
     return Proposals(*(None if v is None else v.view(bsz, k, *v.shape[1:]) for v in flat))

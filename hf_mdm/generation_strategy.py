@@ -46,7 +46,8 @@ class Strategy(ABC):
 
     @abstractmethod
     def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
-        """(B, L) scores of every position from the step's (B, K) proposals at the columns ``keep`` (K,)."""
+        """(B, L) scores of every position from the step's (B, K) proposals at the columns ``keep`` (K,), or at
+        per-row columns ``keep`` (B, K)."""
 
 
 class ProposalStrategy(Strategy):
@@ -57,13 +58,13 @@ class ProposalStrategy(Strategy):
         """(B, K) scores of the K proposed positions."""
 
     def scores(self, proposals: "Proposals", keep: torch.Tensor, length: int, generator) -> torch.Tensor:
-        """(B, L) scores: `score` at the columns ``keep`` (K,), -inf elsewhere."""
+        """(B, L) scores: `score` at the columns ``keep`` (K,) or per-row columns (B, K), -inf elsewhere."""
         confidence = proposals.confidence
         full = torch.full(
             (confidence.shape[0], length), -float("inf"), dtype=confidence.dtype, device=confidence.device
         )
-        full[:, keep] = self.score(proposals).to(confidence.dtype)
-        return full
+        index = keep if keep.dim() == 2 else keep.expand(confidence.shape[0], -1)
+        return full.scatter_(1, index, self.score(proposals).to(confidence.dtype))
 
 
 class PositionalStrategy(Strategy):

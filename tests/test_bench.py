@@ -170,3 +170,15 @@ def test_batch_invariance_counts_differences_and_quick_run_writes_its_tables(tmp
     assert len(rows) == 2 * (len(bench_invariance.SAMPLERS) + 1)
     assert all(row[-1].startswith("0 of 3") for row in rows)  # batch_invariant: every row as alone
     assert text.count("x |") == 4  # the cost ratios: MDM and AR, float32 and bfloat16
+
+
+def test_lm_head_bench_quick_run_counts_rows_and_checks_tokens(tmp_path):
+    """One token a step, blocks of 4, batch 2: before, 8 LM-head rows a forward; now the still-masked positions,
+    (8 + 6 + 4 + 2) / 4 = 5 on average; the tokens at temperature 0 equal."""
+    import bench_lm_head
+
+    text = bench_lm_head.main(["--quick", "--output", str(tmp_path / "lm_head.md")])
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith(("| LLaDA", "| Qwen"))]
+    assert len(rows) == 2 * len(bench_lm_head.SETTINGS)
+    assert all((row[2], row[3], row[4]) == ("8.0", "5.0", "5.0") for row in rows)
+    assert all(row[-1] in ("yes |", "- |") for row in rows)

@@ -1,0 +1,87 @@
+"""The LM head only where a step needs it (`hf_mdm.generation_sampler.still_masked_positions`): a count-based step
+asks logits at each row's still-masked positions, as many as the most any row still has (known at the block's
+start, nothing read back), an adaptive step as many as its one read says; the tokens are those of asking at every
+column of the block."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_mdm.generation_sampler import Sampler, still_masked_positions
+from tiny_mdm import tiny_mdm
+
+
+def lm_head_rows(model, **settings) -> tuple[torch.Tensor, list[int]]:
+    """The output and the LM head's rows (positions) at every forward."""
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: rows.append(i[0].shape[:-1].numel()))
+    try:
+        out = model.generate(**settings)
+    finally:
+        hook.remove()
+    return out, rows
+
+
+PROMPTS = dict(
+    input_ids=torch.tensor([[1, 2, 3, 4], [0, 5, 6, 7]]), attention_mask=torch.tensor([[1] * 4, [0, 1, 1, 1]])
+)
+
+
+def test_count_based_steps_ask_logits_only_at_still_masked_positions():
+    """Blocks of 8, 4 steps a block (2 tokens a step): the LM head runs on 8, 6, 4, 2 positions a row."""
+    model = tiny_mdm(sharpen=8.0)
+    _, rows = lm_head_rows(model, **PROMPTS, max_new_tokens=16, steps=8, block_length=8)
+    assert rows == [2 * w for w in (8, 6, 4, 2)] * 2
+
+
+def test_stochastic_counts_give_each_step_the_rows_most_still_masked():
+    model = tiny_mdm(sharpen=8.0)
+    settings = dict(**PROMPTS, max_new_tokens=16, steps=8, block_length=8, transfer="stochastic", seed=3)
+    out, rows = lm_head_rows(model, **settings, return_dict_in_generate=True, output_history=True)
+    canvases = [torch.cat([PROMPTS["input_ids"], torch.full((2, 16), 30)], 1)] + list(out.history)
+    masked_before = []
+    for before, after in zip(canvases, canvases[1:]):
+        block = slice(4, 12) if (before[:, 4:12] == 30).any() else slice(12, 20)
+        masked_before.append(int((before[:, block] == 30).sum(1).max()))
+    assert rows == [2 * w for w in masked_before]
+
+
+def test_adaptive_steps_use_their_one_read():
+    model = tiny_mdm(sharpen=8.0)
+    settings = dict(**PROMPTS, max_new_tokens=16, steps=16, block_length=8, transfer="threshold", threshold=0.6)
+    out, rows = lm_head_rows(model, **settings, return_dict_in_generate=True, output_history=True)
+    canvases = [torch.cat([PROMPTS["input_ids"], torch.full((2, 16), 30)], 1)] + list(out.history)
+    expected = []
+    for before in canvases[:-1]:
+        block = slice(4, 12) if (before[:, 4:12] == 30).any() else slice(12, 20)
+        expected.append(2 * int((before[:, block] == 30).sum(1).max()))
+    assert rows == expected and sum(rows) < 2 * 8 * len(rows)  # fewer than every block column
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(steps=8),
+        dict(steps=8, strategy="margin"),
+        dict(steps=8, transfer="stochastic", seed=0),
+        dict(steps=16, transfer="threshold", threshold=0.6),
+        dict(steps=16, transfer="entropy_bound", entropy_bound=0.8),
+        dict(steps=8, kv_cache="dual"),
+    ],
+    ids=str,
+)
+def test_tokens_equal_asking_at_every_block_column(settings, monkeypatch):
+    model = tiny_mdm(sharpen=8.0)
+    common = dict(**PROMPTS, max_new_tokens=16, block_length=8, **settings)
+    gathered = model.generate(**common)
+    monkeypatch.setattr(Sampler, "gather_still_masked", False)
+    assert torch.equal(model.generate(**common), gathered)
+
+
+def test_still_masked_positions_by_hand():
+    block_mask = torch.tensor([[0, 1, 0, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
+    keep = torch.tensor([0, 1, 3, 4])
+    assert still_masked_positions(block_mask, keep, 3).tolist() == [[1, 3, 4], [0, 1, 3]]  # row 1: one, then filler
+    assert still_masked_positions(block_mask, keep, None).tolist() == [[0, 1, 3, 4]] * 2
+    assert still_masked_positions(block_mask, keep, 9).tolist() == [[0, 1, 3, 4]] * 2
