@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_mdm import tiny_mdm
 
 from hf_mdm.generation_sampler import Sampler, still_masked_positions
-from tiny_mdm import tiny_mdm
 
 
 def lm_head_rows(model, **settings) -> tuple[torch.Tensor, list[int]]:
