@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export TORCH_SPEC
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce reproduce-paper venv bench clean system-deps test-newest test-lowest lock lint
+.PHONY: test reproduce reproduce-paper venv bench gpu-check clean system-deps test-newest test-lowest lock lint
 
 venv: $(STAMP)
 
@@ -80,6 +80,13 @@ bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
 	$(OFFLINE) $(PY) evaluation/bench_invariance.py --output evaluation/BATCH_INVARIANCE.md
 	$(OFFLINE) $(PY) evaluation/bench_lm_head.py --output evaluation/LM_HEAD.md
+
+# Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
+# table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.
+# Under 8 minutes on one H100 (rows past --budget-s are skipped); GPU_CHECK_ARGS="--quick" for batch 1 only.
+GPU_CHECK_ARGS ?=
+gpu-check: $(STAMP)
+	$(OFFLINE) $(PY) -m hf_mdm.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .venv-newest .venv-lowest build *.egg-info

@@ -26,7 +26,7 @@ import time
 import torch
 
 from hf_mdm import MaskedDiffusionGenerationConfig
-from hf_mdm.generation_transfer import even_split
+from hf_mdm.gpu_check.llada2_loop import published_loop
 from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM
 
 SIZES = dict(
@@ -50,36 +50,6 @@ SIZES = dict(
     eos_token_id=4094,
     pad_token_id=0,
 )
-
-
-@torch.no_grad()
-def published_loop(model, prompt, gen_length: int, block_length: int, steps: int, threshold: float):
-    """The published generate()'s algorithm at temperature 0, without a cache: every forward runs the canvas up to
-    the end of the current block. Returns the generated tokens, forwards and positions computed."""
-    mask_id, eos_id, length = model.config.mask_token_id, model.config.eos_token_id, prompt.shape[1]
-    num_blocks = -(-(length + gen_length) // block_length)
-    x = torch.full((1, num_blocks * block_length), mask_id, dtype=torch.long, device=prompt.device)
-    x[:, :length] = prompt
-    share, forwards, positions = even_split(block_length, steps), 0, 0
-    for block in range(length // block_length, num_blocks):
-        end = (block + 1) * block_length
-        window = x[0, end - block_length : end]
-        for step in range(steps):
-            masked = window == mask_id
-            if not bool(masked.any()):
-                break
-            logits = model(x[:, :end], block_size=block_length).logits[0, -block_length:]
-            forwards, positions = forwards + 1, positions + end
-            confidence, tokens = logits.softmax(-1).max(-1)
-            confidence = torch.where(masked, confidence, -torch.inf)
-            take = confidence > threshold
-            if int(take.sum()) < share[step]:
-                take = torch.zeros_like(masked)
-                take[confidence.topk(min(share[step], int(masked.sum()))).indices] = True
-            window[take] = tokens[take]
-        if bool((x[0, length:end] == eos_id).any()):
-            break
-    return x[0, length : length + gen_length], forwards, positions
 
 
 def cut_at_eos(tokens: torch.Tensor, eos_id: int) -> list[int]:

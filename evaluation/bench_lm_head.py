@@ -2,9 +2,9 @@
 
 A step asks the model for logits at each row's still-masked positions (`hf_mdm.generation_sampler`,
 ``still_masked_positions``) instead of every column of its block. Where the vocabulary is large the LM head is a
-large share of a forward, so this is where it shows. Model: a random ``MDMForMaskedDiffusion`` of hidden 512, 4
-layers, with LLaDA's vocabulary (126,464) and Qwen2.5's (151,936); batch 4, a 64-token prompt and 128 new tokens in
-blocks of 32, 128 steps (one token a step), deterministic transfer, confidence order, temperature 0 and 1, without a
+large share of a forward, so this is where it shows. Model: a random ``MDMForMaskedDiffusion`` of hidden 256, 4
+layers, with LLaDA's vocabulary (126,464) and Qwen2.5's (151,936); batch 2, a 32-token prompt and 64 new tokens in
+blocks of 32, 64 steps (one token a step), deterministic transfer, confidence order, temperature 0 and 1, without a
 cache and with the prefix cache. For each: the LM head's rows per forward (counted by a hook on it) against the
 positions still masked before each step (summed over the batch), and generate's median seconds now against asking
 at every block column (``Sampler.gather_still_masked = False``, the behaviour before), interleaved rounds after a
@@ -123,12 +123,12 @@ def markdown(args: argparse.Namespace, table: list[dict]) -> str:
 
 def parse(argv: Any = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", default=None, help="also write the table here (Markdown)")
     p.add_argument("--quick", action="store_true", help="a tiny model (vocabulary 4,096), one round: a smoke run")
     args = p.parse_args(argv)
-    sizes = dict(hidden=512, layers=4, batch=4, prompt=64, new_tokens=128, block=32)
+    sizes = dict(hidden=256, layers=4, batch=2, prompt=32, new_tokens=64, block=32)
     if args.quick:
         sizes.update(hidden=32, layers=1, batch=2, prompt=4, new_tokens=8, block=4)
         args.repeats = 1

@@ -213,6 +213,7 @@ class Denoiser:
     block_size: Optional[int] = None  # block-causal models: the attention block of every forward (block_length)
     pass_block_size: bool = False
     forward: Optional[Callable[..., Any]] = None  # the compiled forward (`compiled_forward`); None: the model itself
+    cuda_graphs: bool = False  # the compiled forward replays CUDA graphs: a step asks logits at fixed positions
     nfe: int = 0
     forward_rows: int = 0
     forward_tokens: int = 0
@@ -254,6 +255,7 @@ class Denoiser:
             pass_block_size=accepts(model, "block_size"),
             exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
             forward=None if compile is None else compiled_forward(model, compile),
+            cuda_graphs=compile is not None and compile.get("mode") in CUDA_GRAPH_MODES,
         )
 
     @property

@@ -445,7 +445,8 @@ def _step(
         if most is not None:
             return reveal_top(sampler, rows, scores, block_mask, counts, most)  # fixed shapes
         return reveal_rows(sampler, rows, choose(scores, block_mask, counts, most))
-    positions = still_masked_positions(block_mask, keep, width if sampler.gather_still_masked else None)
+    gather = sampler.gather_still_masked and not sampler.denoiser.cuda_graphs  # CUDA graphs: one shape a block
+    positions = still_masked_positions(block_mask, keep, width if gather else None)
     proposals = _propose_at(sampler, rows, positions)
     scores = sampler.strategy.scores(proposals, positions, rows.x.shape[1], sampler.generator)
     if counts is None:

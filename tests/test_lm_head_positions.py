@@ -85,3 +85,29 @@ def test_still_masked_positions_by_hand():
     assert still_masked_positions(block_mask, keep, 3).tolist() == [[1, 3, 4], [0, 1, 3]]  # row 1: one, then filler
     assert still_masked_positions(block_mask, keep, None).tolist() == [[0, 1, 3, 4]] * 2
     assert still_masked_positions(block_mask, keep, 9).tolist() == [[0, 1, 3, 4]] * 2
+
+
+def test_cuda_graphs_keep_one_shape_a_block(monkeypatch):
+    """A forward compiled into CUDA graphs (inductor's "reduce-overhead") is asked for logits at every column of the
+    block at every step, so a block replays one graph; elsewhere the still-masked positions."""
+    from transformers import CompileConfig
+
+    from hf_mdm.generation_config import MaskedDiffusionGenerationConfig
+    from hf_mdm.generation_denoiser import Denoiser, compile_options
+
+    model = tiny_mdm(sharpen=8.0)
+    graphs = MaskedDiffusionGenerationConfig(
+        compile_forward=True, compile_config=CompileConfig(backend="inductor", mode="reduce-overhead")
+    )
+    assert Denoiser.for_model(model, 30, compile=compile_options(graphs)).cuda_graphs
+    assert not Denoiser.for_model(model, 30, compile={"backend": "inductor", "dynamic": True}).cuda_graphs
+    built = Denoiser.for_model.__func__
+
+    def with_cuda_graphs(cls, *args, **kwargs):
+        denoiser = built(cls, *args, **kwargs)
+        denoiser.cuda_graphs = True
+        return denoiser
+
+    monkeypatch.setattr(Denoiser, "for_model", classmethod(with_cuda_graphs))
+    _, rows = lm_head_rows(model, **PROMPTS, max_new_tokens=16, steps=8, block_length=8)
+    assert rows == [2 * 8] * 8

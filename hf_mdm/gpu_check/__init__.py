@@ -1,0 +1,74 @@
+"""``make gpu-check``: everything hf_mdm measures on a GPU, in one unattended command that ends in minutes.
+
+1. The CUDA tests (``pytest -m cuda``, `tests/test_cuda.py`; skipped, with the reason, where there is no GPU).
+2. The real-shape table with random weights (`hf_mdm.gpu_check.table`, models in `hf_mdm.gpu_check.shapes`):
+   LLaDA-8B, Dream-7B, LLaDA2.0-mini and the autoregressive Qwen2.5-7B and Llama-3-8B, batch 1 and 32.
+3. ``results/gpu/gpu_check.json`` and ``gpu_check.md``, naming the device and the torch and CUDA versions, printed.
+
+The same command runs on the CPU with tiny shapes (``--device cpu --tiny``), as part of ``make test``.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from .report import environment, write_report
+from .shapes import shapes
+from .table import Row, Settings, measure_shape
+
+__all__ = ["run", "run_cuda_tests"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_cuda_tests(timeout_s: float) -> dict[str, Any]:
+    """``pytest -m cuda tests/test_cuda.py``: its summary line and exit code (None when the tests are not there)."""
+    tests = REPO / "tests" / "test_cuda.py"
+    if not tests.is_file():
+        return {"summary": "not run: tests/test_cuda.py is not here (an installed package)", "returncode": None}
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", str(tests)]
+    try:
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"summary": f"stopped after {timeout_s:.0f} s", "returncode": None}
+    lines = [line for line in done.stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
+    summary = lines[-1].strip("= ") if lines else (done.stdout + done.stderr)[-300:]
+    return {"summary": summary, "returncode": done.returncode, "output_tail": done.stdout[-4000:]}
+
+
+def run(
+    device: str = "cuda",
+    tiny: bool = False,
+    quick: bool = False,
+    output_dir: Path = Path("results/gpu"),
+    budget_s: float = 420.0,
+    tests_timeout_s: float = 120.0,
+    models: Optional[list[str]] = None,
+) -> tuple[dict[str, Path], list[Row]]:
+    """The three steps (see the module docstring); returns the written paths and the table's rows."""
+    start = time.monotonic()
+    tests = run_cuda_tests(tests_timeout_s)
+    print(f"gpu-check: CUDA tests: {tests['summary']}", flush=True)
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    settings = Settings(device=device, dtype=dtype, deadline=start + budget_s)
+    if tiny:
+        settings.prompt, settings.new_tokens, settings.block, settings.steps = 32, 32, 8, 8
+        settings.batches = (1, 3)
+    if quick:
+        settings.batches = settings.batches[:1]
+    rows: list[Row] = []
+    for shape in shapes(tiny=tiny, names=models):
+        print(f"gpu-check: {shape.name} ...", flush=True)
+        rows += measure_shape(shape, settings)
+    recorded = {k: str(v) if k == "dtype" else v for k, v in vars(settings).items() if k != "deadline"}
+    paths = write_report(Path(output_dir), environment(device), tests, rows, recorded)
+    print(paths["markdown"].read_text(encoding="utf-8"))
+    print(f"gpu-check: wrote {paths['json']} and {paths['markdown']} in {time.monotonic() - start:.0f} s")
+    return paths, rows

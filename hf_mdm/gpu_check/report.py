@@ -1,0 +1,69 @@
+"""What the GPU check writes: ``gpu_check.json`` and ``gpu_check.md`` (the device, torch and CUDA versions, the CUDA
+tests' outcome and the timing table), whole or not at all."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import transformers
+
+from ..fileio import write_atomic
+from .table import Row
+
+__all__ = ["environment", "write_report"]
+
+
+def environment(device: str) -> dict[str, Any]:
+    """The machine the numbers come from."""
+    cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
+    return {
+        "device": torch.cuda.get_device_name(torch.device(device))
+        if cuda
+        else f"CPU ({platform.processor() or platform.machine()})",
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "transformers": transformers.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _cell(value: Optional[float], digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(env: dict[str, Any], tests: dict[str, Any], rows: list[Row], settings: dict[str, Any]) -> str:
+    lines = [
+        "# GPU check",
+        "",
+        f"Device: {env['device']}; torch {env['torch']}, CUDA {env['cuda'] or '-'}, transformers {env['transformers']}.",
+        f"CUDA tests: {tests.get('summary', '-')}.",
+        "",
+        f"Random weights, {settings['dtype']}; prompt {settings['prompt']} + {settings['new_tokens']} new tokens, blocks "
+        f"of {settings['block']}, {settings['steps']} steps; median of {settings['repeats']} timed call(s) after a "
+        "warm-up. Timing does not depend on the weights for fixed-step samplers; threshold decoding's does.",
+        "",
+        "| model | batch | sampler | tokens/s | ms / forward | NFE | peak GiB | tokens equal | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        equal = "-" if r.tokens_equal is None else ("yes" if r.tokens_equal else "NO")
+        lines.append(
+            f"| {r.model} | {r.batch} | {r.sampler} | {_cell(r.tokens_per_s, 1)} | {_cell(r.ms_per_forward, 2)} | "
+            f"{r.nfe if r.nfe is not None else '-'} | {_cell(r.peak_memory_gib, 2)} | {equal} | {r.note} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_report(output_dir: Path, env: dict, tests: dict, rows: list[Row], settings: dict) -> dict[str, Path]:
+    """Both files under ``output_dir``; returns their paths."""
+    records = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} for r in rows]
+    payload = {"environment": env, "cuda_tests": tests, "settings": settings, "rows": records}
+    paths = {"json": output_dir / "gpu_check.json", "markdown": output_dir / "gpu_check.md"}
+    write_atomic(paths["json"], json.dumps(payload, indent=2, default=str))
+    write_atomic(paths["markdown"], markdown(env, tests, rows, settings))
+    return paths

@@ -1,0 +1,52 @@
+"""`make gpu-check` (`hf_mdm.gpu_check`) as the CPU runs it: tiny shapes, every row of the table, the CUDA tests
+skipped with their reason, the files written; on a machine without CUDA the GPU run refuses with what to do."""
+
+from __future__ import annotations
+
+import json
+
+from hf_mdm.gpu_check.__main__ import main
+from hf_mdm.gpu_check.shapes import shapes
+from hf_mdm.gpu_check.table import SAMPLERS
+
+
+def test_the_cpu_run_writes_every_row(tmp_path, capsys):
+    assert main(["--device", "cpu", "--tiny", "--output-dir", str(tmp_path)]) == 0
+    payload = json.loads((tmp_path / "gpu_check.json").read_text())
+    table = (tmp_path / "gpu_check.md").read_text()
+    assert table in capsys.readouterr().out  # printed as written
+    assert payload["environment"]["device"].startswith("CPU") and payload["environment"]["cuda"] is None
+    assert "skipped" in payload["cuda_tests"]["summary"] and payload["cuda_tests"]["returncode"] == 0
+    rows = payload["rows"]
+    settings = payload["settings"]
+    for shape in shapes(tiny=True):
+        for batch in settings["batches"]:
+            mine = [r for r in rows if r["model"] == shape.name and r["batch"] == batch]
+            if shape.kind == "ar":
+                assert [r["nfe"] for r in mine] == [settings["new_tokens"]] * 2  # one forward a token
+            else:
+                samplers = {r["sampler"] for r in mine}
+                assert samplers >= {name for name in SAMPLERS if not (shape.block_causal and "dual" in name)}
+                fixed = [r for r in mine if "threshold" not in r["sampler"] and "llada2" not in r["sampler"]]
+                # the block-causal LLaDA2 takes its family's steps per attention block (at least the call's)
+                ok = (lambda n: n >= settings["steps"]) if shape.block_causal else (lambda n: n == settings["steps"])
+                assert all(ok(r["nfe"]) for r in fixed), (shape.name, fixed)
+            assert all(r["tokens_per_s"] > 0 and r["ms_per_forward"] > 0 and r["note"] == "" for r in mine)
+    (published,) = [r for r in rows if r["sampler"] == "llada2 published loop (no cache)"]
+    assert published["tokens_equal"] is True  # the exact block cache gives the published loop's tokens
+    assert "| LLaDA2.0-mini | 1 | llada2 preset, exact block cache |" in table
+
+
+def test_a_time_budget_skips_rows_and_still_writes(tmp_path):
+    assert main(["--device", "cpu", "--tiny", "--quick", "--output-dir", str(tmp_path), "--budget-s", "0"]) == 0
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    assert rows and all(r["note"] == "skipped: time budget" for r in rows)
+
+
+def test_without_cuda_the_gpu_run_says_what_to_do(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    assert main(["--output-dir", str(tmp_path)]) == 2
+    assert "--device cpu --tiny" in capsys.readouterr().err and not list(tmp_path.iterdir())
