@@ -26,10 +26,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import interleave  # noqa: E402
+from bench_measure import interleave, print_and_write, table_arguments  # noqa: E402
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion  # noqa: E402
-from hf_mdm.fileio import write_atomic  # noqa: E402
 from hf_mdm.harness.reproducible import generate_alone  # noqa: E402
 
 SAMPLERS = {  # name: (settings, seeds: one for the batch or one a row)
@@ -194,10 +193,7 @@ def markdown(args: argparse.Namespace, variance: list[dict], cost: list[dict]) -
 def parse(argv: Any = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prompt-sets", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--output", default=None, help="also write the tables here (Markdown)")
-    p.add_argument("--quick", action="store_true", help="a tiny model, one prompt set, one round: a smoke run")
+    table_arguments(p, repeats=3)
     args = p.parse_args(argv)
     sizes = dict(hidden=256, layers=4, vocab=1024, batch=8, shortest=12, longest=32, new_tokens=32, block=16)
     if args.quick:
@@ -212,10 +208,7 @@ def main(argv: Any = None) -> str:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     text = markdown(args, variance_rows(args), cost_rows(args))
-    print(text)
-    if args.output:
-        write_atomic(Path(args.output), text)
-    return text
+    return print_and_write(text, args.output)
 
 
 if __name__ == "__main__":

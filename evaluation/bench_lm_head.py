@@ -24,10 +24,9 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import Stopwatch  # noqa: E402
+from bench_measure import Stopwatch, print_and_write, table_arguments  # noqa: E402
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion  # noqa: E402
-from hf_mdm.fileio import write_atomic  # noqa: E402
 from hf_mdm.generation_sampler import Sampler  # noqa: E402
 
 VOCABULARIES = {"LLaDA (126,464)": 126_464, "Qwen2.5 (151,936)": 151_936}
@@ -123,10 +122,7 @@ def markdown(args: argparse.Namespace, table: list[dict]) -> str:
 
 def parse(argv: Any = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--output", default=None, help="also write the table here (Markdown)")
-    p.add_argument("--quick", action="store_true", help="a tiny model (vocabulary 4,096), one round: a smoke run")
+    table_arguments(p, repeats=2)
     args = p.parse_args(argv)
     sizes = dict(hidden=256, layers=4, batch=2, prompt=32, new_tokens=64, block=32)
     if args.quick:
@@ -141,10 +137,7 @@ def main(argv: Any = None) -> str:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     text = markdown(args, measure(args))
-    print(text)
-    if args.output:
-        write_atomic(Path(args.output), text)
-    return text
+    return print_and_write(text, args.output)
 
 
 if __name__ == "__main__":

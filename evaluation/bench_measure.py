@@ -239,3 +239,22 @@ def format_table(rows: list[dict]) -> str:
         cells = (row["name"], str(row["batch"]), *timing, row["measured"], *judged)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def table_arguments(parser: Any, repeats: int) -> Any:
+    """The arguments of the table benchmarks (bench_invariance, bench_lm_head): rounds, threads, output, quick."""
+    parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds (medians over them)")
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1 on a shared machine)")
+    parser.add_argument("--output", default=None, help="also write the table here (Markdown, atomically)")
+    parser.add_argument("--quick", action="store_true", help="a tiny model, one round: a smoke run")
+    return parser
+
+
+def print_and_write(text: str, output: Optional[str]) -> str:
+    """Print a benchmark's Markdown and write it to ``output`` when given (whole or not at all)."""
+    from hf_mdm.fileio import write_atomic
+
+    print(text)
+    if output:
+        write_atomic(output, text)
+    return text

@@ -177,6 +177,12 @@ def supports_kv_cache(model: Any) -> bool:
     return bool(getattr(model, "supports_diffusion_cache", False)) and accepts(model, "cache_position")
 
 
+def _device_of(model: Any) -> torch.device:
+    """The device of the model's first parameter (the CPU for a model without any)."""
+    parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
 @dataclass
 class BlockCache:
     """The keys/values of the current block (``kv_cache``): the block's columns, the cache, forwards run so far."""
@@ -242,6 +248,12 @@ class Denoiser:
                 f"and cache_position, as hf_mdm.kv_cache describes: MDMForMaskedDiffusion, LLaDAModelLM, DreamModel); "
                 f"{type(model).__name__} does not: drop kv_cache"
             )
+        cuda_graphs = compile is not None and compile.get("mode") in CUDA_GRAPH_MODES
+        if cuda_graphs and _device_of(model).type != "cuda":
+            raise ValueError(
+                f"compile_config.mode={compile['mode']!r} replays CUDA graphs, which need the model on a CUDA device "
+                f"(it is on {_device_of(model)}): move the model to CUDA, or use mode='default'"
+            )
         return cls(
             model=model,
             mask_id=int(mask_id),
@@ -255,7 +267,7 @@ class Denoiser:
             pass_block_size=accepts(model, "block_size"),
             exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
             forward=None if compile is None else compiled_forward(model, compile),
-            cuda_graphs=compile is not None and compile.get("mode") in CUDA_GRAPH_MODES,
+            cuda_graphs=cuda_graphs,
         )
 
     @property

@@ -281,11 +281,12 @@ def _denoise_active_rows(
 def denoise_block(
     sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
 ) -> None:
-    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``. The model
-    is asked for logits at the block's columns every step (fixed shapes): a fixed rule's counts are decided at the
-    block's start and no step reads anything back from the device (`_denoise_block_by_table`); an adaptive rule's
-    come from each step's proposals, so a step reads one value, whether the block is done
-    (`_denoise_block_adaptively`). A transfer with neither (a `count_rule` of its own) runs step by step, each step
+    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``. A step asks
+    the model for logits at each row's still-masked positions, as many as the most any row still has, a number the
+    host knows (`still_masked_positions`): a fixed rule's counts are decided at the block's start, so every step's
+    number is too and no step reads anything back from the device (`_denoise_block_by_table`); an adaptive rule's
+    come from each step's proposals, so a step reads one value, the most positions a row still has masked (the
+    block is done at 0) (`_denoise_block_adaptively`). A transfer with neither (a `count_rule` of its own) runs step by step, each step
     reading the columns still masked. With ``eos_early_stop``, a row that stops leaves the block's region, and a
     fixed rule's step reads whether any row still runs."""
     if sampler.transfer.name == "stochastic" and sampler.strategy.name == "random":
@@ -327,14 +328,14 @@ def _denoise_block_by_table(
     sampler: Sampler, rows: Rows, region: torch.Tensor, table: torch.Tensor, on_step: Callable[[], None]
 ) -> None:
     """The steps of a block whose counts ``table`` (B, S) are decided at its start, with no host read inside the
-    block: two reads at its start, the block's columns (the model's logits are asked at all of them every step,
-    revealed or not: a fixed shape, and at temperature 0 the same tokens as proposing at the masked ones) and the
-    largest count of each step (a step that reveals nothing skips its forward, the others take that many top
-    scores). At temperature > 0 a step draws a token at every column of the block, revealed or not, and the
-    stochastic counts are drawn at the block's start: the same law as drawing them step by step at the masked
-    columns, with another random stream. The tokens and forwards are those of the step-by-step loop, but for scores
-    tied within a rounding error: the LM head's matrix product may round a column's logits differently when it
-    computes more columns, so such a tie may break the other way. With ``eos_early_stop`` a step also reads whether
+    block: two reads at its start, the block's columns and, for each step, its largest count (a step that reveals
+    nothing skips its forward, the others take that many top scores) and the most positions a row still has masked
+    before it (the logits, and at temperature > 0 the draws, are asked at each row's still-masked positions, that
+    many a row, fixed by the table: `still_masked_positions`). The stochastic counts are drawn at the block's
+    start: the same law as drawing them step by step, with another random stream. The tokens and forwards are those
+    of the step-by-step loop, but for scores tied within a rounding error: the LM head's matrix product may round a
+    column's logits differently when it computes another number of columns, so such a tie may break the other
+    way. With ``eos_early_stop`` a step also reads whether
     a row still runs (the block ends when none does)."""
     block_mask = (rows.x == sampler.mask_id) & region
     keep = block_mask.any(0).nonzero().flatten()
@@ -353,8 +354,9 @@ def _denoise_block_by_table(
 def _denoise_block_adaptively(
     sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
 ) -> None:
-    """The steps of a block under an adaptive rule, with fixed shapes: the block's columns read once at its start,
-    then one read per step, after it: the most positions a row still has to reveal (the block is done at 0)."""
+    """The steps of a block under an adaptive rule: the block's columns read once at its start, then one read per
+    step, after it: the most positions a row still has to reveal (the block is done at 0), which is also how many
+    positions a row the next step asks logits at."""
     block_mask = (rows.x == sampler.mask_id) & region
     keep = block_mask.any(0).nonzero().flatten()
     if keep.numel() == 0:

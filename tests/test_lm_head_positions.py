@@ -23,6 +23,17 @@ def lm_head_rows(model, **settings) -> tuple[torch.Tensor, list[int]]:
     return out, rows
 
 
+def most_masked_before_each_step(out) -> list[int]:
+    """From the canvases of ``output_history``: before each step, the most [MASK] a row has in the current block (of
+    the two blocks of 8 after the 4-token prompt)."""
+    canvases = [torch.cat([PROMPTS["input_ids"], torch.full((2, 16), 30)], 1)] + list(out.history)
+    most = []
+    for before in canvases[:-1]:
+        block = slice(4, 12) if (before[:, 4:12] == 30).any() else slice(12, 20)
+        most.append(int((before[:, block] == 30).sum(1).max()))
+    return most
+
+
 PROMPTS = dict(
     input_ids=torch.tensor([[1, 2, 3, 4], [0, 5, 6, 7]]), attention_mask=torch.tensor([[1] * 4, [0, 1, 1, 1]])
 )
@@ -39,24 +50,15 @@ def test_stochastic_counts_give_each_step_the_rows_most_still_masked():
     model = tiny_mdm(sharpen=8.0)
     settings = dict(**PROMPTS, max_new_tokens=16, steps=8, block_length=8, transfer="stochastic", seed=3)
     out, rows = lm_head_rows(model, **settings, return_dict_in_generate=True, output_history=True)
-    canvases = [torch.cat([PROMPTS["input_ids"], torch.full((2, 16), 30)], 1)] + list(out.history)
-    masked_before = []
-    for before, after in zip(canvases, canvases[1:]):
-        block = slice(4, 12) if (before[:, 4:12] == 30).any() else slice(12, 20)
-        masked_before.append(int((before[:, block] == 30).sum(1).max()))
-    assert rows == [2 * w for w in masked_before]
+    assert rows == [2 * w for w in most_masked_before_each_step(out)]
 
 
 def test_adaptive_steps_use_their_one_read():
     model = tiny_mdm(sharpen=8.0)
     settings = dict(**PROMPTS, max_new_tokens=16, steps=16, block_length=8, transfer="threshold", threshold=0.6)
     out, rows = lm_head_rows(model, **settings, return_dict_in_generate=True, output_history=True)
-    canvases = [torch.cat([PROMPTS["input_ids"], torch.full((2, 16), 30)], 1)] + list(out.history)
-    expected = []
-    for before in canvases[:-1]:
-        block = slice(4, 12) if (before[:, 4:12] == 30).any() else slice(12, 20)
-        expected.append(2 * int((before[:, block] == 30).sum(1).max()))
-    assert rows == expected and sum(rows) < 2 * 8 * len(rows)  # fewer than every block column
+    assert rows == [2 * w for w in most_masked_before_each_step(out)]
+    assert sum(rows) < 2 * 8 * len(rows)  # fewer than every block column
 
 
 @pytest.mark.parametrize(
@@ -99,7 +101,8 @@ def test_cuda_graphs_keep_one_shape_a_block(monkeypatch):
     graphs = MaskedDiffusionGenerationConfig(
         compile_forward=True, compile_config=CompileConfig(backend="inductor", mode="reduce-overhead")
     )
-    assert Denoiser.for_model(model, 30, compile=compile_options(graphs)).cuda_graphs
+    with pytest.raises(ValueError, match="replays CUDA graphs, which need the model on a CUDA device"):
+        Denoiser.for_model(model, 30, compile=compile_options(graphs))  # this model is on the CPU
     assert not Denoiser.for_model(model, 30, compile={"backend": "inductor", "dynamic": True}).cuda_graphs
     built = Denoiser.for_model.__func__
 
