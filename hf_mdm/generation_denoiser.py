@@ -153,13 +153,6 @@ def check_compile(config: Any) -> None:
         raise ValueError(f"compile_config.backend must be a backend name or a callable, got {backend!r}")
     if compile_config.dynamic not in (None, True, False):
         raise ValueError(f"compile_config.dynamic must be True, False or None, got {compile_config.dynamic!r}")
-    cuda_graphs = backend == "inductor" and compile_config.mode in CUDA_GRAPH_MODES and not compile_config.options
-    if cuda_graphs and getattr(config, "kv_cache", None) not in (None, "none"):
-        raise ValueError(
-            f"compile_config.mode={compile_config.mode!r} replays CUDA graphs, whose outputs the next replay "
-            f"overwrites, and kv_cache={config.kv_cache!r} keeps a forward's keys/values for later ones: use "
-            "mode='default' (or 'max-autotune-no-cudagraphs'), or kv_cache='none'"
-        )
 
 
 def compiled_forward(model: Any, options: dict[str, Any]) -> Callable[..., Any]:
@@ -175,6 +168,18 @@ def compiled_forward(model: Any, options: dict[str, Any]) -> Callable[..., Any]:
 def supports_kv_cache(model: Any) -> bool:
     """Whether ``model.forward`` keeps keys/values across denoising steps as `hf_mdm.kv_cache` describes."""
     return bool(getattr(model, "supports_diffusion_cache", False)) and accepts(model, "cache_position")
+
+
+def static_copy(cache: Any) -> Any:
+    """A transformers `Cache` of `StaticLayer`s holding ``cache``'s keys/values: buffers of fixed addresses
+    (marked static for torch.compile), written in place by every later forward, so that a forward compiled into
+    CUDA graphs replays against the same memory."""
+    from transformers.cache_utils import Cache, StaticLayer
+
+    static = Cache(layers=[StaticLayer(layer.keys.shape[2]) for layer in cache.layers])
+    for index, layer in enumerate(cache.layers):
+        static.update(layer.keys, layer.values, index)
+    return static
 
 
 def _device_of(model: Any) -> torch.device:
@@ -220,6 +225,8 @@ class Denoiser:
     pass_block_size: bool = False
     forward: Optional[Callable[..., Any]] = None  # the compiled forward (`compiled_forward`); None: the model itself
     cuda_graphs: bool = False  # the compiled forward replays CUDA graphs: a step asks logits at fixed positions
+    static_cache: bool = False  # keep keys/values in preallocated buffers written in place (`static_copy`)
+    static: Any = None  # that cache, once the call's first full forward filled it
     nfe: int = 0
     forward_rows: int = 0
     forward_tokens: int = 0
@@ -268,6 +275,7 @@ class Denoiser:
             exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
             forward=None if compile is None else compiled_forward(model, compile),
             cuda_graphs=cuda_graphs,
+            static_cache=cuda_graphs and kv_cache is not None,
         )
 
     @property
@@ -347,7 +355,7 @@ class Denoiser:
         block.forwards += 1
         if refresh:
             block.cache = None
-            kwargs["use_cache"] = True
+            self._refresh(kwargs, inputs)
             return None
         start = max(block.start - self.shift, 0)
         end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
@@ -362,7 +370,7 @@ class Denoiser:
         block.forwards += 1
         if exact.cache is None or exact.rows != inputs.shape[0] or refresh:
             exact.cache, exact.rows, exact.final = None, inputs.shape[0], block.start
-            kwargs["use_cache"] = True
+            self._refresh(kwargs, inputs)
             return None
         start = max(min(exact.final, block.start) - self.shift, 0)
         exact.final = block.start  # every block before this one is complete: this forward makes it final
@@ -381,13 +389,25 @@ class Denoiser:
             kwargs = {name: torch.cat([value, value]) for name, value in model_kwargs.items()}
         return shift_logits(self._combine(self._forward(inputs, kwargs)), self.shift).to(x.device)
 
+    def _refresh(self, kwargs: dict[str, Any], inputs: torch.Tensor) -> None:
+        """A full forward that keeps every layer's keys/values: in a new cache, or, with ``static_cache``, written
+        in place into the call's preallocated one (same shapes: emptied, then filled again)."""
+        kwargs["use_cache"] = True
+        static = self.static
+        if static is not None and static.layers[0].keys.shape[0] == inputs.shape[0]:
+            static.reset()
+            kwargs["cache"] = static
+
     def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         output = (self.forward or self.model)(inputs, **kwargs)
         if kwargs.get("use_cache"):
+            cache = output_cache(output)
+            if self.static_cache and cache is not self.static:
+                cache = self.static = static_copy(cache)
             if self.exact is not None:
-                self.exact.cache = output_cache(output)
+                self.exact.cache = cache
             else:
-                self.block.cache = output_cache(output)
+                self.block.cache = cache
         self.nfe += 2 if self.guided else 1
         self.forward_rows += inputs.shape[0]
         self.forward_tokens += inputs.shape[0] * inputs.shape[1]

@@ -92,6 +92,17 @@ def test_compiled_forward_and_cuda_graphs_equal_eager(mode):
         assert torch.equal(model.generate(prompt, compile_forward=True, compile_config=compiled, **settings), eager)
 
 
+@pytest.mark.parametrize("name, cache", [("MDM", "dual"), ("MDM", "prefix"), ("MDM block-causal", "prefix")])
+def test_cuda_graphs_with_the_static_cache_equal_eager(name, cache):
+    model = build(name, torch.float32, "cuda")
+    prompt = ids_for(model).cuda()
+    settings = dict(max_new_tokens=16, steps=8, block_length=4 if "block" in name else 8, kv_cache=cache)
+    graphs = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
+    eager = model.generate(prompt, **settings)
+    for _ in range(2):
+        assert torch.equal(model.generate(prompt, compile_forward=True, compile_config=graphs, **settings), eager)
+
+
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
 def test_llada2_experts_implementations_on_cuda(implementation):
     model = build("LLaDA2.0-mini", torch.float32, "cuda")

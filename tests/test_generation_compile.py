@@ -148,7 +148,9 @@ def test_compile_options_default_to_dynamic_inductor():
         ),
         (dict(compile_config=CompileConfig()), "set compile_forward=True"),
         (dict(compile_forward=True, compile_config=CompileConfig(backend="nope")), "unknown torch.compile backend"),
-        (dict(compile_forward=True, compile_config=CompileConfig(), kv_cache="prefix"), "kv_cache='none'"),
+        # CompileConfig's default mode replays CUDA graphs: refused on a CPU model (with or without a cache)
+        (dict(compile_forward=True, compile_config=CompileConfig(), kv_cache="prefix"), "need the model on a CUDA"),
+        (dict(compile_forward=True, compile_config=CompileConfig()), "move the model to CUDA, or use mode='default'"),
     ],
 )
 def test_bad_compile_settings_say_what_to_change(models, fields, message):

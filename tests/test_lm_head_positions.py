@@ -114,3 +114,36 @@ def test_cuda_graphs_keep_one_shape_a_block(monkeypatch):
     monkeypatch.setattr(Denoiser, "for_model", classmethod(with_cuda_graphs))
     _, rows = lm_head_rows(model, **PROMPTS, max_new_tokens=16, steps=8, block_length=8)
     assert rows == [2 * 8] * 8
+
+
+@pytest.mark.parametrize("cache, block_size", [("dual", None), ("prefix", None), ("prefix", 8)])
+def test_the_static_cache_of_cuda_graphs_gives_the_dynamic_caches_tokens(cache, block_size, monkeypatch):
+    """Under CUDA graphs the caches keep keys/values in preallocated buffers written in place (transformers'
+    `StaticLayer`s, one allocation a call): on the CPU, without graphs, the same tokens as the dynamic cache, and
+    every refresh writes into the same memory."""
+    from hf_mdm.generation_denoiser import Denoiser
+
+    model = tiny_mdm(sharpen=8.0, block_size=block_size)
+    settings = dict(**PROMPTS, max_new_tokens=24, steps=12, block_length=8, kv_cache=cache)
+    dynamic = model.generate(**settings)
+    built, seen = Denoiser.for_model.__func__, []
+
+    def with_static_cache(cls, *args, **kwargs):
+        denoiser = built(cls, *args, **kwargs)
+        denoiser.static_cache = True
+        seen.append(denoiser)
+        return denoiser
+
+    monkeypatch.setattr(Denoiser, "for_model", classmethod(with_static_cache))
+    pointers = []
+    original = Denoiser._forward
+
+    def forward(self, inputs, kwargs):
+        logits = original(self, inputs, kwargs)
+        if self.static is not None:
+            pointers.append(self.static.layers[0].keys.data_ptr())
+        return logits
+
+    monkeypatch.setattr(Denoiser, "_forward", forward)
+    assert torch.equal(model.generate(**settings), dynamic)
+    assert len(pointers) == seen[0].nfe and len(set(pointers)) == 1  # one allocation, written in place

@@ -2,8 +2,8 @@
 
 Diffusion models, each row a sampler: the paper's (stochastic transfer, random order, temperature 1), confidence
 decoding without a cache, the prefix and dual caches (the exact block cache for the block-causal LLaDA2), threshold
-decoding, and on CUDA the same confidence decoding with its forwards compiled into CUDA graphs (``compile_config``
-mode ``"reduce-overhead"``, tokens checked against eager); for LLaDA2 at batch 1 also its published generate()'s loop
+decoding, and on CUDA the same confidence decoding, without and with the caches, with its forwards compiled into
+CUDA graphs (``compile_config`` mode ``"reduce-overhead"``, the caches then static; tokens checked against eager); for LLaDA2 at batch 1 also its published generate()'s loop
 (no cache, `hf_mdm.gpu_check.llada2_loop`) against hf_mdm's exact block cache, tokens checked. Autoregressive
 baselines: transformers' ``generate``, greedy, with its dynamic cache and with its static cache (compiled by
 transformers on CUDA). Every row: a warm-up call (and compilation), then ``repeats`` timed calls, device
@@ -34,7 +34,8 @@ SAMPLERS: dict[str, dict[str, Any]] = {
     "confidence, dual cache": dict(kv_cache="dual"),
     "threshold 0.9 (adaptive: depends on the weights)": dict(transfer="threshold", threshold=0.9, kv_cache="none"),
 }
-CUDA_GRAPHS = "confidence, CUDA graphs (no cache)"
+CACHE_ROWS = {"none": "confidence, no cache", "prefix": "confidence, prefix cache", "dual": "confidence, dual cache"}
+CUDA_GRAPHS = {f"{row}, CUDA graphs": cache for cache, row in CACHE_ROWS.items()}  # checked against the eager row
 
 
 @dataclass
@@ -132,22 +133,28 @@ def _diffusion_rows(network, shape: Shape, prompt: torch.Tensor, settings: Setti
         if shape.block_causal and sampler.get("kv_cache") == "dual":
             continue  # a block-causal model's cache is the exact prefix cache
         rows.append(_row(settings, shape.name, batch, name, generate(**sampler)))
-    eager = next(r for r in rows if r.sampler == "confidence, no cache")
     if torch.device(settings.device).type == "cuda":
-        graphs = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
-        row = _row(
-            settings,
-            shape.name,
-            batch,
-            CUDA_GRAPHS,
-            generate(kv_cache="none", compile_forward=True, compile_config=graphs),
-        )
-        row.tokens_equal = (
-            None if row.tokens is None or eager.tokens is None else bool(torch.equal(row.tokens, eager.tokens))
-        )
-        rows.append(row)
+        rows += _cuda_graph_rows(settings, shape, batch, generate, rows)
     if shape.block_causal and batch == 1:
         rows += _llada2_rows(network, shape, prompt, settings)
+    return rows
+
+
+def _cuda_graph_rows(settings: Settings, shape: Shape, batch: int, generate, eager: list[Row]) -> list[Row]:
+    """Confidence decoding with its forwards compiled into CUDA graphs, without and with the caches (static there),
+    each checked token for token against its eager row."""
+    graphs = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
+    rows = []
+    for name, cache in CUDA_GRAPHS.items():
+        if shape.block_causal and cache == "dual":
+            continue
+        row = _row(
+            settings, shape.name, batch, name, generate(kv_cache=cache, compile_forward=True, compile_config=graphs)
+        )
+        same = next(r for r in eager if r.sampler == CACHE_ROWS[cache])
+        if row.tokens is not None and same.tokens is not None:
+            row.tokens_equal = bool(torch.equal(row.tokens, same.tokens))
+        rows.append(row)
     return rows
 
 
