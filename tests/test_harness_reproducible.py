@@ -18,7 +18,7 @@ from hf_mdm.harness.tiny import build_tiny_models
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = os.environ.setdefault("HF_MDM_DATA_DIR", str(REPO.parent / "shared" / "data"))
-SAMPLED = "steps=8,strategy=random,temperature=1.0,batch_invariant=True,max_gen_toks=64"
+SAMPLED = "steps=8,strategy=random,temperature=1.0,batch_invariant=True,max_gen_toks=32"
 LIMIT = 6  # documents: batch size 8 holds them all, 4 splits them
 
 

@@ -90,7 +90,7 @@ def test_generate_returns_no_repeated_ngram(sampler):
     prompt = torch.tensor([[1, 2, 3, 1, 4], [5, 6, 7, 8, 9]])
     attention_mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1]])
     failures = []
-    for n, steps, seed in itertools.product([2, 3], [2, 16], [0, 1]):
+    for n, steps, seed in itertools.product([2, 3], [2, 16], [0]):
         out = model.generate(
             prompt, attention_mask=attention_mask, max_new_tokens=16, steps=steps, block_length=8, seed=seed,
             no_repeat_ngram_size=n, **sampler,

@@ -48,8 +48,8 @@ def run(
     tiny: bool = False,
     quick: bool = False,
     output_dir: Path = Path("results/gpu"),
-    budget_s: float = 420.0,
-    tests_timeout_s: float = 120.0,
+    budget_s: float = 330.0,
+    tests_timeout_s: float = 90.0,
     models: Optional[list[str]] = None,
 ) -> tuple[dict[str, Path], list[Row]]:
     """The three steps (see the module docstring); returns the written paths and the table's rows."""
