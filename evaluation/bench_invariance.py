@@ -26,7 +26,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import interleave, print_and_write, table_arguments  # noqa: E402
+from bench_measure import interleave, parse_table_arguments, print_and_write  # noqa: E402
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion  # noqa: E402
 from hf_mdm.harness.reproducible import generate_alone  # noqa: E402
@@ -193,20 +193,13 @@ def markdown(args: argparse.Namespace, variance: list[dict], cost: list[dict]) -
 def parse(argv: Any = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--prompt-sets", type=int, default=3)
-    table_arguments(p, repeats=3)
-    args = p.parse_args(argv)
     sizes = dict(hidden=256, layers=4, vocab=1024, batch=8, shortest=12, longest=32, new_tokens=32, block=16)
-    if args.quick:
-        sizes.update(hidden=32, layers=1, vocab=64, batch=3, shortest=2, longest=6, new_tokens=8, block=4)
-        args.prompt_sets, args.repeats = 1, 1
-    for name, value in sizes.items():
-        setattr(args, name, value)
-    return args
+    quick = dict(hidden=32, layers=1, vocab=64, batch=3, shortest=2, longest=6, new_tokens=8, block=4, prompt_sets=1)
+    return parse_table_arguments(p, argv, 3, sizes, quick)
 
 
 def main(argv: Any = None) -> str:
     args = parse(argv)
-    torch.set_num_threads(args.threads)
     text = markdown(args, variance_rows(args), cost_rows(args))
     return print_and_write(text, args.output)
 

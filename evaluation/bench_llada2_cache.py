@@ -26,7 +26,7 @@ import time
 import torch
 
 from hf_mdm import MaskedDiffusionGenerationConfig
-from hf_mdm.gpu_check.llada2_loop import published_loop
+from hf_mdm.gpu_check.llada2_loop import cut_at_eos, published_loop
 from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM
 
 SIZES = dict(
@@ -50,11 +50,6 @@ SIZES = dict(
     eos_token_id=4094,
     pad_token_id=0,
 )
-
-
-def cut_at_eos(tokens: torch.Tensor, eos_id: int) -> list[int]:
-    tokens = tokens.tolist()
-    return tokens[: tokens.index(eos_id) + 1] if eos_id in tokens else tokens
 
 
 def main() -> None:

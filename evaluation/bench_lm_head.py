@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_measure import Stopwatch, print_and_write, table_arguments  # noqa: E402
+from bench_measure import Stopwatch, parse_table_arguments, print_and_write  # noqa: E402
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion  # noqa: E402
 from hf_mdm.generation_sampler import Sampler  # noqa: E402
@@ -122,20 +122,13 @@ def markdown(args: argparse.Namespace, table: list[dict]) -> str:
 
 def parse(argv: Any = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    table_arguments(p, repeats=2)
-    args = p.parse_args(argv)
     sizes = dict(hidden=256, layers=4, batch=2, prompt=32, new_tokens=64, block=32)
-    if args.quick:
-        sizes.update(hidden=32, layers=1, batch=2, prompt=4, new_tokens=8, block=4)
-        args.repeats = 1
-    for name, value in sizes.items():
-        setattr(args, name, value)
-    return args
+    quick = dict(hidden=32, layers=1, batch=2, prompt=4, new_tokens=8, block=4)
+    return parse_table_arguments(p, argv, 2, sizes, quick)
 
 
 def main(argv: Any = None) -> str:
     args = parse(argv)
-    torch.set_num_threads(args.threads)
     text = markdown(args, measure(args))
     return print_and_write(text, args.output)
 

@@ -241,13 +241,20 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def table_arguments(parser: Any, repeats: int) -> Any:
-    """The arguments of the table benchmarks (bench_invariance, bench_lm_head): rounds, threads, output, quick."""
+def parse_table_arguments(parser: Any, argv: Any, repeats: int, sizes: dict, quick: dict) -> Any:
+    """The arguments of the table benchmarks (bench_invariance, bench_lm_head): ``--repeats``, ``--threads`` (set
+    here), ``--output``, ``--quick`` (``quick`` over ``sizes``, one round); ``sizes`` become attributes."""
     parser.add_argument("--repeats", type=int, default=repeats, help="timed rounds (medians over them)")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (1 on a shared machine)")
     parser.add_argument("--output", default=None, help="also write the table here (Markdown, atomically)")
     parser.add_argument("--quick", action="store_true", help="a tiny model, one round: a smoke run")
-    return parser
+    args = parser.parse_args(argv)
+    if args.quick:
+        sizes, args.repeats = {**sizes, **quick}, 1
+    for name, value in sizes.items():
+        setattr(args, name, value)
+    torch.set_num_threads(args.threads)
+    return args
 
 
 def print_and_write(text: str, output: Optional[str]) -> str:

@@ -225,8 +225,7 @@ class Denoiser:
     pass_block_size: bool = False
     forward: Optional[Callable[..., Any]] = None  # the compiled forward (`compiled_forward`); None: the model itself
     cuda_graphs: bool = False  # the compiled forward replays CUDA graphs: a step asks logits at fixed positions
-    static_cache: bool = False  # keep keys/values in preallocated buffers written in place (`static_copy`)
-    static: Any = None  # that cache, once the call's first full forward filled it
+    static: Any = None  # under CUDA graphs, the call's keys/values in preallocated buffers (`static_copy`)
     nfe: int = 0
     forward_rows: int = 0
     forward_tokens: int = 0
@@ -275,13 +274,18 @@ class Denoiser:
             exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
             forward=None if compile is None else compiled_forward(model, compile),
             cuda_graphs=cuda_graphs,
-            static_cache=cuda_graphs and kv_cache is not None,
         )
 
     @property
     def block_causal(self) -> bool:
         """Whether the model attends block-causally (its decoding blocks are then aligned to attention blocks)."""
         return self.block_size is not None
+
+    @property
+    def static_cache(self) -> bool:
+        """Whether keys/values are kept in preallocated buffers written in place: a cache under CUDA graphs, whose
+        replays read and write the same memory."""
+        return self.cuda_graphs and self.kv_cache is not None
 
     @property
     def guided(self) -> bool:

@@ -465,7 +465,8 @@ def _step(
 def still_masked_positions(block_mask: torch.Tensor, keep: torch.Tensor, width: Optional[int]) -> torch.Tensor:
     """(B, W) the columns a step proposes at: each row's ``width`` first still-masked columns of ``keep`` (K,),
     left to right, a row with fewer filling its last slots with other columns of ``keep`` (never chosen: not
-    masked); every column of ``keep`` when ``width`` is unknown or not smaller. Fixed shapes, nothing read."""
+    masked); every column of ``keep`` when ``width`` is unknown or not smaller. Always (B, W), so that a compiled
+    forward sees one kind of positions. Fixed shapes, nothing read."""
     bsz, k = block_mask.shape[0], keep.numel()
     if width is None or width >= k:
         return keep.expand(bsz, -1)

@@ -262,7 +262,7 @@ class Proposer:
         if self.temperature:
             probs = torch.softmax(logits, dim=-1)
             probs[:, self.mask_id] = 0.0
-            return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+            return self.draw(probs)
         masked = logits.clone()
         masked[:, self.mask_id] = -float("inf")
         return masked.argmax(-1)
@@ -284,7 +284,8 @@ class Proposer:
         return probs / probs.sum(-1, keepdim=True)
 
     def draw(self, probs: torch.Tensor) -> torch.Tensor:
-        """A token (N,) from each law ``probs`` (N, V) (`distribution`'s): the argmax at temperature 0."""
+        """A token (N,) from each law ``probs`` (N, V) (`distribution`'s, or any non-negative weights): the argmax at
+        temperature 0."""
         if not self.temperature:
             return probs.argmax(-1)
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)

@@ -57,10 +57,14 @@ def test_bfloat16_on_cuda_matches_float32_on_the_cpu(name):
 @pytest.mark.parametrize("implementation", ["eager", "sdpa", "flex_attention"])
 @pytest.mark.parametrize("name", MODELS)
 def test_every_attention_implementation_on_cuda(name, implementation):
-    model = build(name, torch.float32, "cuda")
+    assert_same_logits_after(build(name, torch.float32, "cuda"), lambda m: m.set_attn_implementation(implementation))
+
+
+def assert_same_logits_after(model: torch.nn.Module, change) -> None:
+    """The model's float32 logits on CUDA before and after ``change(model)`` (an implementation switched)."""
     ids = ids_for(model).cuda()
     expected = model(ids).logits
-    model.set_attn_implementation(implementation)
+    change(model)
     torch.testing.assert_close(model(ids).logits, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -106,10 +110,7 @@ def test_cuda_graphs_with_the_static_cache_equal_eager(name, cache):
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
 def test_llada2_experts_implementations_on_cuda(implementation):
     model = build("LLaDA2.0-mini", torch.float32, "cuda")
-    ids = ids_for(model).cuda()
-    expected = model(ids).logits
-    model.set_experts_implementation(implementation)
-    torch.testing.assert_close(model(ids).logits, expected, atol=1e-4, rtol=1e-4)
+    assert_same_logits_after(model, lambda m: m.set_experts_implementation(implementation))
 
 
 def test_rows_alone_in_bfloat16_on_cuda():

@@ -138,7 +138,7 @@ def active_steps(history: tuple, mask_id: int) -> torch.Tensor:
 
 def fast_table(rows: list[dict], preset: dict, value: str, interval: tuple[str, str], label: str) -> str:
     """Markdown: one line per fast-sampling row: the metric with its 95% interval, the costs (`FAST_COSTS`), and
-    the change against the preset's ``fast_samplers.baseline`` sampler (an exact one) of the same language and
+    the change against the preset's ``fast_samplers.baseline`` sampler (exact in law with the oracle) of the same language and
     model."""
     if not rows:
         return ""
@@ -148,7 +148,7 @@ def fast_table(rows: list[dict], preset: dict, value: str, interval: tuple[str, 
         "",
         f"Fast sampling at L = {rows[0]['length']} (temperature 1, blocks of "
         f"{preset['fast_samplers'].get('block_length')}, {rows[0]['num_samples']} samples per row); {label}; "
-        f"baseline: {baseline} (exact with the oracle: its law is the language's).",
+        f"baseline: {baseline} (with the oracle its law is the language's; its value here is estimated from the same samples as every row).",
         "",
         f"| language | model | sampler | value | 95% CI | {' | '.join(FAST_COSTS.values())} | change vs baseline |",
         "| --- " * (6 + len(FAST_COSTS)) + "|",

@@ -8,11 +8,13 @@ most confident when fewer are; generation stops after the block where an EOS app
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from ..generation_transfer import even_split
 
-__all__ = ["published_loop"]
+__all__ = ["published_loop", "cut_at_eos"]
 
 
 @torch.no_grad()
@@ -43,3 +45,10 @@ def published_loop(model, prompt, gen_length: int, block_length: int, steps: int
         if bool((x[0, length:end] == eos_id).any()):
             break
     return x[0, length : length + gen_length], forwards, positions
+
+
+def cut_at_eos(tokens: torch.Tensor, eos_id: Optional[int]) -> list[int]:
+    """The tokens through the first EOS (all of them without one): what the published loop and the preset must
+    agree on (after its EOS a row's tokens are padding in one and left as decoded in the other)."""
+    row = tokens.flatten().tolist()
+    return row[: row.index(eos_id) + 1] if eos_id is not None and eos_id in row else row

@@ -16,10 +16,9 @@ sampler, not the checkpoint's speed. Shapes (``config.json`` of each release):
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -57,23 +56,13 @@ class Shape:
     token_ids: tuple[tuple[str, int], ...] = ()  # ids generate needs besides the family's (the tiny vocabularies')
 
 
-@contextlib.contextmanager
-def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
-    saved = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(saved)
-
-
 def _builder(cls: type, config: Callable[[], Any]) -> Callable[[torch.dtype, Any], torch.nn.Module]:
     """Built on the device in the dtype (a 16B model never exists in float32 nor on the host), seeded with 0."""
 
     def build(dtype: torch.dtype, device: Any) -> torch.nn.Module:
         torch.manual_seed(0)
-        with _default_dtype(dtype), torch.device(device):
-            return cls(config()).eval()
+        with torch.device(device):
+            return cls._from_config(config(), dtype=dtype).eval()  # transformers builds it in that dtype
 
     return build
 

@@ -22,7 +22,7 @@ import torch
 from transformers import CompileConfig
 
 from ..timer import Stopwatch
-from .llada2_loop import published_loop
+from .llada2_loop import cut_at_eos, published_loop
 from .shapes import Shape
 
 __all__ = ["Settings", "Row", "measure_shape", "SAMPLERS"]
@@ -177,13 +177,8 @@ def _llada2_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings
     theirs = _row(settings, shape.name, 1, "llada2 published loop (no cache)", loop)
     if ours.tokens is not None and theirs.tokens is not None:
         eos = network.config.eos_token_id
-        theirs.tokens_equal = _cut(ours.tokens, eos) == _cut(theirs.tokens, eos)
+        theirs.tokens_equal = cut_at_eos(ours.tokens, eos) == cut_at_eos(theirs.tokens, eos)
     return [ours, theirs]
-
-
-def _cut(tokens: torch.Tensor, eos: Optional[int]) -> list[int]:
-    row = tokens.flatten().tolist()
-    return row[: row.index(eos) + 1] if eos is not None and eos in row else row
 
 
 def _ar_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings) -> list[Row]:

@@ -267,17 +267,17 @@ class TimedHFLM(TimedGeneration, HFLM):
         with Stopwatch(self.device) as watch:
             tokens, steps = self._batch_or_rows(generate, input_ids, attention_mask, seeds)
         generated = [self._row_length(row, until) for row in tokens.tolist()]
-        nfe = steps if self.batch_invariant else steps[0]  # rows alone: each its own decoding steps
-        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": nfe, "generated_tokens": generated}
+        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": steps, "generated_tokens": generated}
 
-    def _batch_or_rows(self, generate, input_ids, attention_mask, seeds) -> tuple[torch.Tensor, list[int]]:
+    def _batch_or_rows(self, generate, input_ids, attention_mask, seeds) -> tuple[torch.Tensor, Any]:
         """The tokens (B, T) ``generate(ids, mask)`` writes after the prompts, and the decoding steps taken: one
-        call on the batch (its steps), or with ``batch_invariant`` one per row alone (`generate_alone`: each row's)."""
+        call on the batch (the batch's, an int), or with ``batch_invariant`` one per row alone (`generate_alone`:
+        each row's, a list), as `TimingRecorder.add_batch` takes the NFE."""
         if self.batch_invariant:
             pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
             return generate_alone(generate, input_ids, attention_mask, seeds, pad)
         tokens = generate(input_ids, attention_mask)[:, input_ids.shape[1] :]
-        return tokens, [tokens.shape[1]]
+        return tokens, tokens.shape[1]
 
     def get_model_info(self) -> dict:
         info = super().get_model_info()
