@@ -18,11 +18,14 @@ class DiffusionFacts:
     published sampler hf_mdm reproduces token for token for this family (``"llada"``, ``"dream"``), or None;
     ``sampler``: the family's published sampler as settings of hf_mdm's default sampler ((field, value) pairs of
     `MaskedDiffusionGenerationConfig`, e.g. LLaDA2's ``transfer="llada2"`` with its defaults), which a call
-    uses for the fields it leaves unset unless it names another ``transfer`` or ``strategy``."""
+    uses for the fields it leaves unset unless it names another ``transfer`` or ``strategy``; ``corruption``: the
+    noise of the forward process, ``"mask"`` ([MASK] tokens: hf_mdm's samplers) or ``"uniform"`` (random tokens,
+    no [MASK]: transformers' DiffusionGemma, sampled by `hf_mdm.generation_uniform`)."""
 
     logits_shift: int = 0
     reference: Optional[str] = None
     sampler: tuple[tuple[str, Any], ...] = ()
+    corruption: str = "mask"
 
     def sampler_defaults(self, transfer: Optional[str], strategy: Optional[str] = None) -> dict[str, Any]:
         """The ``sampler`` settings, for a call whose ``transfer`` and ``strategy`` are unset or the family's own;

@@ -19,6 +19,7 @@ so they import only torch, transformers and each other):
 - `hf_mdm.generation_rows`: rows generated alone (``batch_invariant``, one seed per row);
 - `hf_mdm.generation_stopping`: EOS, stopping criteria, padding after EOS, streaming;
 - `hf_mdm.generation_reference`: LLaDA's and Dream's reference samplers, token for token;
+- `hf_mdm.generation_uniform`: uniform-corruption models (transformers' DiffusionGemma), token for token;
 - `hf_mdm.timer`: the device-synchronised timer behind ``elapsed_s``.
 
 Every public name of those modules that users import from here is re-exported.
@@ -79,6 +80,7 @@ from .generation_transfer import (
     split_steps,
     time_grid,
 )
+from .generation_uniform import uniform_generate, uses_uniform_corruption
 from .schedules import get_schedule
 from .timer import Stopwatch
 
@@ -161,6 +163,12 @@ def diffusion_generate(
     # 1. the config: each field from the highest level that sets it (call, generation config, model, defaults)
     config = resolve_config(model, generation_config, kwargs)
     reject_inert_reference_args(config, kwargs)
+    if uses_uniform_corruption(model, config, seed):  # random-token noise (DiffusionGemma): hf_mdm.generation_uniform
+        check_seed(seed, input_ids.shape[0], generator)
+        generator = _generator(generator, seed, input_ids)
+        return uniform_generate(
+            model, input_ids, attention_mask, config, generator, logits_processor, stopping_criteria, streamer
+        )
     # 2. the canvas: the prompt, then max_new_tokens [MASK] tokens; padding never attended to nor generated
     mask_id, new_tokens = int(config.mask_token_id), _new_tokens(config, input_ids)
     canvas = prepare_canvas(input_ids, attention_mask, new_tokens, mask_id, _max_positions(model))
@@ -184,6 +192,7 @@ def diffusion_generate(
         config.kv_cache_refresh,
         config.block_length,
         compile_options(config),
+        hidden_from=output_width if config.hide_block_tail else None,
     )
     sampler = _default_sampler(config, denoiser, logits_processor, generator, canvas, input_ids.shape[1])
     remasking = Remasking.from_config(config, streamer)  # None without remdm

@@ -65,11 +65,18 @@ _DIFFUSION_DEFAULTS: dict[str, Any] = {
     "alg_temp": None,
     # LLaDA2.x generate()'s own behaviour (the llada2 / llada21 presets; usable with any block-causal model)
     "whole_blocks": False,
+    "hide_block_tail": False,
     "eos_early_stop": False,
     "finish_at_eos": True,
     "editing_threshold": None,
     "max_post_steps": None,
     "num_to_transfer": None,
+    # DiffusionGemma's canvas sampler (the diffusion_gemma preset; uniform-corruption models)
+    "max_denoising_steps": None,
+    "t_min": None,
+    "t_max": None,
+    "stability_threshold": None,
+    "confidence_threshold": None,
 }
 # GenerationConfig fields whose default differs here (transformers' own default is None)
 _GENERATION_DEFAULTS: dict[str, Any] = {"temperature": 0.0}
@@ -175,6 +182,9 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
         whole_blocks (`bool`, defaults to `False`): for a block-causal model, each row's generation runs to the end
             of its last attention block (LLaDA2's canvas of whole blocks); the output keeps the first
             ``max_new_tokens`` generated columns.
+        hide_block_tail (`bool`, defaults to `False`): with ``whole_blocks``, the last block's columns past the
+            ``max_new_tokens`` generated ones are still generated but never attended to (diffusers'
+            ``LLaDA2Pipeline``); False: attended to like the others (LLaDA2's own ``generate()``).
         editing_threshold, max_post_steps, num_to_transfer: LLaDA2.1's token editing (``transfer="llada21_editing"``,
             `hf_mdm.generation_editing`; build it with `llada21`).
         output_history (`bool`, defaults to `False`): keep the canvas after every step (returned with
@@ -193,6 +203,16 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             ``steps``, ``temperature``, ``cfg_scale``, ``mask_token_id``, ``eos_token_id`` and, for LLaDA,
             ``block_length``, for Dream ``top_p`` and ``top_k``; the fields of the sampler above (``schedule``,
             ``transfer``, ``strategy``, ...) must keep their defaults (a ValueError says so otherwise).
+        max_denoising_steps, t_min, t_max, stability_threshold, confidence_threshold: the canvas sampler of a
+            uniform-corruption model (transformers' DiffusionGemma, `hf_mdm.generation_uniform`; build it with
+            `diffusion_gemma`, whose docstring gives the semantics), with ``entropy_bound``: at most
+            ``max_denoising_steps`` (an integer >= 1, default 48) steps per canvas; the temperature falls linearly
+            from ``t_max`` at the first step to ``t_min`` at the last (0 <= t_min < t_max, defaults 0.4 and 0.8); a
+            row's canvas stops early once its argmax is unchanged for ``stability_threshold`` steps (an integer >= 0,
+            default 1) and the mean entropy of its logits is below ``confidence_threshold`` (>= 0, default 0.005; 0
+            turns the stop off, transformers' ``confidence_threshold=None``). Unset, each reads transformers'
+            default. Set on a masked diffusion model they are a ValueError, as are the masked sampler's settings on
+            a uniform-corruption model (both would be ignored).
 
     Confidence, margin and entropy are computed from the softmax of the processed logits over the whole vocabulary
     ([MASK] included in the normalisation, as LLaDA and Dream do), before [MASK] is excluded from the proposal.
@@ -248,6 +268,10 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             raise ValueError(f"batch_invariant must be True or False, got {self.batch_invariant!r}")
         if self.logits_shift not in (None, 0, 1):
             raise ValueError(f"logits_shift must be 0, 1 or None, got {self.logits_shift!r}")
+        if self.hide_block_tail and not self.whole_blocks:
+            raise ValueError(
+                "hide_block_tail=True hides the tail of whole_blocks' last block: set whole_blocks=True too"
+            )
         self._validate_fast_sampling()
         check_compile(self)
         validate_speculative(self)
@@ -298,6 +322,12 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
         if isinstance(config, cls):
             return copy.deepcopy(config)
         values = {k: v for k, v in config.to_dict().items() if k != "_from_model_config"}
+        sampler = values.pop("sampler_config", None)  # DiffusionGemma's generation config holds its bound there
+        bound = sampler.get("entropy_bound") if isinstance(sampler, dict) else getattr(sampler, "entropy_bound", None)
+        if sampler is not None and bound is None:
+            raise ValueError(f"sampler_config={sampler!r} names no entropy_bound, the one setting hf_mdm reads from it")
+        if bound is not None and values.get("entropy_bound") is None:
+            values["entropy_bound"] = float(bound)
         return cls(**values)
 
 
@@ -309,7 +339,7 @@ DIFFUSION_FIELDS = tuple(_DIFFUSION_DEFAULTS)
 
 # The LLaDA2 rules reveal what is strictly above the threshold, so 0 is meaningful there (every proposal); the
 # threshold transfer reveals what reaches it, where 0 would be every proposal too but is refused as a likely slip.
-_ZERO_THRESHOLD = ("llada2", "llada21_editing")
+_ZERO_THRESHOLD = ("llada2", "llada21_editing", "block_refinement")
 
 
 def _check_sampling_values(config: MaskedDiffusionGenerationConfig) -> None:
@@ -326,12 +356,18 @@ def _check_sampling_values(config: MaskedDiffusionGenerationConfig) -> None:
         ("editing_threshold", lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
         ("max_post_steps", lambda v: is_integer(v) and v >= 0, "an integer >= 0"),
         ("num_to_transfer", lambda v: is_integer(v) and v >= 1, "an integer >= 1"),
+        ("max_denoising_steps", lambda v: is_integer(v) and v >= 1, "an integer >= 1"),
+        ("t_min", lambda v: is_number(v) and v >= 0, "a number >= 0"),
+        ("t_max", lambda v: is_number(v) and v > 0, "a number > 0 (and > t_min)"),
+        ("stability_threshold", lambda v: is_integer(v) and v >= 0, "an integer >= 0"),
+        ("confidence_threshold", lambda v: is_number(v) and v >= 0, "a number >= 0 (0: no adaptive stop)"),
         ("draft_length", lambda v: is_integer(v) and v >= 1, "an integer >= 1 (tokens drafted per round)"),
         ("mask_token_id", lambda v: is_integer(v) and v >= 0, "a token id (an integer >= 0)"),
         ("stop_at_eos", lambda v: isinstance(v, bool), "True or False"),
         ("finish_at_eos", lambda v: isinstance(v, bool), "True or False"),
         ("eos_early_stop", lambda v: isinstance(v, bool), "True or False"),
         ("whole_blocks", lambda v: isinstance(v, bool), "True or False"),
+        ("hide_block_tail", lambda v: isinstance(v, bool), "True or False"),
     )
     for name, valid, expected in checks:
         value = getattr(config, name, None)
@@ -350,7 +386,8 @@ class MaskedDiffusionGenerateOutput(ModelOutput):
         nfe: forward passes of the network (classifier-free guidance counts two per step); with
             ``transfer="speculative"`` the rounds, each one batched forward. When the rows ran alone
             (``batch_invariant``, one seed per row), the rows' forwards summed.
-        row_nfe: (B,) each row's forward passes, when the rows ran alone (else None: every row took part in ``nfe``).
+        row_nfe: (B,) each row's forward passes, when the rows ran alone or a uniform-corruption model's rows stopped
+            at steps of their own (`hf_mdm.generation_uniform`); else None (every row took part in ``nfe``).
         forward_rows: canvas rows the forward passes ran, summed (guidance's unconditional rows and speculative
             decoding's verification canvases included).
         forward_tokens: positions the forward passes computed, summed (rows x input length of each).

@@ -226,6 +226,7 @@ class Denoiser:
     forward: Optional[Callable[..., Any]] = None  # the compiled forward (`compiled_forward`); None: the model itself
     cuda_graphs: bool = False  # the compiled forward replays CUDA graphs: a step asks logits at fixed positions
     static: Any = None  # under CUDA graphs, the call's keys/values in preallocated buffers (`static_copy`)
+    hidden_from: Optional[int] = None  # columns from here on are computed but never attended to (hide_block_tail)
     nfe: int = 0
     forward_rows: int = 0
     forward_tokens: int = 0
@@ -243,11 +244,13 @@ class Denoiser:
         kv_cache_refresh: Optional[int] = None,
         block_length: Optional[int] = None,
         compile: Optional[dict[str, Any]] = None,
+        hidden_from: Optional[int] = None,
     ) -> "Denoiser":
         """A denoiser for ``model``; ``shift`` defaults to `logits_shift_of` the model; ``block_length`` is the
         attention block of a block-causal model's forwards (default its own); ``compile``: the ``torch.compile``
-        arguments of its forward (`compile_options`), None for eager. A ValueError when ``kv_cache`` is
-        asked of a model that cannot keep keys/values."""
+        arguments of its forward (`compile_options`), None for eager; ``hidden_from``: the first column no query
+        attends to (None: every column). A ValueError when ``kv_cache`` is asked of a model that cannot keep
+        keys/values."""
         if kv_cache is not None and not supports_kv_cache(model):
             raise ValueError(
                 f"kv_cache={kv_cache!r} needs a model whose forward keeps keys/values across steps (cache "
@@ -274,6 +277,7 @@ class Denoiser:
             exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
             forward=None if compile is None else compiled_forward(model, compile),
             cuda_graphs=cuda_graphs,
+            hidden_from=hidden_from,
         )
 
     @property
@@ -313,6 +317,7 @@ class Denoiser:
         if mask is not None:
             kwargs["attention_mask"] = mask
         self._block_arguments(mask, kwargs)
+        self._hide_columns(inputs, mask, kwargs)
         start = self._cache_arguments(inputs, kwargs)
         if start is not None:
             inputs, query = inputs[:, start : start + kwargs["cache_position"].numel()], (query - start).clamp(min=0)
@@ -344,6 +349,17 @@ class Denoiser:
             kwargs["block_size"] = self.block_size
         if mask is not None:
             kwargs["position_ids"] = (mask.long().cumsum(1) - 1).clamp(min=0)
+
+    def _hide_columns(self, inputs: torch.Tensor, mask: Optional[torch.Tensor], kwargs: dict[str, Any]) -> None:
+        """With ``hidden_from``: the columns from there on leave the attention mask (they are still computed as
+        queries); the positions stay those of the canvas (counted from each row's first token, padding aside)."""
+        if self.hidden_from is None or self.hidden_from >= inputs.shape[1]:
+            return
+        if mask is None:
+            mask = torch.ones(inputs.shape, dtype=torch.bool, device=inputs.device)
+        kwargs.setdefault("position_ids", (mask.long().cumsum(1) - 1).clamp(min=0))
+        seen = torch.arange(inputs.shape[1], device=inputs.device) < self.hidden_from
+        kwargs["attention_mask"] = mask.bool() & seen
 
     def _cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:
         """Adds the cache arguments of this forward to ``kwargs``: a full forward that keeps keys/values at a

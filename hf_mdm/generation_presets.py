@@ -1,6 +1,8 @@
 """The published samplers as presets of `MaskedDiffusionGenerationConfig`: LLaDA's and Dream's ``generate()``,
-LLaDA2.0's and LLaDA2.1's, each with its own argument names and defaults, reproduced token for token at temperature
-0 on the default sampler (a mixin of the config class; the semantics of each preset are in its docstring).
+LLaDA2.0's and LLaDA2.1's, diffusers' ``LLaDA2Pipeline`` and transformers' DiffusionGemma ``generate()``, each with
+its own argument names and defaults, reproduced token for token (at temperature 0; DiffusionGemma, which always
+samples, under the same seed) by hf_mdm's samplers (a mixin of the config class; the semantics of each preset are in
+its docstring).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ if TYPE_CHECKING:  # the class these presets build
 
 
 class ReferencePresets:
-    """The classmethods ``llada``, ``dream``, ``llada2`` and ``llada21`` of `MaskedDiffusionGenerationConfig`."""
+    """The classmethods ``llada``, ``dream``, ``llada2``, ``llada2_pipeline``, ``llada21`` and ``diffusion_gemma``
+    of `MaskedDiffusionGenerationConfig`."""
 
     @classmethod
     def llada(
@@ -224,6 +227,70 @@ class ReferencePresets:
         return cls(**{**values, **kwargs})
 
     @classmethod
+    def llada2_pipeline(
+        cls,
+        gen_length: int = 2048,
+        block_length: int = 32,
+        num_inference_steps: int = 32,
+        temperature: float = 0.0,
+        top_p: Optional[float] = None,
+        top_k: Optional[int] = None,
+        threshold: float = 0.7,
+        editing_threshold: Optional[float] = 0.5,
+        max_post_steps: int = 16,
+        minimal_topk: int = 1,
+        eos_early_stop: bool = True,
+        *,
+        eos_token_id: Optional[int] = None,
+        mask_token_id: Optional[int] = None,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""diffusers' ``LLaDA2Pipeline`` with its ``BlockRefinementScheduler`` (diffusers 0.42), token for token at
+        temperature 0, with its argument names and defaults, on the default sampler (batched, streamed, exact block
+        cache):
+
+        - the canvas of whole attention blocks of `llada2`, except that the last block's positions past
+          ``gen_length`` are generated but never attended to (``hide_block_tail``; LLaDA2's own generate() attends
+          to them, so the two differ when the prompt and ``gen_length`` do not end on a block boundary);
+        - each block gets ``min(num_inference_steps, gen_length // minimal_topk)`` forwards while masks are left;
+          the i-th reveals every masked position above ``threshold`` when there are at least ``share[i]`` of them,
+          else the ``share[i]`` most confident (LLaDA2.0's rule, `llada2`);
+        - with ``editing_threshold`` > 0, every forward also edits the block's revealed, non-prompt positions whose
+          proposal differs and is above ``editing_threshold``, and a block whose masks are gone before its step
+          budget runs up to ``max_post_steps + 1`` more forwards, stopping after one that edits nothing
+          (``transfer="block_refinement"``, `hf_mdm.generation_editing.BlockRefinementTransfer`); ``None`` or 0:
+          no editing (``transfer="llada2"``);
+        - ``eos_early_stop``: a row stops at the step that writes an EOS with nothing generated before it still
+          masked, and skips the later blocks; without it every block is generated. Tokens after the first EOS
+          become padding (the pipeline leaves them, and its decoded text cuts them off).
+
+        The model must attend in blocks of ``block_length`` (its ``config.block_size``), as the pipeline passes only
+        a 2-D attention mask. Differences, none of which changes a token at temperature 0 on unpadded prompts: with
+        editing off the pipeline runs one more forward per block, whose output it discards (it checks for masks
+        before the forward that revealed the last ones), which hf_mdm does not run; a batch runs each row as the
+        pipeline runs that prompt alone (the pipeline keeps every row of a batch editing while any row still
+        edits, and counts the steps of a block for the batch); [MASK] is never proposed; sampling at temperature
+        > 0 uses the same law but not the same random stream. Padded prompts: the pipeline counts positions and
+        blocks from the batch's first column, hf_mdm from each row's first token.
+        """
+        steps = min(num_inference_steps, gen_length // minimal_topk) if minimal_topk >= 1 else num_inference_steps
+        if not is_integer(steps) or steps < 1:
+            raise ValueError(
+                f"steps = min(num_inference_steps, gen_length // minimal_topk) must be >= 1, got {steps!r}: raise "
+                f"gen_length or lower minimal_topk"
+            )
+        shared = _llada2_fields(
+            gen_length, block_length, threshold, temperature, top_p, top_k, eos_token_id, mask_token_id
+        )
+        values = dict(shared, steps=steps, hide_block_tail=True, finish_at_eos=bool(eos_early_stop))
+        if editing_threshold is not None and editing_threshold > 0:
+            editing = dict(editing_threshold=editing_threshold, max_post_steps=max_post_steps)
+            values.update(editing, transfer="block_refinement", eos_early_stop=bool(eos_early_stop))
+        else:
+            values.update(transfer="llada2", eos_early_stop=bool(eos_early_stop))
+        return cls(**{**values, **kwargs})
+
+    @classmethod
     def llada21(
         cls,
         gen_length: int = 2048,
@@ -267,6 +334,65 @@ class ReferencePresets:
             max_post_steps=max_post_steps,
             num_to_transfer=num_to_transfer,
             finish_at_eos=bool(eos_early_stop),
+        )
+        return cls(**{**values, **kwargs})
+
+    @classmethod
+    def diffusion_gemma(
+        cls,
+        max_new_tokens: int = 256,
+        max_denoising_steps: int = 48,
+        entropy_bound: float = 0.1,
+        t_min: float = 0.4,
+        t_max: float = 0.8,
+        stability_threshold: Optional[int] = 1,
+        confidence_threshold: Optional[float] = 0.005,
+        **kwargs: Any,
+    ) -> "MaskedDiffusionGenerationConfig":
+        r"""transformers' DiffusionGemma ``generate()`` (`DiffusionGemmaForBlockDiffusion`, transformers 5.24), token
+        for token and with the same decoder forwards, with its argument names and defaults
+        (``_get_default_generation_params``; ``entropy_bound`` is its ``EntropyBoundSamplerConfig``'s):
+
+        ``model.generate(input_ids, attention_mask=..., max_new_tokens=..., max_denoising_steps=...,
+        sampler_config=EntropyBoundSamplerConfig(entropy_bound=...), t_min=..., t_max=..., stability_threshold=...,
+        confidence_threshold=..., eos_token_id=..., pad_token_id=...)`` after ``torch.manual_seed(s)`` returns on the
+        CPU what ``diffusion_generate(model, input_ids, attention_mask=..., generation_config=
+        MaskedDiffusionGenerationConfig.diffusion_gemma(...), seed=s)`` returns (`hf_mdm.generation_uniform`):
+
+        - ``ceil(max_new_tokens / canvas_length)`` canvases, one after the other; the encoder writes the prompt, then
+          each appended canvas, into a KV cache; the attention mask (left padding) is passed on as given, positions
+          count from the first column;
+        - a canvas starts as uniformly random tokens; at each of at most ``max_denoising_steps`` steps the decoder
+          reads it, self-conditioned on the previous step's processed logits; the logits are divided by the
+          temperature ``t_min + (t_max - t_min) n / N`` (n = N..1 the steps left), a token is drawn at every
+          position from their softmax, the drafts at the k lowest-entropy positions with ``sum(entropy) -
+          max(entropy) <= entropy_bound`` are kept and every other position is renoised;
+        - a row's canvas is done once its argmax is unchanged for ``stability_threshold`` steps and the mean entropy
+          of its logits is below ``confidence_threshold`` (its argmax then frozen); a canvas ends when every row is
+          done. The canvas appended is the argmax of the last logits, not the canvas;
+        - after each canvas, a row that holds an EOS there (or meets a stopping criterion) finishes: with a
+          ``pad_token_id`` the tokens after its first EOS and its later canvases become padding; generation ends
+          when every row has finished.
+
+        Differences, none of which changes a token: ``confidence_threshold=None`` (or ``stability_threshold=None``),
+        transformers' way to turn the adaptive stop off, is ``confidence_threshold=0`` here; the output of
+        ``return_dict_in_generate`` is a `MaskedDiffusionGenerateOutput` (``nfe`` the decoder forwards of the batch,
+        ``row_nfe`` DiffusionGemma's per-row count, ``tokens_per_forward`` for the batch); the ids come from the
+        model config when not given, where transformers reads only its generation config. hf_mdm's own sampling
+        settings (``steps``, ``transfer``, ``temperature``, ...) do not apply (a ValueError if set).
+
+        Other keyword arguments are `MaskedDiffusionGenerationConfig` fields (``eos_token_id``, ``pad_token_id``,
+        ``return_dict_in_generate``, ``max_time``, ...).
+        """
+        adaptive = confidence_threshold is not None and stability_threshold is not None
+        values = dict(
+            max_new_tokens=max_new_tokens,
+            max_denoising_steps=max_denoising_steps,
+            entropy_bound=entropy_bound,
+            t_min=t_min,
+            t_max=t_max,
+            stability_threshold=stability_threshold if adaptive else None,
+            confidence_threshold=confidence_threshold if adaptive else 0,
         )
         return cls(**{**values, **kwargs})
 

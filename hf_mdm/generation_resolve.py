@@ -76,7 +76,8 @@ def resolve_config(
         config.reference = None
     if config.kv_cache == "none":  # set explicitly: no cache, even where the model's default is one
         config.kv_cache = None
-    if config.mask_token_id is None:
+    uniform = getattr(facts_of(model), "corruption", "mask") == "uniform"  # random-token noise: no [MASK]
+    if config.mask_token_id is None and not uniform:
         raise ValueError(
             "no mask token id: pass mask_token_id=... (to generate, or in --model_args) or set config.mask_token_id "
             "on the model (e.g. 126336 for LLaDA, 151666 for Dream)"
@@ -85,7 +86,7 @@ def resolve_config(
     apply_remdm_defaults(config)
     check_generation_fields(config, DIFFUSION_FIELDS)
     config.validate_diffusion()
-    if config.reference is None:
+    if config.reference is None and not uniform:  # the uniform sampler reads entropy_bound without a transfer
         check_transfer_parameters(config.transfer, named, config.remdm)
     check_block_length(model, config.block_length)
     return config

@@ -97,7 +97,7 @@ GENERATE_KWARGS = [
     # a parameter of one transfer rule under another: it would change nothing
     (
         dict(threshold=0.9),
-        "threshold=0.9 is read only by transfer='threshold' / 'llada2' / 'llada21_editing', not by "
+        "threshold=0.9 is read only by transfer='threshold' / 'llada2' / 'llada21_editing' / 'block_refinement', not by "
         "transfer='deterministic', the transfer in use.*pass transfer='threshold' or drop threshold",
     ),
     (dict(threshold=0.9, transfer="stochastic"), "threshold=0.9 is read only by .*not by transfer='stochastic'"),

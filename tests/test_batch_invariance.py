@@ -64,7 +64,8 @@ TRANSFER_SETTINGS = {
 
 
 def test_every_transfer_rule_is_covered():
-    assert set(TRANSFER_REGISTRY) - set(TRANSFER_SETTINGS) == {"llada21_editing"}  # block-causal: its own test
+    # block-causal editing rules, tested on LLaDA2 (test_llada2.py, test_peer_llada2_pipeline.py: rows as alone)
+    assert set(TRANSFER_REGISTRY) - set(TRANSFER_SETTINGS) == {"llada21_editing", "block_refinement"}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

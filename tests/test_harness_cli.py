@@ -211,12 +211,14 @@ def test_compare_on_the_tiny_config_writes_table_and_plot(tmp_path, monkeypatch)
     out = tmp_path / "out"
     rows = list(csvreader(out / "results.csv"))
     cells = {(r["model"], r["setting"], r["task"]) for r in rows}
-    assert len(cells) == 16 and all(float(r["time_s"]) > 0 and r["accuracy"] != "" for r in rows)
+    assert len(cells) == 20 and all(float(r["time_s"]) > 0 and r["accuracy"] != "" for r in rows)
     assert (out / "accuracy_vs_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (out / "results.md").read_text()
     assert "| gsm8k | tiny-mdm | 8 steps |" in table and "| humaneval | tiny-llama | autoregressive |" in table
     assert "| gsm8k | tiny-mdm | dual cache + threshold 0.9 |" in table
     assert "| gsm8k | tiny-llada2 | llada2 defaults |" in table
+    assert "| gsm8k | tiny-llada2 | LLaDA2Pipeline settings |" in table
+    assert "| gsm8k | tiny-llada2-diffusers | LLaDA2Pipeline defaults |" in table
     assert "| humaneval | tiny-diffusion-gemma | entropy bound 0.1 |" in table
     cell = json.loads((out / "cells" / "tiny-mdm__8-steps__mdm_gsm8k.json").read_text())
     assert cell["reproducibility"] == {"batch_invariant": False, "seeds": "per request", "seed": 1234}

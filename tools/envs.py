@@ -29,7 +29,17 @@ LOCK = ROOT / "constraints.txt"
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 TORCH_FALLBACK = "torch>=2.4,<3"
 # The packages whose versions the README reports at each end of the ranges.
-WATCHED = ("torch", "transformers", "lm_eval", "accelerate", "datasets", "evaluate", "huggingface_hub", "tokenizers")
+WATCHED = (
+    "torch",
+    "transformers",
+    "lm_eval",
+    "accelerate",
+    "datasets",
+    "evaluate",
+    "huggingface_hub",
+    "tokenizers",
+    "diffusers",
+)
 LOCK_HEADER = """\
 # The versions `make test` and `make reproduce` install (pip constraints; torch comes from TORCH_SPEC first).
 # Written by `make lock` from a fresh environment of the newest releases in which the whole suite passed.

@@ -1,13 +1,15 @@
 """hf_mdm's lm-eval harness: timed models, GSM8K / MBPP / HumanEval tasks, sandboxed code execution.
 
-Three lm-eval models, registered when `hf_mdm.harness.models` is imported (which `simple_evaluate`, the
+Four lm-eval models, registered when `hf_mdm.harness.models` is imported (which `simple_evaluate`, the
 ``hf-mdm-eval`` CLI, ``hf-mdm compare`` and the names below do):
 
 - ``hf_mdm``: any masked diffusion checkpoint, sampled by `hf_mdm.generation.diffusion_generate` (every sampler
   setting is a model argument) and scored by its Monte Carlo ELBO (`MaskedDiffusionLM`);
 - ``hf_timed``: lm-eval's HF causal LM with the same per-request timing (`TimedHFLM`);
 - ``hf_diffusion_gemma``: transformers' DiffusionGemma through its own ``generate``, timed the same way
-  (`DiffusionGemmaLM`).
+  (`DiffusionGemmaLM`);
+- ``hf_diffusers``: diffusers' ``LLaDA2Pipeline`` on a LLaDA2.x checkpoint, timed the same way
+  (`DiffusersPipelineLM`).
 
 lm-eval has no plugin discovery, so ``hf-mdm-eval`` (and ``python -m hf_mdm.harness``) is lm-eval's own CLI with
 these models and hf_mdm's task directory registered (tasks ``mdm_gsm8k``, ``mdm_gsm8k_chain``, ``mdm_mbpp``,
@@ -28,6 +30,7 @@ _LAZY = {
     "create_lm": "evaluator",
     "simple_evaluate": "evaluator",
     "task_names": "evaluator",
+    "DiffusersPipelineLM": "models",
     "DiffusionGemmaLM": "models",
     "MaskedDiffusionLM": "models",
     "TimedHFLM": "models",

@@ -3,7 +3,7 @@
 Everything is lm-eval 0.4's CLI (``run``, ``ls``, ``validate``, every flag, and the legacy form without a
 subcommand, which means ``run``), with these additions:
 
-- the models ``hf_mdm``, ``hf_timed`` and ``hf_diffusion_gemma`` are registered;
+- the models ``hf_mdm``, ``hf_timed``, ``hf_diffusion_gemma`` and ``hf_diffusers`` are registered;
 - hf_mdm's task directory is on the include path (after any ``--include_path`` of yours);
 - ``run`` evaluates through `hf_mdm.harness.simple_evaluate`, so results and samples carry timing, and indexes
   lm-eval's built-in tasks only when a requested task is not one of hf_mdm's;

@@ -23,7 +23,7 @@ from lm_eval.api.registry import get_model
 from lm_eval.tasks import TaskManager
 from lm_eval.utils import simple_parse_args_string
 
-from . import models as _models  # noqa: F401  (registers hf_mdm, hf_timed and hf_diffusion_gemma)
+from . import models as _models  # noqa: F401  (registers hf_mdm, hf_timed, hf_diffusion_gemma, hf_diffusers)
 from .resume import cache_prefix, caching
 from .sandbox import isolation_report
 from .timing import RequestTiming, attach_timing

@@ -1,0 +1,150 @@
+"""hf_mdm beside the ecosystem's own diffusion-LM samplers, on the same model and the same tokens. Part of
+``make bench`` (-> ``evaluation/PEERS.md``).
+
+- LLaDA2: diffusers' ``LLaDA2Pipeline`` (``BlockRefinementScheduler``, no KV cache: every forward recomputes the
+  canvas up to the current block) against hf_mdm's reproduction of it,
+  `MaskedDiffusionGenerationConfig.llada2_pipeline`, without a cache and with the exact block cache (hf_mdm's
+  default for a block-causal model: a forward computes the current block only). A random LLaDA2.0 MoE (sizes
+  below; its LM head scaled up so that confidences spread and the thresholds matter), float32, a prompt that does
+  not end on a block boundary; the pipeline's defaults (blocks of 32, 32 steps, threshold 0.7, editing 0.5) at
+  batch 1, and editing off at batch 4 (the pipeline's rows of a batch depend on each other when editing is on).
+- DiffusionGemma: transformers' own ``DiffusionGemmaForBlockDiffusion.generate`` against hf_mdm's
+  `MaskedDiffusionGenerationConfig.diffusion_gemma` on the same random model, same seed.
+
+Each row: median seconds over ``--repeats`` interleaved rounds after a warm-up round, model forwards, positions
+the forwards computed (rows x input length, summed), the time ratio to the peer, and whether the tokens equal the
+peer's (checked on every round).
+
+    python evaluation/bench_peers.py [--repeats 3] [--threads 1] [--output FILE.md] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_measure import interleave, parse_table_arguments, print_and_write  # noqa: E402
+
+from hf_mdm import MaskedDiffusionGenerationConfig  # noqa: E402
+from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM  # noqa: E402
+
+SIZES = dict(hidden=256, layers=4, vocab=2048, prompt=40, new=128, head_scale=8.0)
+QUICK = dict(hidden=64, layers=2, vocab=256, prompt=12, new=32)
+MASK_OFFSET, EOS_OFFSET = 1, 2  # [MASK] is the last id, EOS the one before
+
+
+def llada2(args: argparse.Namespace) -> LLaDA2MoeModelLM:
+    """A random LLaDA2.0 MoE whose LM head is scaled up (``head_scale``) and whose [MASK] row is zero."""
+    torch.manual_seed(0)
+    config = LLaDA2MoeConfig(
+        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
+        num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2, head_dim=args.hidden // 4,
+        num_experts=8, num_shared_experts=1, num_experts_per_tok=2, n_group=4, topk_group=2,
+        moe_intermediate_size=args.hidden // 2, first_k_dense_replace=1, max_position_embeddings=1024,
+        mask_token_id=args.vocab - MASK_OFFSET, eos_token_id=args.vocab - EOS_OFFSET, pad_token_id=0, block_size=32,
+    )  # fmt: skip
+    model = LLaDA2MoeModelLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(args.head_scale)
+        model.lm_head.weight[config.mask_token_id] = 0.0
+    return model
+
+
+def llada2_runs(args: argparse.Namespace, model, batch: int, editing: Any, checks: list[bool]) -> dict:
+    """The pipeline and hf_mdm's two runs of it at ``batch``; each hf_mdm call appends to ``checks`` whether its
+    tokens equal those of the pipeline's call of the same round (which runs first), up to each row's first EOS."""
+    from diffusers import BlockRefinementScheduler, LLaDA2Pipeline
+
+    config = model.config
+    prompt = torch.randint(1, args.vocab - 2, (batch, args.prompt), generator=torch.Generator().manual_seed(1))
+    settings = dict(gen_length=args.new, editing_threshold=editing, eos_token_id=config.eos_token_id)
+    pipe = LLaDA2Pipeline(model=model, scheduler=BlockRefinementScheduler(), tokenizer=None)
+    pipe.set_progress_bar_config(disable=True)
+    latest: list[list[int]] = []
+
+    def pipeline() -> None:
+        out = pipe(input_ids=prompt, use_chat_template=False, output_type="seq", mask_token_id=config.mask_token_id,
+                   **settings)  # fmt: skip
+        latest[:] = [up_to_eos(row, config.eos_token_id) for row in out.sequences.tolist()]
+
+    def hf_mdm(kv_cache: str) -> Callable[[], None]:
+        preset = MaskedDiffusionGenerationConfig.llada2_pipeline(**settings, kv_cache=kv_cache, pad_token_id=0)
+
+        def run() -> None:
+            rows = model.generate(prompt, generation_config=preset)[:, args.prompt :].tolist()
+            checks.append(all(row[: len(ref)] == ref for row, ref in zip(rows, latest)))
+
+        return run
+
+    return {"pipeline": (model, pipeline), "none": (model, hf_mdm("none")), "prefix": (model, hf_mdm("prefix"))}
+
+
+def up_to_eos(tokens: list[int], eos: int) -> list[int]:
+    return tokens[: tokens.index(eos) + 1] if eos in tokens else tokens
+
+
+LLADA2_RUNS = {
+    "pipeline": "diffusers LLaDA2Pipeline (no cache)",
+    "none": "hf_mdm llada2_pipeline, no cache",
+    "prefix": "hf_mdm llada2_pipeline, exact block cache",
+}
+
+
+def llada2_rows(args: argparse.Namespace) -> list[dict]:
+    model, rows = llada2(args), []
+    for batch, editing in ((1, 0.5), (4, None)):
+        checks: list[bool] = []
+        series = interleave(llada2_runs(args, model, batch, editing, checks), args.repeats, warmup=1)
+        peer = series["pipeline"]
+        for key, name in LLADA2_RUNS.items():
+            s = series[key]
+            rows.append(
+                dict(
+                    peer="LLaDA2Pipeline", run=name, batch=batch, editing=editing, seconds=s.median,
+                    forwards=s.calls[0].forwards, positions=s.calls[0].positions, ratio=peer.median / s.median,
+                    equal=all(checks),
+                )
+            )  # fmt: skip
+    return rows
+
+
+def markdown(args: argparse.Namespace, rows: list[dict]) -> str:
+    lines = [
+        f"# hf_mdm beside its peers, same model, same tokens ({args.repeats} interleaved rounds after a warm-up, "
+        f"{args.threads} thread{'s' if args.threads > 1 else ''}, CPU)",
+        "",
+        f"LLaDA2: random LLaDA2.0 MoE (hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}, 8 experts, "
+        f"LM head x{args.head_scale}), float32, prompt {args.prompt} tokens, gen_length {args.new}, blocks of 32, "
+        "32 steps, threshold 0.7, the pipeline's defaults.",
+        "",
+        "| peer | run | batch | editing | median s | forwards | positions computed | peer's time / this time | "
+        "tokens equal the peer's |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        editing = "off" if row["editing"] is None else str(row["editing"])
+        lines.append(
+            f"| {row['peer']} | {row['run']} | {row['batch']} | {editing} | {row['seconds']:.3f} | {row['forwards']} "
+            f"| {row['positions']} | {row['ratio']:.2f}x | {'yes' if row['equal'] else 'NO'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: Any = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    return parse_table_arguments(parser, argv, repeats=3, sizes=SIZES, quick=QUICK)
+
+
+def main(argv: Any = None) -> str:
+    args = parse(argv)
+    rows = llada2_rows(args)
+    return print_and_write(markdown(args, rows), args.output)
+
+
+if __name__ == "__main__":
+    main()
