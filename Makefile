@@ -74,12 +74,15 @@ lock: test-newest
 # 1 thread, interleaved rounds. About 20 minutes on 2 CPU cores; BENCH_ARGS="--batches 1" for 2. Then batch invariance
 # (evaluation/bench_invariance.py): rows differing from themselves alone by default and with batch_invariant=True,
 # and its cost, written to evaluation/BATCH_INVARIANCE.md (a few minutes); the LM head only at the still-masked
-# positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md).
+# positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md); hf_mdm beside
+# diffusers' LLaDA2Pipeline and transformers' DiffusionGemma generate, same tokens (evaluation/bench_peers.py ->
+# evaluation/PEERS.md, a few minutes).
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
 	$(OFFLINE) $(PY) evaluation/bench_invariance.py --output evaluation/BATCH_INVARIANCE.md
 	$(OFFLINE) $(PY) evaluation/bench_lm_head.py --output evaluation/LM_HEAD.md
+	$(OFFLINE) $(PY) evaluation/bench_peers.py --output evaluation/PEERS.md
 
 # Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
 # table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.

@@ -52,9 +52,11 @@ class ForwardMeter:
         self.seconds, self.forwards, self.positions, self.lengths = 0.0, 0, 0, []
 
     def _before(self, module: Any, args: tuple, kwargs: dict) -> None:
-        ids = args[0] if args else kwargs.get("input_ids")
+        ids = args[0] if args else kwargs.get("input_ids", kwargs.get("decoder_input_ids"))
         if ids is None:
-            raise ValueError("ForwardMeter counts positions from input_ids: the forward got none")
+            raise ValueError(
+                "ForwardMeter counts positions from input_ids (or decoder_input_ids): the forward got none"
+            )
         self.positions += ids.shape[0] * ids.shape[1]
         self.lengths.append(int(ids.shape[1]))
         synchronize(self.device)

@@ -9,7 +9,13 @@
   not end on a block boundary; the pipeline's defaults (blocks of 32, 32 steps, threshold 0.7, editing 0.5) at
   batch 1, and editing off at batch 4 (the pipeline's rows of a batch depend on each other when editing is on).
 - DiffusionGemma: transformers' own ``DiffusionGemmaForBlockDiffusion.generate`` against hf_mdm's
-  `MaskedDiffusionGenerationConfig.diffusion_gemma` on the same random model, same seed.
+  `MaskedDiffusionGenerationConfig.diffusion_gemma` (`hf_mdm.generation_uniform`) on the same random model (the
+  harness's layout at the sizes below, canvases of 32, LM head scaled up), same seed, 16 denoising steps at most,
+  transformers' other defaults, batch 1 and a left-padded batch of 4; forwards and positions are the decoder's
+  (the encoder's passes are not counted, as DiffusionGemma does not count them). diffusers'
+  ``DiffusionGemmaPipeline`` is not timed: with transformers 5.24 it fails at its first call (it passes the
+  cache as ``past_key_values`` where transformers names it ``cache``), and patched it appends the scheduler's
+  canvas instead of the argmax, so its tokens are not DiffusionGemma's (`tests/test_diffusion_gemma_sampler.py`).
 
 Each row: median seconds over ``--repeats`` interleaved rounds after a warm-up round, model forwards, positions
 the forwards computed (rows x input length, summed), the time ratio to the peer, and whether the tokens equal the
@@ -31,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_measure import interleave, parse_table_arguments, print_and_write  # noqa: E402
 
 from hf_mdm import MaskedDiffusionGenerationConfig  # noqa: E402
+from hf_mdm.generation import diffusion_generate  # noqa: E402
 from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM  # noqa: E402
 
 SIZES = dict(hidden=256, layers=4, vocab=2048, prompt=40, new=128, head_scale=8.0)
@@ -113,6 +120,67 @@ def llada2_rows(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def diffusion_gemma(args: argparse.Namespace):
+    """A random DiffusionGemma (the harness's tiny layout at ``hidden`` and ``layers``), canvases of 32, its LM head
+    scaled up (``head_scale``, tied to the embeddings) so that entropies spread around the bound."""
+    from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+
+    from hf_mdm.harness.tiny import TINY_DIFFUSION_GEMMA_TEXT, TINY_VISION
+
+    torch.manual_seed(0)
+    text = dict(TINY_DIFFUSION_GEMMA_TEXT, vocab_size=args.vocab, hidden_size=args.hidden, head_dim=args.hidden // 4)
+    text.update(global_head_dim=args.hidden // 4, intermediate_size=2 * args.hidden, num_hidden_layers=args.layers)
+    text.update(moe_intermediate_size=args.hidden // 2, initializer_range=0.02)
+    special = dict(eos_token_id=1, bos_token_id=2, pad_token_id=0)
+    config = DiffusionGemmaConfig(
+        text_config={**text, **special}, vision_config=TINY_VISION, canvas_length=32, **special
+    )
+    model = DiffusionGemmaForBlockDiffusion(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(args.head_scale)
+    return model
+
+
+def diffusion_gemma_rows(args: argparse.Namespace) -> list[dict]:
+    """transformers' generate and hf_mdm's diffusion_gemma preset, same seed, batch 1 and 4 (left-padded)."""
+    model, rows = diffusion_gemma(args), []
+    settings = dict(max_new_tokens=args.new, max_denoising_steps=16, eos_token_id=1, pad_token_id=0)
+    for batch in (1, 4):
+        ids = torch.randint(3, args.vocab, (batch, args.prompt), generator=torch.Generator().manual_seed(2))
+        mask = torch.ones_like(ids)
+        mask[1:, :3] = 0
+        ids = ids.masked_fill(mask == 0, 0)
+        latest: list[torch.Tensor] = []
+        checks: list[bool] = []
+
+        def transformers_generate() -> None:
+            torch.manual_seed(0)
+            latest[:] = [model.generate(ids, attention_mask=mask, **settings).sequences]
+
+        def hf_mdm() -> None:
+            preset = MaskedDiffusionGenerationConfig.diffusion_gemma(**settings)
+            ours = diffusion_generate(model, ids, attention_mask=mask, generation_config=preset, seed=0)
+            checks.append(torch.equal(ours.sequences, latest[0]))
+
+        decoder = (
+            model.model.decoder
+        )  # metered: the canvas forwards (the encoder's are not counted, as DiffusionGemma's)
+        runs = {"transformers": (decoder, transformers_generate), "hf_mdm": (decoder, hf_mdm)}
+        series = interleave(runs, args.repeats, warmup=1)
+        peer = series["transformers"]
+        names = {"transformers": "transformers DiffusionGemma generate", "hf_mdm": "hf_mdm diffusion_gemma preset"}
+        for key, name in names.items():
+            s = series[key]
+            rows.append(
+                dict(
+                    peer="DiffusionGemma generate", run=name, batch=batch, editing=None, seconds=s.median,
+                    forwards=s.calls[0].forwards, positions=s.calls[0].positions, ratio=peer.median / s.median,
+                    equal=all(checks),
+                )
+            )  # fmt: skip
+    return rows
+
+
 def markdown(args: argparse.Namespace, rows: list[dict]) -> str:
     lines = [
         f"# hf_mdm beside its peers, same model, same tokens ({args.repeats} interleaved rounds after a warm-up, "
@@ -142,7 +210,7 @@ def parse(argv: Any = None) -> argparse.Namespace:
 
 def main(argv: Any = None) -> str:
     args = parse(argv)
-    rows = llada2_rows(args)
+    rows = llada2_rows(args) + diffusion_gemma_rows(args)
     return print_and_write(markdown(args, rows), args.output)
 
 

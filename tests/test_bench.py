@@ -182,3 +182,15 @@ def test_lm_head_bench_quick_run_counts_rows_and_checks_tokens(tmp_path):
     assert len(rows) == 2 * len(bench_lm_head.SETTINGS)
     assert all((row[2], row[3], row[4]) == ("8.0", "5.0", "5.0") for row in rows)
     assert all(row[-1] in ("yes |", "- |") for row in rows)
+
+
+def test_peers_bench_quick_run_times_every_peer_on_equal_tokens(tmp_path):
+    """``make bench``'s peer table: diffusers' LLaDA2Pipeline and transformers' DiffusionGemma generate beside
+    hf_mdm's presets, every row's tokens equal to its peer's."""
+    pytest.importorskip("diffusers")
+    import bench_peers
+
+    text = bench_peers.main(["--quick", "--output", str(tmp_path / "peers.md")])
+    rows = [line for line in text.splitlines() if line.startswith("| LLaDA2Pipeline") or line.startswith("| Diff")]
+    assert len(rows) == 10 and all(line.endswith("| yes |") for line in rows)
+    assert (tmp_path / "peers.md").read_text() == text

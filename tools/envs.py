@@ -8,7 +8,9 @@
 
 ``locked`` installs exactly the versions in ``constraints.txt`` (the suite last passed with them); ``newest`` the
 newest releases the ranges in ``pyproject.toml`` admit; ``lowest`` every direct dependency at the lower bound of its
-range (``name>=X`` pinned to ``X``; what they pull in resolved by pip). PyTorch is installed first from
+range (``name>=X`` pinned to ``X``; what they pull in resolved by pip). ``locked`` and ``newest`` install the ``test``
+and ``peers`` extras, ``lowest`` the ``test`` extra only (diffusers, the ``peers`` extra, needs a newer
+huggingface_hub than hf_mdm's lower bound; its tests skip with the reason). PyTorch is installed first from
 ``TORCH_SPEC`` (default ``torch==2.13.0``, which takes a local CPU wheel where one lies on disk), so that the rest
 installs nothing more for it; the lock therefore leaves torch out. Standard library only (Python >= 3.11 for tomllib).
 """
@@ -87,7 +89,7 @@ def create(venv: Path, versions: str, fresh: bool) -> None:
         run(*pip, TORCH_SPEC)
     except subprocess.CalledProcessError:
         run(*pip, TORCH_FALLBACK)
-    package = f"{ROOT}[test]"
+    package = f"{ROOT}[test]" if versions == "lowest" else f"{ROOT}[test,peers]"
     if versions == "locked":
         run(*pip, "-c", str(LOCK), "-e", package)
     elif versions == "newest":
@@ -110,8 +112,12 @@ def freeze(venv: Path) -> list[str]:
 
 
 def installed(venv: Path) -> dict[str, str]:
-    """The versions of the WATCHED packages in ``venv``."""
-    code = "import importlib.metadata as m, json, sys\nprint(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
+    """The versions of the WATCHED packages in ``venv`` (None for one it lacks)."""
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "def version(n):\n    try:\n        return m.version(n)\n    except m.PackageNotFoundError:\n        return None\n"
+        "print(json.dumps({n: version(n) for n in sys.argv[1:]}))"
+    )
     out = subprocess.run([str(python_of(venv)), "-c", code, *WATCHED], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 
