@@ -1,0 +1,87 @@
+"""``hf-mdm sft``: the command line of `hf_mdm.finetune` (loading, arguments and the Trainer's settings only).
+
+    hf-mdm sft --model GSAI-ML/LLaDA-8B-Instruct --data pairs.jsonl --output-dir runs/sft \\
+        --lora --gradient-checkpointing --bf16 --batch-size 4 --grad-accum 8 --max-length 1024
+
+Rerun the same command after a kill: it resumes from the newest readable checkpoint in ``--output-dir``. Under
+``accelerate launch`` every process runs it (data parallel); ``--deepspeed CONFIG.json`` or ``--fsdp "full_shard
+auto_wrap"`` shard a model that outgrows one device.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, Callable
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "auto") -> tuple[Any, Any]:
+    """hf_mdm's class for the checkpoint (MDM, LLaDA, Dream, LLaDA2.x: native, through the Auto class its config
+    maps to) and its tokenizer."""
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    import hf_mdm  # noqa: F401  (registers the native classes)
+
+    from .checkpoints import check_local_path
+
+    check_local_path(name, "--model")
+    config = AutoConfig.from_pretrained(name)
+    for auto in (AutoModelForMaskedLM, AutoModelForCausalLM, AutoModel):
+        if type(config) in auto._model_mapping:
+            return auto.from_pretrained(name, dtype=dtype), AutoTokenizer.from_pretrained(name)
+    raise ValueError(f"{name}: no masked diffusion class for model_type {config.model_type!r}")
+
+
+def _sft(args: argparse.Namespace) -> int:
+    from transformers import TrainingArguments
+
+    from .finetune import apply_lora, checkpointing_argument, load_pairs, sft_trainer, tokenize_pairs, train_sft
+
+    model, tokenizer = load_model_and_tokenizer(args.model)
+    pairs = tokenize_pairs(
+        load_pairs(args.data, args.split), tokenizer, args.max_length, args.prompt_column, args.response_column
+    )
+    if args.gradient_checkpointing:
+        model.config.use_cache = False
+    if args.lora:
+        model = apply_lora(model, r=args.lora_r, alpha=args.lora_alpha)
+    checkpointing = checkpointing_argument()
+    training = TrainingArguments(
+        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=args.grad_accum, learning_rate=args.lr, num_train_epochs=args.epochs,
+        max_steps=args.max_steps, save_steps=args.save_steps, logging_steps=args.logging_steps, bf16=args.bf16,
+        **{checkpointing: args.gradient_checkpointing}, seed=args.seed, report_to="none",
+        deepspeed=args.deepspeed, fsdp=args.fsdp or "", lr_scheduler_type="linear", warmup_steps=args.warmup_steps,
+    )  # fmt: skip
+    trainer = sft_trainer(model, pairs, training, tokenizer.eos_token_id, seed=args.seed, processing_class=tokenizer)
+    result = train_sft(trainer)
+    print(f"trained {result.global_step} steps, final loss {result.training_loss:.4f}; saved to {args.output_dir}")
+    return 0
+
+
+def add_sft_command(commands: Any, at_least: Callable, positive_float: Callable) -> None:
+    """``hf-mdm sft`` (``at_least`` / ``positive_float``: the command line's argument types)."""
+    sft = commands.add_parser("sft", help="supervised fine-tuning on prompt/response pairs (LLaDA's recipe, LoRA)")
+    sft.add_argument("--model", required=True, help="a checkpoint (directory or Hub id) of an hf_mdm class")
+    sft.add_argument("--data", required=True, help="pairs: .jsonl/.json/.csv/.parquet, a saved dataset, or a Hub name")
+    sft.add_argument("--split", default="train", help="the split of a Hub dataset")
+    sft.add_argument("--prompt-column", default="prompt")
+    sft.add_argument("--response-column", default="response")
+    sft.add_argument("--output-dir", required=True, help="checkpoints, then the model (or LoRA adapter)")
+    sft.add_argument("--max-length", type=at_least(2), default=1024, help="tokens per pair at most (cut at the end)")
+    sft.add_argument("--batch-size", type=at_least(1), default=8, help="pairs per device and step")
+    sft.add_argument("--grad-accum", type=at_least(1), default=1, help="gradient accumulation steps")
+    sft.add_argument("--lr", type=positive_float, default=1e-5, help="peak learning rate (LLaDA's SFT: 2.5e-5)")
+    sft.add_argument("--epochs", type=positive_float, default=1.0)
+    sft.add_argument("--max-steps", type=int, default=-1, help="optimizer steps (overrides --epochs when > 0)")
+    sft.add_argument("--warmup-steps", type=at_least(0), default=0)
+    sft.add_argument("--save-steps", type=at_least(1), default=500, help="a checkpoint every this many steps")
+    sft.add_argument("--logging-steps", type=at_least(1), default=10)
+    sft.add_argument("--lora", action="store_true", help="train LoRA adapters (PEFT) instead of every weight")
+    sft.add_argument("--lora-r", type=at_least(1), default=16)
+    sft.add_argument("--lora-alpha", type=at_least(1), default=32)
+    sft.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward")
+    sft.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision")
+    sft.add_argument("--deepspeed", default=None, help="a DeepSpeed config file (transformers' integration)")
+    sft.add_argument("--fsdp", default=None, help="FSDP options, e.g. 'full_shard auto_wrap'")
+    sft.add_argument("--seed", type=int, default=0)
+    sft.set_defaults(func=_sft)
