@@ -25,6 +25,7 @@ are the uniform ones on a masked model (`uses_uniform_corruption`). Exported wit
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Optional
 
 import torch
@@ -75,6 +76,9 @@ class CanvasModel:
         self.cache = DynamicCache(config=config.get_text_config(decoder=True))
         self.length, self.nfe = 0, 0  # positions in the cache, decoder forwards
         self._mask, self._positions = None, None
+        # transformers named the cache argument past_key_values before 5.2x, cache since (the old name deprecated)
+        taken = inspect.signature(model.get_encoder().create_masks_for_generate).parameters
+        self._cache = "cache" if "cache" in taken else "past_key_values"
 
     def encode(self, new_ids: torch.Tensor, attention_mask: torch.Tensor) -> None:
         """Write ``new_ids`` (B, n) into the cache; ``attention_mask`` (B, cached + n) is False at padding."""
@@ -85,11 +89,11 @@ class CanvasModel:
             config=model.config,
             inputs_embeds=torch.empty((batch, n, 0), dtype=model.dtype, device=device),
             attention_mask=attention_mask,
-            cache=self.cache,
             position_ids=positions,
+            **{self._cache: self.cache},
         )
         ids = new_ids.clone(memory_format=torch.contiguous_format)
-        encoder(input_ids=ids, attention_mask=masks, cache=self.cache, position_ids=positions)
+        encoder(input_ids=ids, attention_mask=masks, position_ids=positions, **{self._cache: self.cache})
         self.length += n
         start = self.length
         self._positions = torch.arange(start, start + self.canvas_length, dtype=torch.int32, device=device)[None]
@@ -97,8 +101,8 @@ class CanvasModel:
         self._mask = model.get_decoder().create_diffusion_decoder_attention_mask(
             config=model.config,
             inputs_embeds=torch.zeros((batch, self.canvas_length, 1), dtype=torch.long, device=device),
-            cache=self.cache,
             decoder_attention_mask=canvas_mask,
+            **{self._cache: self.cache},
         )
 
     def decode(self, canvas: torch.Tensor, self_conditioning: Optional[torch.Tensor]) -> torch.Tensor:
@@ -108,8 +112,8 @@ class CanvasModel:
             decoder_input_ids=canvas,
             self_conditioning_logits=self_conditioning,
             decoder_attention_mask=self._mask,
-            cache=self.cache,
             decoder_position_ids=self._positions,
+            **{self._cache: self.cache},
         ).logits
 
     def random_canvas(self, batch: int, device: Any, generator: Optional[torch.Generator]) -> torch.Tensor:
