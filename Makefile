@@ -76,13 +76,15 @@ lock: test-newest
 # and its cost, written to evaluation/BATCH_INVARIANCE.md (a few minutes); the LM head only at the still-masked
 # positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md); hf_mdm beside
 # diffusers' LLaDA2Pipeline and transformers' DiffusionGemma generate, same tokens (evaluation/bench_peers.py ->
-# evaluation/PEERS.md, a few minutes).
+# evaluation/PEERS.md, a few minutes); SFT memory and time against AR, with and without LoRA and checkpointing
+# (evaluation/bench_sft_memory.py -> evaluation/SFT_MEMORY.md).
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
 	$(OFFLINE) $(PY) evaluation/bench_invariance.py --output evaluation/BATCH_INVARIANCE.md
 	$(OFFLINE) $(PY) evaluation/bench_lm_head.py --output evaluation/LM_HEAD.md
 	$(OFFLINE) $(PY) evaluation/bench_peers.py --output evaluation/PEERS.md
+	$(OFFLINE) $(PY) evaluation/bench_sft_memory.py --output evaluation/SFT_MEMORY.md
 
 # Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
 # table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.

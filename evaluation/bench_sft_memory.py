@@ -174,10 +174,14 @@ def markdown(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
         )
         lines.append(
             f"| {KINDS[row['kind']]} | {'yes' if row['lora'] else 'no'} | {'yes' if row['checkpointing'] else 'no'} | "
-            f"{row['added_mb']:.0f} | {row['added_mb'] / ar['added_mb']:.2f}x | {row['s_per_step']:.3f} | "
+            f"{row['added_mb']:.0f} | {_ratio(row['added_mb'], ar['added_mb'])} | {row['s_per_step']:.3f} | "
             f"{row['s_per_step'] / ar['s_per_step']:.2f}x |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _ratio(value: float, reference: float) -> str:
+    return f"{value / reference:.2f}x" if reference > 0 else "n/a"
 
 
 def parse(argv: Any = None) -> argparse.Namespace:

@@ -194,3 +194,26 @@ def test_peers_bench_quick_run_times_every_peer_on_equal_tokens(tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| LLaDA2Pipeline") or line.startswith("| Diff")]
     assert len(rows) == 10 and all(line.endswith("| yes |") for line in rows)
     assert (tmp_path / "peers.md").read_text() == text
+
+
+def test_sft_memory_bench_runs_each_kind_and_its_losses_agree():
+    """The SFT memory table's runs, in this process at the quick shape: hf_mdm's loss (LM head at the masked positions)
+    is the loss read off every position's logits, and the table puts each run beside AR."""
+    import bench_sft_memory as sft
+
+    args = sft.parse(["--quick"])
+    model = sft.build("mdm", args)
+    batch = sft.batch_of("mdm", args)
+    with torch.no_grad():
+        ours = sft.loss_of("mdm", model, batch)
+        every = sft.loss_of("mdm_all_logits", model, batch)
+    assert float(ours) == pytest.approx(float(every), rel=1e-5)
+    rows = [
+        dict(kind=kind, lora=lora, checkpointing=False, **sft.run_one(kind, lora, False, args))
+        for lora in (False, True)
+        for kind in sft.KINDS
+    ]
+    assert all(row["added_mb"] >= 0 and row["s_per_step"] > 0 for row in rows)
+    table = sft.markdown(args, rows)
+    assert table.count("| AR (Llama, transformers' loss) |") == 2
+    assert table.count("| MDM, hf_mdm (LM head at the masked positions) |") == 2
