@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .cli_finetune import add_finetune_commands
 from .cli_reproduce import CONFIG_DIR, EXPERIMENT_CONFIGS, add_experiment_commands  # noqa: F401  (re-exported)
 from .cli_sample import add_sample_and_score_commands
-from .cli_sft import add_sft_command
 from .cli_tune import add_tune_command
 
 
@@ -219,14 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_sample_and_score_commands(commands, at_least, positive_float)
     add_experiment_commands(commands, at_least)
     add_tune_command(commands, at_least)
-    add_sft_command(commands, at_least, positive_float)
+    add_finetune_commands(commands, at_least, positive_float)
     _add_hub_and_compare_commands(commands)
     _add_threads_option(commands)
     return parser
 
 
 #: The subcommands that compute with torch in this process, and so take ``--threads``.
-THREAD_COMMANDS = ("train", "sample", "score", "bench", "tune", "sft")
+THREAD_COMMANDS = ("train", "sample", "score", "bench", "tune", "sft", "a2d")
 THREADS_HELP = (
     "torch's CPU threads for this command (torch.set_num_threads; default: torch's own, one per core). Pass 1 on a "
     "machine with few cores or other jobs running: tiny models then train and sample several times faster than "

@@ -1,9 +1,12 @@
-"""``hf-mdm sft``: the command line of `hf_mdm.finetune` (loading, arguments and the Trainer's settings only).
+"""``hf-mdm sft`` and ``hf-mdm a2d``: the command line of `hf_mdm.finetune` (loading, arguments and the Trainer's
+settings only).
 
     hf-mdm sft --model GSAI-ML/LLaDA-8B-Instruct --data pairs.jsonl --output-dir runs/sft \\
         --lora --gradient-checkpointing --bf16 --batch-size 4 --grad-accum 8 --max-length 1024
 
-Rerun the same command after a kill: it resumes from the newest readable checkpoint in ``--output-dir``. Under
+    hf-mdm a2d --model Qwen/Qwen2.5-0.5B --output-dir runs/qwen-mdm [--block-size 32] [--logits-shift 1]
+
+Rerun the same sft command after a kill: it resumes from the newest readable checkpoint in ``--output-dir``. Under
 ``accelerate launch`` every process runs it (data parallel); ``--deepspeed CONFIG.json`` or ``--fsdp "full_shard
 auto_wrap"`` shard a model that outgrows one device.
 """
@@ -58,8 +61,41 @@ def _sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_sft_command(commands: Any, at_least: Callable, positive_float: Callable) -> None:
-    """``hf-mdm sft`` (``at_least`` / ``positive_float``: the command line's argument types)."""
+def _a2d(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .checkpoints import check_local_path
+    from .fileio import write_directory_atomic
+    from .finetune.a2d import convert_to_mdm
+
+    check_local_path(args.model, "--model")
+    ar = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    if tokenizer.mask_token is None:
+        tokenizer.add_special_tokens({"mask_token": args.mask_token})
+    model = convert_to_mdm(ar, tokenizer.mask_token_id, args.block_size, args.logits_shift)
+    write_directory_atomic(
+        args.output_dir, lambda folder: (model.save_pretrained(folder), tokenizer.save_pretrained(folder))
+    )
+    attention = "bidirectional" if args.block_size is None else f"block-causal (blocks of {args.block_size})"
+    print(
+        f"{args.output_dir}: {type(ar).__name__} -> MDMForMaskedDiffusion, [MASK] = {tokenizer.mask_token_id} "
+        f"({tokenizer.mask_token}), {attention}, logits shift {args.logits_shift}"
+    )
+    return 0
+
+
+def add_finetune_commands(commands: Any, at_least: Callable, positive_float: Callable) -> None:
+    """``hf-mdm sft`` and ``hf-mdm a2d`` (``at_least`` / ``positive_float``: the command line's argument types)."""
+    a2d = commands.add_parser("a2d", help="convert an autoregressive Llama / Qwen2 checkpoint into a diffusion model")
+    a2d.add_argument("--model", required=True, help="the AR checkpoint (directory or Hub id)")
+    a2d.add_argument("--output-dir", required=True, help="the converted model and its tokenizer (with [MASK])")
+    a2d.add_argument(
+        "--block-size", type=at_least(1), default=None, help="block-causal attention (default: bidirectional)"
+    )
+    a2d.add_argument("--logits-shift", type=int, choices=[0, 1], default=1, help="1: Dream's recipe (keep the AR head)")
+    a2d.add_argument("--mask-token", default="<|mask|>", help="the [MASK] token added when the tokenizer has none")
+    a2d.set_defaults(func=_a2d)
     sft = commands.add_parser("sft", help="supervised fine-tuning on prompt/response pairs (LLaDA's recipe, LoRA)")
     sft.add_argument("--model", required=True, help="a checkpoint (directory or Hub id) of an hf_mdm class")
     sft.add_argument("--data", required=True, help="pairs: .jsonl/.json/.csv/.parquet, a saved dataset, or a Hub name")
