@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from .experiments.a2d import CONVERTED, a2d_summary
 from .experiments.blocks import findings as block_findings
 from .experiments.budget import QUANTITIES, difference_verdict, equal_flops_summary
 from .experiments.samplers import verdict as sampler_headline
@@ -46,6 +47,12 @@ def _blocks(result: dict) -> list[str]:
     for entry in (e for e in equal_flops_summary(flops) if "d_gap" in e) if flops else []:
         verdicts = "; ".join(difference_verdict(entry, key, name) for key, name in QUANTITIES)
         lines.append(f"{entry['model']} at equal training FLOPs: {verdicts}.")
+    conversion = result.get("a2d") or []
+    for entry in (e for e in a2d_summary(conversion) if e["model"] == CONVERTED) if conversion else []:
+        verdicts = "; ".join(difference_verdict(entry, key, name, "the scratch MDM's") for key, name in QUANTITIES)
+        lines.append(
+            f"An AR model converted into an MDM (A2D), against an MDM from scratch at equal tokens: {verdicts}."
+        )
     return lines
 
 

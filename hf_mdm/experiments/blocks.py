@@ -33,6 +33,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..languages import ChainLanguage, OracleDenoiser
+from .a2d import a2d_rows, a2d_text
 from .blocks_trained import plot_trained, timing_rows, trained_rows, trained_text
 from .budget import equal_flops_rows, equal_flops_text, plot_equal_flops
 from .common import CellCache, experiment_result, language_name, language_parameters, make_language, write_outputs
@@ -67,7 +68,9 @@ def block_diffusion(preset: dict, out: Path) -> dict[str, Any]:
     trained, timing = _trained_parts(preset, out, cache)
     budget = preset.get("trained", {}).get("equal_flops")
     flops = equal_flops_rows(budget, out, cache) if budget else []
-    extra = {"trained": trained, "timing": timing, "equal_flops": flops}
+    conversion = preset.get("trained", {}).get("a2d")
+    converted = a2d_rows(conversion, out, cache) if conversion else []
+    extra = {"trained": trained, "timing": timing, "equal_flops": flops, "a2d": converted}
     result = experiment_result("block_diffusion", preset, rows, frontiers=frontiers, **extra)
     text = "\n".join(setup_lines(preset)) + "\n" + blocks_table(rows) + "\n" + findings(rows) + "\n"
     if trained or timing:
@@ -76,6 +79,8 @@ def block_diffusion(preset: dict, out: Path) -> dict[str, Any]:
     if flops:
         text += "\n" + equal_flops_text(budget, flops)
         plot_equal_flops(flops, out / "block_diffusion_budget.png")
+    if converted:
+        text += "\n" + a2d_text(conversion, converted)
     write_outputs(out, "block_diffusion", result, text, lambda p: plot_blocks(rows, p))
     return result
 

@@ -128,15 +128,16 @@ def equal_flops_summary(rows: list[dict]) -> list[dict]:
     return summary
 
 
-def difference_verdict(entry: dict, key: str, name: str) -> str:
-    """Whether ``entry``'s ``key`` is lower or higher than the MDM's, from the paired interval; else not resolved."""
-    d, low, high = entry[f"d_{key}"], entry[f"d_{key}_low"], entry[f"d_{key}_high"]
+def difference_verdict(entry: dict, key: str, name: str, reference: str = "the MDM's", prefix: str = "d") -> str:
+    """Whether ``entry``'s ``key`` is lower or higher than ``reference``, from the paired interval of its difference
+    (``<prefix>_<key>``); else not resolved."""
+    d, low, high = entry[f"{prefix}_{key}"], entry[f"{prefix}_{key}_low"], entry[f"{prefix}_{key}_high"]
     described = f"{d:+.4f} [{low:+.4f}, {high:+.4f}] over {entry['seeds']} seeds"
     if high < 0:
-        return f"{name} lower than the MDM's ({described})"
+        return f"{name} lower than {reference} ({described})"
     if low > 0:
-        return f"{name} higher than the MDM's ({described})"
-    return f"{name} not resolved from the MDM's ({described}; the interval contains 0)"
+        return f"{name} higher than {reference} ({described})"
+    return f"{name} not resolved from {reference} ({described}; the interval contains 0)"
 
 
 def equal_flops_text(section: dict, rows: list[dict]) -> str:

@@ -183,14 +183,23 @@ def trained_pair(
 
 
 def trained_model(
-    kind: str, language: Any, length: int, preset: dict, out: Path, tag: str, overrides: Optional[dict] = None
+    kind: str,
+    language: Any,
+    length: int,
+    preset: dict,
+    out: Path,
+    tag: str,
+    overrides: Optional[dict] = None,
+    initial: Optional[Callable[[], Any]] = None,
 ) -> dict[str, Any]:
     """Train (or reload) one model of ``kind`` ("mdm" or "ar"): ``{kind: model, kind_nll, kind_gap}``.
 
     ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``; a
     ``block_size`` there trains a block diffusion MDM); ``training_steps`` gives the steps. Every model is trained on
     the same seeded sample of the language. Models live in
-    ``<out>/models/<tag>-L<length>-<hash of the settings and the language>-<kind>/final``."""
+    ``<out>/models/<tag>-L<length>-<hash of the settings and the language>-<kind>/final``. ``initial`` builds the
+    model training starts from (default: a new one); name what it is in ``overrides`` (e.g. ``{"init": ...}``), so
+    that the folder's hash tells the starting points apart."""
     entropy = language.expected_nll(length).value / length
     train_cfg = {**preset["training"], **(overrides or {})}
     folder = out / "models" / f"{tag}-L{length}-{_settings_hash(train_cfg, language)}-{kind}"  # never stale
@@ -201,7 +210,8 @@ def trained_model(
         )
         print(f"training the {what} for {tag} at L={length}: {kind_cfg['max_steps']} steps", flush=True)
         datasets = _datasets(language, length, train_cfg)
-        _train_model(kind, folder, datasets, language.vocab_size, length, kind_cfg, entropy)
+        model = initial() if initial is not None else None
+        _train_model(kind, folder, datasets, language.vocab_size, length, kind_cfg, entropy, model)
     return _load_trained(kind, folder, entropy)
 
 
@@ -228,7 +238,14 @@ def _datasets(language: Any, length: int, train_cfg: dict) -> tuple:
 
 
 def _train_model(
-    kind: str, folder: Path, datasets: tuple, vocab_size: int, length: int, train_cfg: dict, entropy: float
+    kind: str,
+    folder: Path,
+    datasets: tuple,
+    vocab_size: int,
+    length: int,
+    train_cfg: dict,
+    entropy: float,
+    model: Any = None,
 ) -> None:
     """Train one model, save it to ``folder/final`` and its validation metrics to ``folder/final/metrics.json``."""
     from ..training import build_trainer, train
@@ -244,6 +261,7 @@ def _train_model(
         entropy_per_token=entropy,
         seed=train_cfg.get("seed", 0),
         block_size=train_cfg.get("block_size"),
+        model=model,
     )
     train(trainer)
     metrics = trainer.evaluate()

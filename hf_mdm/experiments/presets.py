@@ -30,6 +30,8 @@ MINIATURE = {
     "exact": {"length": 3, "steps": [1, 2]},
     "seeds": [0, 1],
     "budget_mdm_steps": 2,
+    "ar_training_steps": 2,
+    "diffusion_training_steps": 2,
 }
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {
@@ -67,7 +69,7 @@ def miniature(preset: dict) -> dict:
         _replace(spec.get("training", {}), MINIATURE_TRAINING)
     _replace(small.get("fast_samplers", {}), MINIATURE_FAST)
     _replace(small.get("steps_for_ser", {}), {"lengths": [8, 16, 32]})  # three lengths: a slope and its interval
-    for part in ("trained", "timing", "equal_flops"):  # nested sections (the block diffusion experiment's)
+    for part in ("trained", "timing", "equal_flops", "a2d"):  # nested sections (the block diffusion experiment's)
         if part in small:
             small[part] = miniature(small[part])
     return small
