@@ -107,16 +107,22 @@ def llada2_rows(args: argparse.Namespace) -> list[dict]:
     for batch, editing in ((1, 0.5), (4, None)):
         checks: list[bool] = []
         series = interleave(llada2_runs(args, model, batch, editing, checks), args.repeats, warmup=1)
-        peer = series["pipeline"]
-        for key, name in LLADA2_RUNS.items():
-            s = series[key]
-            rows.append(
-                dict(
-                    peer="LLaDA2Pipeline", run=name, batch=batch, editing=editing, seconds=s.median,
-                    forwards=s.calls[0].forwards, positions=s.calls[0].positions, ratio=peer.median / s.median,
-                    equal=all(checks),
-                )
-            )  # fmt: skip
+        rows += timed_rows("LLaDA2Pipeline", series, "pipeline", LLADA2_RUNS, batch, editing, all(checks))
+    return rows
+
+
+def timed_rows(peer: str, series: dict, peer_key: str, names: dict, batch: int, editing: Any, equal: bool) -> list:
+    """One row per run of ``series`` (named by ``names``): median seconds, forwards, positions, the peer's time over
+    the run's, whether the tokens equal the peer's."""
+    rows = []
+    for key, name in names.items():
+        s = series[key]
+        rows.append(
+            dict(
+                peer=peer, run=name, batch=batch, editing=editing, seconds=s.median, forwards=s.calls[0].forwards,
+                positions=s.calls[0].positions, ratio=series[peer_key].median / s.median, equal=equal,
+            )
+        )  # fmt: skip
     return rows
 
 
@@ -167,17 +173,8 @@ def diffusion_gemma_rows(args: argparse.Namespace) -> list[dict]:
         )  # metered: the canvas forwards (the encoder's are not counted, as DiffusionGemma's)
         runs = {"transformers": (decoder, transformers_generate), "hf_mdm": (decoder, hf_mdm)}
         series = interleave(runs, args.repeats, warmup=1)
-        peer = series["transformers"]
         names = {"transformers": "transformers DiffusionGemma generate", "hf_mdm": "hf_mdm diffusion_gemma preset"}
-        for key, name in names.items():
-            s = series[key]
-            rows.append(
-                dict(
-                    peer="DiffusionGemma generate", run=name, batch=batch, editing=None, seconds=s.median,
-                    forwards=s.calls[0].forwards, positions=s.calls[0].positions, ratio=peer.median / s.median,
-                    equal=all(checks),
-                )
-            )  # fmt: skip
+        rows += timed_rows("DiffusionGemma generate", series, "transformers", names, batch, None, all(checks))
     return rows
 
 

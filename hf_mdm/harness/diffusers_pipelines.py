@@ -18,15 +18,11 @@ passes only a 2-D mask, so ``block_length`` must equal it (a ValueError otherwis
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from lm_eval.api.registry import register_model
 
 from .timed import TimedHFLM
-from .timing import Stopwatch
-
-logger = logging.getLogger(__name__)
 
 LLADA2_PIPELINE_SETTINGS = (
     "block_length",
@@ -55,7 +51,6 @@ class DiffusersPipelineLM(TimedHFLM):
         self._settings = {name: kwargs.pop(name) for name in LLADA2_PIPELINE_SETTINGS if name in kwargs}
         super().__init__(*args, **kwargs)
         self._pipeline = self._build_pipeline()
-        self._ignored: set[str] = set()
 
     @classmethod
     def own_arguments(cls) -> list[str]:
@@ -87,29 +82,16 @@ class DiffusersPipelineLM(TimedHFLM):
         return pipe
 
     def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs, seeds):
-        for key in set(kwargs) - self._ignored:
-            logger.warning("hf_diffusers: generation kwarg %r is not a pipeline setting; ignored", key)
-            self._ignored.add(key)
+        self._warn_ignored(kwargs, "a pipeline setting")
 
-        def generate(ids, mask):
-            before = forwards[0]
+        def call(ids, mask):
             output = self._pipeline(
                 input_ids=ids, attention_mask=mask, use_chat_template=False, gen_length=max_gen_toks,
                 mask_token_id=self._mask_id, output_type="seq", **self._settings,
             )  # fmt: skip
-            per_call.append(forwards[0] - before)
             return self._padded(output.sequences, ids)
 
-        forwards, per_call = [0], []
-        hook = self.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-        try:
-            with Stopwatch(self.device) as watch, self._autocast():
-                tokens, _ = self._batch_or_rows(generate, input_ids, attention_mask, seeds)
-        finally:
-            hook.remove()
-        generated = [self._row_length(row, until) for row in tokens.tolist()]
-        nfe = per_call if self.batch_invariant else forwards[0]
-        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": nfe, "generated_tokens": generated}
+        return self._own_generate_batch(self.model, call, input_ids, attention_mask, until, seeds)
 
     def _padded(self, sequences, ids):
         """The prompt and the generated columns, with the [MASK] tokens the pipeline leaves in a row that stopped

@@ -17,16 +17,12 @@ its own schedule).
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Optional
 
 import transformers
 from lm_eval.api.registry import register_model
 
 from .timed import TimedHFLM
-from .timing import Stopwatch
-
-logger = logging.getLogger(__name__)
 
 DIFFUSION_GEMMA_SETTINGS = (
     "max_denoising_steps",
@@ -47,7 +43,6 @@ class DiffusionGemmaLM(TimedHFLM):
     def __init__(self, *args: Any, **kwargs: Any):
         self._settings = {name: kwargs.pop(name) for name in DIFFUSION_GEMMA_SETTINGS if name in kwargs}
         super().__init__(*args, **kwargs)
-        self._ignored: set[str] = set()
 
     @classmethod
     def own_arguments(cls) -> list[str]:
@@ -76,31 +71,19 @@ class DiffusionGemmaLM(TimedHFLM):
         return settings
 
     def _generate_batch(self, input_ids, attention_mask, until, max_gen_toks, kwargs, seeds):
-        for key in set(kwargs) - self._ignored:
-            logger.warning("hf_diffusion_gemma: generation kwarg %r is not a DiffusionGemma setting; ignored", key)
-            self._ignored.add(key)
+        self._warn_ignored(kwargs, "a DiffusionGemma setting")
 
-        def generate(ids, mask):
-            before = forwards[0]
+        def call(ids, mask):
             settings = self._generation_settings()
             pad = self.tokenizer.pad_token_id
             output = self.model.generate(
                 ids, attention_mask=mask, max_new_tokens=max_gen_toks, pad_token_id=pad, return_dict_in_generate=True,
                 **settings,
             )  # fmt: skip
-            per_call.append(forwards[0] - before)
             return output.sequences
 
-        forwards, per_call = [0], []
-        hook = self.model.model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
-        try:
-            with Stopwatch(self.device) as watch, self._autocast():
-                tokens, _ = self._batch_or_rows(generate, input_ids, attention_mask, seeds)
-        finally:
-            hook.remove()
-        generated = [self._row_length(row, until) for row in tokens.tolist()]
-        nfe = per_call if self.batch_invariant else forwards[0]  # rows alone: each its own decoder forwards
-        return {"tokens": tokens, "generate_s": watch.seconds, "nfe": nfe, "generated_tokens": generated}
+        # the decoder forwards (self.model.model's), as DiffusionGemma counts them
+        return self._own_generate_batch(self.model.model, call, input_ids, attention_mask, until, seeds)
 
 
 __all__ = ["DIFFUSION_GEMMA_SETTINGS", "DiffusionGemmaLM"]
