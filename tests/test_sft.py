@@ -59,7 +59,6 @@ def test_the_collator_masks_responses_only_and_pads_with_eos():
         assert torch.equal(labels[row][masked], batch["clean_ids"][row][masked])
         assert (p_mask[row] == p_mask[row, 0]).all() and 1e-3 <= float(p_mask[row, 0]) <= 1
     # each response position is masked with probability t: the masked share tracks t over many rows
-    response = torch.arange(length)[None, :] >= torch.tensor([f["prompt_length"] for f in features])[:, None]
     many = SFTCollator(MASK, EOS, seed=1)(rows(seed=2, count=2000))
     response = (
         torch.arange(many["input_ids"].shape[1])[None, :]
