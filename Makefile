@@ -88,7 +88,7 @@ bench: $(STAMP)
 
 # Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
 # table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.
-# Under 8 minutes on one H100 (rows past --budget-s are skipped); GPU_CHECK_ARGS="--quick" for batch 1 only.
+# Meant to end in about 8 minutes (rows past --budget-s are skipped; first runs: results/gpu/README.md); GPU_CHECK_ARGS="--quick" for batch 1 only.
 GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(OFFLINE) $(PY) -m hf_mdm.gpu_check $(GPU_CHECK_ARGS)

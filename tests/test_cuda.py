@@ -33,7 +33,9 @@ ATOL, RTOL, ARGMAX_AGREEMENT = 0.1, 0.05, 0.95
 
 def build(name: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
     if name.startswith("MDM"):
-        return tiny_mdm(block_size=4 if "block" in name else None).to(device=device, dtype=dtype)
+        # head dimension 16: torch's flex_attention kernel on CUDA needs at least 16 (the CPU tests' tiny MDM has 8)
+        model = tiny_mdm(block_size=4 if "block" in name else None, hidden_size=64, intermediate_size=128)
+        return model.to(device=device, dtype=dtype)
     return DIFFUSION[name].build(dtype, device)
 
 

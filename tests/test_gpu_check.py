@@ -50,3 +50,22 @@ def test_without_cuda_the_gpu_run_says_what_to_do(tmp_path, capsys):
         return
     assert main(["--output-dir", str(tmp_path)]) == 2
     assert "--device cpu --tiny" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_rows_come_in_table_order_and_differences_are_located(tmp_path):
+    import torch
+
+    from hf_mdm.gpu_check.table import first_difference
+
+    assert main(["--device", "cpu", "--tiny", "--output-dir", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
+    order = [s.name for s in shapes(tiny=True)]
+    keys = [(order.index(r["model"]), r["batch"]) for r in rows]
+    assert keys == sorted(keys) and len({k[0] for k in keys}) == len(order)  # measured in passes, shown by model
+    a = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
+    b = a.clone()
+    assert first_difference(a, b) is None
+    b[1, 2] = 0
+    assert first_difference(a, b) == 2
+    b[0, 1] = 0
+    assert first_difference(a, b) == 1

@@ -25,7 +25,7 @@ from ..timer import Stopwatch
 from .llada2_loop import cut_at_eos, published_loop
 from .shapes import Shape
 
-__all__ = ["Settings", "Row", "measure_shape", "SAMPLERS"]
+__all__ = ["Settings", "Row", "measure_shape", "first_difference", "SAMPLERS"]
 
 SAMPLERS: dict[str, dict[str, Any]] = {
     "paper's sampler (stochastic, random, T=1)": dict(transfer="stochastic", strategy="random", temperature=1.0),
@@ -95,20 +95,28 @@ def _row(settings: Settings, model: str, batch: int, sampler: str, call: Callabl
     )  # fmt: skip
 
 
-def measure_shape(shape: Shape, settings: Settings) -> list[Row]:
-    """Every row of one model (built here, freed after)."""
+def measure_shape(
+    shape: Shape, settings: Settings, batches: tuple[int, ...], graphs: bool, done: list[Row]
+) -> list[Row]:
+    """One model's rows at ``batches`` (built here, freed after): the eager samplers, or with ``graphs`` the CUDA-graph
+    rows, each checked against its eager row in ``done``."""
     if time.monotonic() > settings.deadline:
-        return [Row(shape.name, b, "all", note="skipped: time budget") for b in settings.batches]
+        return [Row(shape.name, b, "CUDA graphs" if graphs else "all", note="skipped: time budget") for b in batches]
     network = shape.build(settings.dtype, settings.device)
     try:
         rows = []
-        for batch in settings.batches:
+        for batch in batches:
             generator = torch.Generator(device="cpu").manual_seed(batch)
             vocab = network.config.vocab_size
             prompt = torch.randint(3, min(vocab, 30000) - 2, (batch, settings.prompt), generator=generator)
             prompt = prompt.to(settings.device)
-            measure = _diffusion_rows if shape.kind == "diffusion" else _ar_rows
-            rows += measure(network, shape, prompt, settings)
+            if graphs:
+                rows += _cuda_graph_rows(
+                    settings, shape, batch, _diffusion_call(network, shape, prompt, settings), done
+                )
+            else:
+                measure = _diffusion_rows if shape.kind == "diffusion" else _ar_rows
+                rows += measure(network, shape, prompt, settings)
         return rows
     finally:
         del network
@@ -116,8 +124,8 @@ def measure_shape(shape: Shape, settings: Settings) -> list[Row]:
             torch.cuda.empty_cache()
 
 
-def _diffusion_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings) -> list[Row]:
-    batch = prompt.shape[0]
+def _diffusion_call(network, shape: Shape, prompt: torch.Tensor, settings: Settings):
+    """``generate(**sampler)``: a call that runs the sampler on ``prompt`` and returns (new tokens, NFE)."""
     base = dict(max_new_tokens=settings.new_tokens, steps=settings.steps, block_length=settings.block, seed=0)
     base.update(stop_at_eos=False, **dict(shape.token_ids))
 
@@ -128,16 +136,26 @@ def _diffusion_rows(network, shape: Shape, prompt: torch.Tensor, settings: Setti
 
         return call
 
+    return generate
+
+
+def _diffusion_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings) -> list[Row]:
+    batch = prompt.shape[0]
+    generate = _diffusion_call(network, shape, prompt, settings)
     rows = []
     for name, sampler in SAMPLERS.items():
         if shape.block_causal and sampler.get("kv_cache") == "dual":
             continue  # a block-causal model's cache is the exact prefix cache
         rows.append(_row(settings, shape.name, batch, name, generate(**sampler)))
-    if torch.device(settings.device).type == "cuda":
-        rows += _cuda_graph_rows(settings, shape, batch, generate, rows)
     if shape.block_causal and batch == 1:
         rows += _llada2_rows(network, shape, prompt, settings)
     return rows
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> Optional[int]:
+    """The first new-token position where any row of ``a`` and ``b`` differ (None when equal)."""
+    differ = (a != b).any(dim=0).nonzero()
+    return int(differ[0]) if len(differ) else None
 
 
 def _cuda_graph_rows(settings: Settings, shape: Shape, batch: int, generate, eager: list[Row]) -> list[Row]:
@@ -151,9 +169,11 @@ def _cuda_graph_rows(settings: Settings, shape: Shape, batch: int, generate, eag
         row = _row(
             settings, shape.name, batch, name, generate(kv_cache=cache, compile_forward=True, compile_config=graphs)
         )
-        same = next(r for r in eager if r.sampler == CACHE_ROWS[cache])
-        if row.tokens is not None and same.tokens is not None:
-            row.tokens_equal = bool(torch.equal(row.tokens, same.tokens))
+        same = next((r for r in eager if (r.model, r.batch, r.sampler) == (shape.name, batch, CACHE_ROWS[cache])), None)
+        if row.tokens is not None and same is not None and same.tokens is not None:
+            at = first_difference(row.tokens, same.tokens)
+            row.tokens_equal = at is None
+            row.note = row.note or ("" if at is None else f"first differs at new token {at} of {row.tokens.shape[1]}")
         rows.append(row)
     return rows
 
