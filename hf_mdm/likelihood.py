@@ -7,6 +7,10 @@ adds each masked token's log-probability weighted by T / m_j; the estimate is mi
 computes it for many requests at once (rows of all requests batched together), with random numbers seeded by each
 request's tokens, so a request's estimate does not depend on its batch or on the process that scores it.
 
+`left_to_right_log_probs` is exact: the log-likelihood of whole sequences under one stated decoding law of the
+model, one token a step from left to right at temperature 1 (for an autoregressive model, its own law), so it can be
+set beside an autoregressive model's exact NLL, where the ELBO, a bound, cannot.
+
 `greedy_matches` is LLaDA's ``suffix_greedy_prediction``: the continuation, fully masked and revealed one token per
 step (most confident first, temperature 0), must come out exactly (lm-eval's ``is_greedy``).
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -161,3 +166,32 @@ def greedy_matches(
         for row, (_, continuation) in zip(output.tolist(), batch):
             matches.append(row[width - len(continuation) :] == continuation)
     return matches
+
+
+def left_to_right_log_probs(model: Any, sequences: torch.Tensor, batch_size: int = 4096) -> torch.Tensor:
+    """(n,) float64: the exact log p(x) of each row of ``sequences`` (n, L) under decoding one token a step from
+    left to right at temperature 1 from the empty prompt: sum_i log p_theta(x_i | x_<i, [MASK] at i..L-1), p_theta
+    the softmax of the logits with [MASK] removed (what `diffusion_generate` draws from
+    with ``transfer="deterministic"``, ``strategy="left_to_right"``, ``steps=L``), read at the position the family's
+    logits shift names (hidden state i - shift, at least 0). One canvas per position, ``batch_size`` canvases a
+    forward; block-causal models attend as their config says."""
+    from .generation_denoiser import logits_shift_of
+
+    n, length = sequences.shape
+    mask_id, shift = int(model.config.mask_token_id), logits_shift_of(model)
+    device = next(iter(model.parameters()), torch.empty(0)).device  # an oracle has no parameters: the CPU
+    positions = torch.arange(length)
+    canvases = sequences[:, None, :].expand(n, length, length).clone()  # canvas i of row r: x_<i, then [MASK]
+    canvases[:, positions[:, None] <= positions[None, :]] = mask_id
+    canvases, read = canvases.reshape(n * length, length), (positions - shift).clamp(min=0).repeat(n)
+    parts = []
+    with torch.no_grad():
+        for start in range(0, canvases.shape[0], batch_size):
+            x = canvases[start : start + batch_size].to(device)
+            logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits.double()
+            rows = torch.arange(x.shape[0], device=device)
+            picked = logits[rows, read[start : start + batch_size].to(device)]
+            picked[:, mask_id] = -math.inf
+            parts.append(torch.log_softmax(picked, dim=-1).cpu())
+    log_p = torch.cat(parts).gather(1, sequences.reshape(-1, 1)).squeeze(1)
+    return log_p.reshape(n, length).sum(1)

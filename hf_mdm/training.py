@@ -307,12 +307,40 @@ def train(trainer: Trainer, resume: bool = True) -> Any:
     return trainer.train(resume_from_checkpoint=last[0] if last is not None else None)
 
 
+def _attention_flops() -> dict:
+    """FLOP formulas for the CPU kernels of scaled-dot-product attention, which torch's ``FlopCounterMode`` does not
+    list (it counts the CUDA kernels): the same count as theirs, every product of the dense S x S score matrix
+    (2 products forward; backward 5: the scores recomputed, then the gradients of values, scores, queries and keys)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+
+
 def step_flops(
-    kind: str, vocab_size: int, length: int, size: Any = "tiny", batch_size: int = 1, block_size: Optional[int] = None
+    kind: str,
+    vocab_size: int,
+    length: int,
+    size: Any = "tiny",
+    batch_size: int = 1,
+    block_size: Optional[int] = None,
+    attn_implementation: str = "sdpa",
 ) -> int:
     """The FLOPs of one training step's forward and backward (the optimiser's update left out) for the model
     `build_trainer` makes with these arguments, on one batch of ``batch_size`` sequences of ``length``, counted by
-    torch's ``FlopCounterMode`` (every matrix product, attention included). The token values do not change it."""
+    torch's ``FlopCounterMode``: every matrix product, attention's included (``attn_implementation`` "sdpa", the
+    default of training, or "eager"). Attention is counted dense, S x S for S positions (2L for a block diffusion
+    model, whose objective reads the noisy and the clean copy side by side; the AR model's BOS + L), as the kernels
+    compute it under a mask; a causal kernel that skips masked tiles does less. The token values do not change it."""
     import tempfile
 
     from datasets import Dataset
@@ -324,8 +352,9 @@ def step_flops(
         trainer = build_trainer(
             kind, rows, rows, vocab_size=vocab_size, length=length, args=args, size=size, block_size=block_size
         )
+        trainer.model.set_attn_implementation(attn_implementation)
         batch = trainer.data_collator(list(rows))
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=_attention_flops()) as counter:
             trainer.compute_loss(trainer.model, batch).backward()
     return int(counter.get_total_flops())
 

@@ -11,15 +11,32 @@ from hf_mdm.experiments.budget import budget_plan, difference_verdict, equal_flo
 from hf_mdm.training import step_flops
 
 
-def test_step_flops_count_the_positions_each_objective_reads():
-    """AR reads BOS + L positions where the MDM reads L, so its step costs (L + 1) / L of the MDM's (same
-    dimensions); the block diffusion objective runs the noisy and the clean copy (2L positions) through the body,
-    so its step costs between 1.5 and 2 times the MDM's; FLOPs grow linearly in the batch."""
-    length = 8
-    mdm = step_flops("mdm", 16, length, "tiny", 4)
-    assert step_flops("ar", 16, length, "tiny", 4) / mdm == pytest.approx((length + 1) / length, rel=1e-3)
-    assert 1.5 < step_flops("mdm", 16, length, "tiny", 4, block_size=4) / mdm <= 2.0
-    assert step_flops("mdm", 16, length, "tiny", 8) == 2 * mdm
+def analytic_step_flops(positions: int, logits: int, batch: int, attention_products: int) -> int:
+    """One training step of the "tiny" size (hidden 64, 2 layers, 4 heads, MLP 192) over a vocabulary of 16 + 1, by
+    hand: per layer and position the q, k, v, o projections (4 d^2) and the gated MLP (3 d m), the LM head at
+    ``logits`` positions, each 2 FLOPs a multiply-add, forward and twice that backward; attention's dense S x S
+    products (each 2 S^2 d per layer) ``attention_products`` times: SDPA 2 forward + 5 backward (scores recomputed),
+    eager 2 + 4."""
+    d, layers, mlp, vocab = 64, 2, 192, 17
+    linear = 2 * batch * positions * layers * (4 * d * d + 3 * d * mlp) + 2 * batch * logits * d * vocab
+    return 3 * linear + attention_products * 2 * batch * positions**2 * d * layers
+
+
+@pytest.mark.parametrize("implementation, products", [("sdpa", 7), ("eager", 6)])
+@pytest.mark.parametrize("length, batch", [(8, 1), (16, 3)])
+def test_step_flops_equal_the_count_by_hand_attention_included(implementation, products, length, batch):
+    """The MDM reads L positions; block diffusion the noisy and the clean copy, 2L positions, its logits at the L
+    noisy ones; AR reads BOS + L. Attention's share grows with L, so the count per token does too."""
+    count = lambda *args: step_flops(*args, attn_implementation=implementation)
+    assert count("mdm", 16, length, "tiny", batch) == analytic_step_flops(length, length, batch, products)
+    block = count("mdm", 16, length, "tiny", batch, 4)
+    assert block == analytic_step_flops(2 * length, length, batch, products)
+    assert count("ar", 16, length, "tiny", batch) == analytic_step_flops(length + 1, length + 1, batch, products)
+
+
+def test_step_flops_per_token_grow_with_the_length_through_attention():
+    per_token = [step_flops("mdm", 16, length, "tiny") / length for length in (16, 128)]
+    assert per_token[1] > 1.2 * per_token[0]
 
 
 def test_budget_plan_gives_every_model_the_mdm_budget():

@@ -38,7 +38,8 @@ def test_summary_carries_the_equal_flops_verdict_only_where_the_data_support_it(
         text = report_summary(tmp_path)
         line = next(x for x in text.splitlines() if "at equal training FLOPs" in x)
         assert line.startswith(
-            "  - block diffusion (b = 4) at equal training FLOPs: validation NLL / entropy - 1 " + verdict
+            "  - block diffusion (b = 4) at equal training FLOPs: exact NLL / entropy - 1 (one token a step left to "
+            "right; AR: its own) " + verdict
         )
 
 

@@ -5,12 +5,13 @@ optimiser steps and one seed, so a block diffusion model, whose objective reads 
 by side (2L positions a sequence), spends about twice the MDM's compute there. Here every model of the language (AR,
 the MDM, b = L, and one block diffusion model per entry of ``block_sizes``, all of one size and batch) gets the same
 training FLOPs: those of ``budget_mdm_steps`` steps of the MDM, each model's steps being that budget over the FLOPs of
-its own step (`hf_mdm.training.step_flops`, counted by torch). Each model is trained once per seed of ``seeds`` (a new
-training sample, initialisation and masking draws each), then measured: the validation NLL per token over the
-language's entropy, minus 1 (for diffusion models the ELBO's bound), and the SER of ``num_samples`` samples decoded one
-token a step (the paper's sampler with one step per position: what errs is what the model learned; AR samples
-ancestrally). Over the seeds, each model's mean with its 95% Student-t interval, and its difference to the MDM paired by
-seed (one seed, one training sample) with its interval; a difference is called only where that interval excludes 0.
+its own step (`hf_mdm.training.step_flops`, counted by torch: every matrix product, attention's included). Each model
+is trained once per seed of ``seeds`` (a new training sample, initialisation and masking draws each), then judged by
+one decoding law (`hf_mdm.experiments.decoding`): one token a step from left to right (AR: ancestral), its exact NLL
+per token over the language's entropy, minus 1, on held-out sequences, and the SER of ``num_samples`` samples; the
+paper's sampler's SER at N = L and the ELBO's bound are shown beside them, without verdicts. Over the seeds, each
+model's mean with its 95% Student-t interval, and its difference to the MDM paired by seed (one seed, one training
+sample) with its interval; a difference is called only where that interval excludes 0.
 """
 
 from __future__ import annotations
@@ -25,11 +26,14 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from ..training import step_flops
-from .blocks_trained import AR, PAPER_SAMPLER, ar_cell, block_sizes, model_label
+from .blocks_trained import AR, block_sizes, model_label
 from .common import CellCache, language_name, make_language, trained_model
+from .decoding import ELBO_GAP, EXACT_GAP, LEARNED_SER, PAPER_SER, judged_cell
 
-#: The measured quantities over the seeds: (row key, name).
-QUANTITIES = (("gap", "validation NLL / entropy - 1"), ("ser", "SER, one token a step"))
+#: The judged quantities over the seeds, with verdicts: (row key, name).
+QUANTITIES = (EXACT_GAP, LEARNED_SER)
+#: Shown beside them, means only: the paper's sampler's own SER and the ELBO's bound (no AR value; no verdict).
+BESIDE = (PAPER_SER, ELBO_GAP)
 MDM = "MDM"
 
 
@@ -61,7 +65,7 @@ def equal_flops_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
     for seed in tqdm(section["seeds"], desc="block sizes at equal FLOPs", leave=False):
         for model in plan:
             cell = cache.get(
-                f"equal_flops|{model['model']}|seed {seed}|{digest}",
+                f"equal_flops3|{model['model']}|{model['steps']} steps|seed {seed}|{digest}",
                 lambda: _train_and_measure(language, name, section, model, seed, out),
             )
             rows.append({"language": name, "length": section["length"], "seed": seed, **model, **cell})
@@ -69,25 +73,14 @@ def equal_flops_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
 
 
 def _train_and_measure(language: Any, name: str, section: dict, model: dict, seed: int, out: Path) -> dict:
-    from .blocks import measure  # the oracle's measurement, applied to a trained model
-
     length, block, steps = section["length"], model["block"], model["steps"]
     kind = "ar" if block is None else "mdm"
     extra = {} if block in (None, length) else {"block_size": block}
     overrides = {"seed": seed, "max_steps": steps, "ar_max_steps": steps, **extra}
     trained = trained_model(kind, language, length, section, out, f"{name}-flops", overrides)
-    measured = {"num_samples": section["num_samples"], "seed": seed, "batch_size": section.get("batch_size", 256)}
-    if block is None:
-        cell = ar_cell(trained["ar"], language, {**measured, "length": length})
-    else:
-        cell = measure(trained["mdm"], language, length, block, {**PAPER_SAMPLER, "steps_per_block": block}, measured)
     batch = section["training"]["batch_size"]
     return {
-        "gap": float(trained[f"{kind}_gap"]),
-        "nll": float(trained[f"{kind}_nll"]),
-        "ser": cell["ser"],
-        "ser_ci_low": cell["ser_ci_low"],
-        "ser_ci_high": cell["ser_ci_high"],
+        **judged_cell(kind, trained, language, section, seed, block),
         "sequences": steps * batch,
         "tokens": steps * batch * length,
         "flops": steps * model["step_flops"],
@@ -117,11 +110,12 @@ def equal_flops_summary(rows: list[dict]) -> list[dict]:
         first = next(iter(by_seed[model].values()))
         entry = {k: first[k] for k in ("model", "steps", "sequences", "tokens", "flops")}
         entry["seeds"] = len(by_seed[model])
-        for key, _ in QUANTITIES:
-            entry[key], entry[f"{key}_low"], entry[f"{key}_high"] = mean_interval(
-                [r[key] for r in by_seed[model].values()]
-            )
-            if model != mdm:
+        for key, _ in QUANTITIES + BESIDE:
+            values = [r[key] for r in by_seed[model].values() if r.get(key) is not None]
+            if not values:
+                continue
+            entry[key], entry[f"{key}_low"], entry[f"{key}_high"] = mean_interval(values)
+            if model != mdm and (key, _) in QUANTITIES:
                 differences = [by_seed[model][s][key] - by_seed[mdm][s][key] for s in seeds]
                 entry[f"d_{key}"], entry[f"d_{key}_low"], entry[f"d_{key}_high"] = mean_interval(differences)
         summary.append(entry)
@@ -140,6 +134,13 @@ def difference_verdict(entry: dict, key: str, name: str, reference: str = "the M
     return f"{name} not resolved from {reference} ({described}; the interval contains 0)"
 
 
+def beside_cell(entry: dict, key: str, digits: int = 3) -> str:
+    """A shown-beside quantity's mean and interval, or "-" where the model has none (AR)."""
+    if key not in entry:
+        return "-"
+    return f"{entry[key]:+.{digits}f} [{entry[f'{key}_low']:+.{digits}f}, {entry[f'{key}_high']:+.{digits}f}]"
+
+
 def equal_flops_text(section: dict, rows: list[dict]) -> str:
     """The markdown of the comparison: set-up, the table over the seeds, one finding per model against the MDM."""
     summary = equal_flops_summary(rows)
@@ -147,17 +148,24 @@ def equal_flops_text(section: dict, rows: list[dict]) -> str:
         f"Block sizes at equal training FLOPs ({rows[0]['language']}, L = {section['length']}, size "
         f"{section['training']['size']!r}, batch {section['training']['batch_size']}): every model gets the FLOPs of "
         f"{section['budget_mdm_steps']} MDM steps (each step's forward and backward counted by torch's "
-        f"FlopCounterMode), trained once per seed of {section['seeds']} (a new sample, initialisation and masking "
-        f"each); SER from {section['num_samples']} samples per seed decoded one token a step. Means over the seeds "
-        "with 95% Student-t intervals; differences to the MDM paired by seed.",
+        "FlopCounterMode: every matrix product, attention's included, dense over the S x S scores for S positions, "
+        f"2L for block diffusion), trained once per seed of {section['seeds']} (a new sample, initialisation and "
+        "masking each). Every model is judged by one decoding law, one token a step from left to right (exact for "
+        "the oracle: SER 0; for AR its ancestral sampling): its exact NLL per token on "
+        f"{section.get('nll_sequences', 1024)} held-out sequences and the SER of {section['num_samples']} samples per "
+        "seed. Beside them, without verdicts: the paper's sampler's SER at N = L (a random number of tokens a step, "
+        "so part of its error is the sampler's) and the ELBO's upper bound. Means over the seeds with 95% Student-t "
+        "intervals; differences to the MDM paired by seed.",
         "",
-        "| model | steps | tokens | training FLOPs | NLL / entropy - 1 | 95% CI | SER | 95% CI |",
-        "| --- " * 8 + "|",
+        "| model | steps | tokens | training FLOPs | exact NLL / entropy - 1 | 95% CI | SER, left to right | 95% CI "
+        "| SER, paper's sampler (N = L) | ELBO bound / entropy - 1 |",
+        "| --- " * 10 + "|",
     ]
     for e in summary:
         lines.append(
             f"| {e['model']} | {e['steps']} | {e['tokens']:,} | {e['flops']:.2e} | {e['gap']:+.4f} | "
-            f"[{e['gap_low']:+.4f}, {e['gap_high']:+.4f}] | {e['ser']:.3f} | [{e['ser_low']:.3f}, {e['ser_high']:.3f}] |"
+            f"[{e['gap_low']:+.4f}, {e['gap_high']:+.4f}] | {e['ser']:.3f} | [{e['ser_low']:.3f}, {e['ser_high']:.3f}] "
+            f"| {beside_cell(e, 'ser_paper')} | {beside_cell(e, 'elbo_gap', 4)} |"
         )
     lines.append("")
     for e in (e for e in summary if "d_gap" in e):

@@ -14,6 +14,7 @@ from pathlib import Path
 #: The experiment-level sizes of a miniature: only keys the preset has are replaced.
 MINIATURE = {
     "num_samples": 16,
+    "nll_sequences": 8,
     "lengths": [8, 16],
     "train_length": 8,
     "steps": [2, 8],
