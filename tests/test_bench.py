@@ -198,7 +198,8 @@ def test_peers_bench_quick_run_times_every_peer_on_equal_tokens(tmp_path):
 
 def test_sft_memory_bench_runs_each_kind_and_its_losses_agree():
     """The SFT memory table's runs, in this process at the quick shape: hf_mdm's loss (LM head at the masked positions)
-    is the loss read off every position's logits, and the table puts each run beside AR."""
+    is the loss read off every position's logits, AR's with the LM head at the scored positions is transformers',
+    the mask draw masks its expected counts within the tolerance, and the table puts each run beside both AR runs."""
     import bench_sft_memory as sft
 
     args = sft.parse(["--quick"])
@@ -208,6 +209,16 @@ def test_sft_memory_bench_runs_each_kind_and_its_losses_agree():
         ours = sft.loss_of("mdm", model, batch)
         every = sft.loss_of("mdm_all_logits", model, batch)
     assert float(ours) == pytest.approx(float(every), rel=1e-5)
+    draw = sft.mask_draw(args)
+    scored = batch["labels"] != -100
+    assert int(scored.sum()) == draw["masked"] and int(scored.sum(1).max()) == draw["longest"]
+    for value, expected in [(draw["masked"], draw["expected"]), (draw["given_times"], draw["expected"])]:
+        assert abs(value - expected) <= max(sft.TOLERANCE * expected, 1.0)
+    assert abs(draw["longest"] - draw["expected_longest"]) <= max(sft.TOLERANCE * draw["expected_longest"], 1.0)
+    ar, ar_batch = sft.build("ar", args), sft.batch_of("ar", args)
+    with torch.no_grad():
+        whole, at_scored = sft.loss_of("ar", ar, ar_batch), sft.loss_of("ar_scored", ar, ar_batch)
+    assert float(at_scored) == pytest.approx(float(whole), rel=1e-5)
     rows = [
         dict(kind=kind, lora=lora, checkpointing=False, **sft.run_one(kind, lora, False, args))
         for lora in (False, True)
@@ -216,4 +227,6 @@ def test_sft_memory_bench_runs_each_kind_and_its_losses_agree():
     assert all(row["added_mb"] >= 0 and row["s_per_step"] > 0 for row in rows)
     table = sft.markdown(args, rows)
     assert table.count("| AR (Llama, transformers' loss) |") == 2
+    assert table.count("| AR (Llama, LM head at the scored positions) |") == 2
     assert table.count("| MDM, hf_mdm (LM head at the masked positions) |") == 2
+    assert all(line.count("|") == 10 for line in table.splitlines() if line.startswith("| MDM"))  # both AR ratios
