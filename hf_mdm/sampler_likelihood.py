@@ -15,8 +15,11 @@ with P the law of the grouping (`RevealLaw`) and p_theta the denoiser's token la
   canvas ((V + 1)^L forwards): exact, for small L (the Fubini number of ordered partitions grows fast);
 - `estimate_sampler_log_probs`: for given x, a particle filter over the sampler's steps (`hf_mdm.sampler_smc`):
   each step summed out exactly given the positions revealed before it, resampling, several independent runs, and
-  the bias of the log removed from the runs' spread; its 95% intervals cover the exact value
-  (`evaluation/ter_calibration.py` measures it);
+  the bias of the log removed from the runs' spread. Whether its 95% intervals hold the exact value depends on
+  that spread: `evaluation/ter_calibration.py` measures their coverage against the runs' variance, on the chain
+  language's closed form and on enumeration, and `ESTIMATE_VARIANCE_LIMIT` (lower for a trained model's
+  pseudo-likelihood twist than for the language's exact one) is set where the calibration's groups of 16 sequences
+  stop reaching 90% coverage; above it the result is labelled an upper bound (of TER), not an estimate;
 - `prior_sampling_log_probs`: the log of a mean over groupings drawn from P itself, the baseline the calibration
   measures against: unbiased for p(x) inside the log, so E[-log p^(x)] >= -log p(x) (Jensen), by a gap that grows
   with L.
@@ -215,15 +218,18 @@ def estimate_sampler_log_probs(
     generator: Optional[torch.Generator] = None,
     batch_size: int = 4096,
     max_particles: int = MAX_PARTICLES,
+    exact_twist: bool = True,
 ) -> SMCEstimate:
-    """`SMCEstimate` of log p(x) for each row of ``x`` (B, L) under the sampler ``law`` with ``model`` as denoiser:
-    a twisted particle filter over the sampler's steps (`hf_mdm.sampler_smc`), ``num_replicates`` independent runs
-    per sequence, bias-corrected from the runs' spread (``.log_prob``), with the uncorrected stochastic lower bound
-    (``.log_prob_bound``), the per-sequence variance and whether the correction is trusted (``.reliable``). With
-    ``num_particles=None`` a pilot on the first rows chooses the particles (up to ``max_particles``) and the twist;
-    for the language's oracle (`OracleDenoiser`) the twist is the language's exact conditional."""
+    """`SMCEstimate` of log p(x) for each row of ``x`` (B, L) under the sampler ``law`` with ``model`` as
+    denoiser: a twisted particle filter over the sampler's steps (`hf_mdm.sampler_smc`), ``num_replicates``
+    independent runs per sequence, bias-corrected from the runs' spread (``.log_prob``), with the uncorrected
+    stochastic lower bound (``.log_prob_bound``), the per-sequence variance and whether the correction is trusted
+    (``.reliable``: the mean variance at most its twist's `ESTIMATE_VARIANCE_LIMIT`). With ``num_particles=None`` a
+    pilot on the first rows chooses the particles (up to ``max_particles``) and the twist; for the language's oracle
+    (`OracleDenoiser`) the twist is the language's exact conditional, unless ``exact_twist=False`` (the
+    pseudo-likelihood twist, as for a trained model)."""
     return smc_log_probs(
-        sampler_denoiser(model, vocab_size, x, batch_size),
+        sampler_denoiser(model, vocab_size, x, batch_size, exact_twist),
         law,
         x,
         int(model.config.mask_token_id),

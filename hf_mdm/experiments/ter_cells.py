@@ -28,7 +28,8 @@ TER_ESTIMATOR = (
     "twist is the language's exact conditional for the oracle, a pseudo-likelihood for a trained model), corrected "
     "for the bias of the log by half the runs' variance; its 95% interval is over the n sequences and carries the "
     "estimator's own noise. Its calibration is measured in evaluation/ter_calibration.py (coverage of the exact "
-    "value on the chain language's closed form and on enumeration). Where the runs' mean variance exceeds 1 nat^2 "
+    "value on the chain language's closed form and on enumeration, against the runs' variance). Where the runs' mean "
+    "variance exceeds the limit that calibration sets (0.5 nat^2 with the exact twist, 0.3 with a trained model's) "
     "the correction is not trusted and the cell shows an upper bound of TER instead (marked <=), which no finding "
     "uses."
 )
