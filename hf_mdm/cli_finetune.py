@@ -6,7 +6,9 @@ settings only).
 
     hf-mdm a2d --model Qwen/Qwen2.5-0.5B --output-dir runs/qwen-mdm [--block-size 32] [--logits-shift 1]
 
-Rerun the same sft command after a kill: it resumes from the newest readable checkpoint in ``--output-dir``. Under
+Rerun the same sft command after a kill or Ctrl-C: it resumes from the newest readable checkpoint in ``--output-dir``
+and ends with the weights the uninterrupted run would have (``--seed`` decides every random draw, LoRA's initial
+adapters included). Ctrl-C exits 130 with one line naming the checkpoint kept. Under
 ``accelerate launch`` every process runs it (data parallel); ``--deepspeed CONFIG.json`` or ``--fsdp "full_shard
 auto_wrap"`` shard a model that outgrows one device.
 """
@@ -14,20 +16,24 @@ auto_wrap"`` shard a model that outgrows one device.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any, Callable
 
 
 def load_model_and_tokenizer(name: str, dtype: str = "auto") -> tuple[Any, Any]:
     """hf_mdm's class for the checkpoint (MDM, LLaDA, Dream, LLaDA2.x: native, through the Auto class its config
-    maps to) and its tokenizer."""
+    maps to) and its tokenizer; a ValueError before loading weights when the config has no [MASK] id (an AR
+    Llama / Qwen2 is pointed to ``hf-mdm a2d``)."""
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
     import hf_mdm  # noqa: F401  (registers the native classes)
 
     from .checkpoints import check_local_path
+    from .finetune.trainer import require_mask_token
 
     check_local_path(name, "--model")
     config = AutoConfig.from_pretrained(name)
+    require_mask_token(config, name)
     for auto in (AutoModelForMaskedLM, AutoModelForCausalLM, AutoModel):
         if type(config) in auto._model_mapping:
             return auto.from_pretrained(name, dtype=dtype), AutoTokenizer.from_pretrained(name)
@@ -35,14 +41,32 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto") -> tuple[Any, Any]:
 
 
 def _sft(args: argparse.Namespace) -> int:
+    from transformers import set_seed
+
+    from .finetune import train_sft
+
+    _check_bf16(args.bf16)
+    set_seed(args.seed)  # before the model and its LoRA adapters are built: --seed decides their initial weights
+    trainer = None
+    try:
+        trainer = _sft_trainer(args)
+        result = train_sft(trainer)
+    except KeyboardInterrupt:
+        return _interrupted(args, trainer)
+    print(_summary(result, trainer.first_step, args.output_dir))
+    return 0
+
+
+def _sft_trainer(args: argparse.Namespace) -> Any:
     from transformers import TrainingArguments
 
-    from .finetune import apply_lora, checkpointing_argument, load_pairs, sft_trainer, tokenize_pairs, train_sft
+    from .finetune import apply_lora, checkpointing_argument, load_pairs, sft_trainer, tokenize_pairs
 
     model, tokenizer = load_model_and_tokenizer(args.model)
     pairs = tokenize_pairs(
-        load_pairs(args.data, args.split), tokenizer, args.max_length, args.prompt_column, args.response_column
-    )
+        load_pairs(args.data, args.split), tokenizer, args.max_length, args.prompt_column, args.response_column,
+        source=args.data,
+    )  # fmt: skip
     if args.gradient_checkpointing:
         model.config.use_cache = False
     if args.lora:
@@ -55,20 +79,69 @@ def _sft(args: argparse.Namespace) -> int:
         **{checkpointing: args.gradient_checkpointing}, seed=args.seed, report_to="none",
         deepspeed=args.deepspeed, fsdp=args.fsdp or "", lr_scheduler_type="linear", warmup_steps=args.warmup_steps,
     )  # fmt: skip
-    trainer = sft_trainer(model, pairs, training, tokenizer.eos_token_id, seed=args.seed, processing_class=tokenizer)
-    result = train_sft(trainer)
-    print(f"trained {result.global_step} steps, final loss {result.training_loss:.4f}; saved to {args.output_dir}")
-    return 0
+    return sft_trainer(model, pairs, training, tokenizer.eos_token_id, seed=args.seed, processing_class=tokenizer)
+
+
+def _check_bf16(bf16: bool) -> None:
+    """``--bf16`` refused up front where transformers would refuse it (no GPU with bfloat16), in this CLI's words."""
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    if bf16 and not (is_torch_bf16_gpu_available() or is_torch_xla_available()):
+        raise ValueError("--bf16 needs a GPU with bfloat16 support and there is none here: run without --bf16")
+
+
+def _interrupted(args: argparse.Namespace, trainer: Any) -> int:
+    """Ctrl-C: one line naming the checkpoint kept (what rerunning the same command resumes from), after the
+    progress bar; exit 130."""
+    import warnings
+
+    from transformers.trainer_callback import ProgressCallback
+
+    from .checkpoints import resumable_checkpoint
+
+    for callback in trainer.callback_handler.callbacks if trainer is not None else ():
+        if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+            callback.training_bar.close()
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always")
+        kept = resumable_checkpoint(args.output_dir)
+    plural = "s" if len(skipped) > 1 else ""
+    cut = f" (skipping {len(skipped)} newer checkpoint folder{plural} whose save was cut short)" if skipped else ""
+    if kept is None:
+        message = (
+            f"interrupted before the first checkpoint (one every --save-steps {args.save_steps} steps){cut}: no "
+            f"checkpoint is kept in {args.output_dir}; rerunning the same command starts from step 0"
+        )
+    else:
+        message = f"interrupted: {kept[0]} (step {kept[1]}) is kept{cut}; rerun the same command to resume from it"
+    print(message, file=sys.stderr)
+    return 130
+
+
+def _summary(result: Any, first_step: int, output_dir: str) -> str:
+    """The closing line: the step reached and what the loss averages (the steps this run trained)."""
+    last = result.global_step
+    if first_step >= last:
+        return f"already at step {last}, nothing left to train; saved to {output_dir}"
+    steps = (
+        f"steps 1-{last}"
+        if first_step == 0
+        else f"steps {first_step + 1}-{last} (this run, resumed at step {first_step})"
+    )
+    return f"trained to step {last}; mean loss {result.training_loss:.4f} over {steps}; saved to {output_dir}"
 
 
 def _a2d(args: argparse.Namespace) -> int:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    import hf_mdm  # noqa: F401  (registers hf_mdm's configs, named when refused)
 
     from .checkpoints import check_local_path
     from .fileio import write_directory_atomic
-    from .finetune.a2d import convert_to_mdm
+    from .finetune.a2d import check_convertible, convert_to_mdm
 
     check_local_path(args.model, "--model")
+    check_convertible(AutoConfig.from_pretrained(args.model), args.model)
     ar = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     if tokenizer.mask_token is None:

@@ -1,6 +1,7 @@
 """Supervised fine-tuning (`hf_mdm.finetune`, ``hf-mdm sft``): LLaDA's SFT loss against a hand computation, the
 block-diffusion form against its block-by-block definition, LoRA and gradient checkpointing on every class, and the
-command end to end with a resume after a kill."""
+command end to end: a resume after a kill, a resume after Ctrl-C that ends with the uninterrupted run's weights, and
+LoRA adapters decided by the seed alone."""
 
 from __future__ import annotations
 
@@ -160,6 +161,18 @@ def test_lora_with_gradient_checkpointing_trains_only_the_adapters(models, name,
     assert moved, "the adapters did not train"
 
 
+def test_evaluation_leaves_the_training_stream_where_it_is(tmp_path):
+    """An evaluation during training draws from its own copy of the collator: the same masks every time, and the
+    training batches after it are the ones a run without evaluation draws (a resume reproduces both)."""
+    model = tiny_mdm(vocab_size=64, mask_token_id=63)
+    dataset = rows(seed=8, count=8, vocab=63)
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, per_device_eval_batch_size=4)
+    trainer = sft_trainer(model, dataset, args, EOS, eval_dataset=dataset, seed=0)
+    trainer.data_collator(dataset[:4])
+    first, second = trainer.evaluate()["eval_loss"], trainer.evaluate()["eval_loss"]
+    assert first == second and trainer.data_collator.batches == 1
+
+
 def write_pairs(path: Path, count: int = 24) -> Path:
     with open(path, "w") as handle:
         for i in range(count):
@@ -200,10 +213,83 @@ def test_sft_command_end_to_end_resumes_after_a_kill(tiny_checkpoint, tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert f"(step {done})" in resumed.stdout and f"trained {done + 4} steps" in resumed.stdout
+    assert f"(step {done})" in resumed.stdout and f"trained to step {done + 4};" in resumed.stdout
     state = json.loads((out / f"checkpoint-{done + 4}" / "trainer_state.json").read_text())
     assert state["global_step"] == done + 4
     assert (out / "model.safetensors").exists() and (out / "config.json").exists()
+
+
+def run_sft(model: Path, data: Path, out: Path, *extra: str) -> int:
+    """``hf-mdm sft`` in this process: 8 steps over 24 pairs (6 batches an epoch), a checkpoint every 2."""
+    from hf_mdm.cli import main
+
+    return main([
+        "sft", "--model", str(model), "--data", str(data), "--output-dir", str(out), "--batch-size", "4",
+        "--max-length", "48", "--save-steps", "2", "--max-steps", "8", "--lr", "1e-3", *extra,
+    ])  # fmt: skip
+
+
+def interrupt_at(monkeypatch, step: int) -> None:
+    """Ctrl-C (a KeyboardInterrupt) at the start of optimizer step ``step + 1``."""
+    from hf_mdm.finetune import SFTTrainer
+
+    original = SFTTrainer.training_step
+
+    def training_step(self, *args, **kwargs):
+        if self.state.global_step == step:
+            raise KeyboardInterrupt
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SFTTrainer, "training_step", training_step)
+
+
+def trained_weights(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    adapter = out / "adapter_model.safetensors"
+    return load_file(adapter if adapter.exists() else out / "model.safetensors")
+
+
+def test_lora_runs_with_one_seed_train_the_same_adapters(tiny_checkpoint, tmp_path):
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    torch.manual_seed(1)  # the global stream before each run differs: the seed alone must decide
+    assert run_sft(tiny_checkpoint, data, tmp_path / "a", "--lora", "--max-steps", "2") == 0
+    assert run_sft(tiny_checkpoint, data, tmp_path / "b", "--lora", "--max-steps", "2") == 0
+    first, second = trained_weights(tmp_path / "a"), trained_weights(tmp_path / "b")
+    assert first.keys() == second.keys() and any("lora_A" in key for key in first)
+    for key in first:
+        assert torch.equal(first[key], second[key]), key
+    assert run_sft(tiny_checkpoint, data, tmp_path / "c", "--lora", "--max-steps", "2", "--seed", "1") == 0
+    assert not all(torch.equal(first[key], value) for key, value in trained_weights(tmp_path / "c").items())
+
+
+@pytest.mark.parametrize(
+    "extra, stop",
+    [((), 5), (("--lora",), 7), (("--grad-accum", "2"), 5)],
+    ids=["mid-epoch", "lora-at-an-epoch-end", "accumulation"],
+)
+def test_a_run_resumed_after_ctrl_c_ends_with_the_uninterrupted_runs_weights(
+    tiny_checkpoint, tmp_path, monkeypatch, capsys, extra, stop
+):
+    """Interrupted after a checkpoint and rerun, a run trains what the uninterrupted run trained: the collator's
+    masks and times and the Trainer's random stream (LoRA's dropout) continue where the checkpoint left them."""
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    assert run_sft(tiny_checkpoint, data, tmp_path / "whole", *extra) == 0
+    whole = capsys.readouterr().out
+    assert "mean loss" in whole and "over steps 1-8;" in whole
+    interrupt_at(monkeypatch, stop)
+    assert run_sft(tiny_checkpoint, data, tmp_path / "cut", *extra) == 130
+    kept = stop - stop % 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"checkpoint-{kept}" in message and "rerun the same command to resume" in message
+    monkeypatch.undo()
+    assert run_sft(tiny_checkpoint, data, tmp_path / "cut", *extra) == 0
+    resumed = capsys.readouterr().out
+    assert f"(step {kept})" in resumed and f"over steps {kept + 1}-8 (this run, resumed at step {kept})" in resumed
+    expected, got = trained_weights(tmp_path / "whole"), trained_weights(tmp_path / "cut")
+    assert expected.keys() == got.keys()
+    for key in expected:
+        assert torch.equal(expected[key], got[key]), (key, float((expected[key] - got[key]).abs().max()))
 
 
 def test_sft_command_errors_say_what_to_change(tiny_checkpoint, tmp_path):

@@ -29,9 +29,22 @@ import torch
 from ..configuration_mdm import MDMConfig
 from ..modeling_mdm import MDMForMaskedDiffusion
 
-__all__ = ["a2d_config", "convert_to_mdm", "CONVERTIBLE"]
+__all__ = ["a2d_config", "convert_to_mdm", "check_convertible", "CONVERTIBLE"]
 
 CONVERTIBLE = ("llama", "qwen2")
+
+
+def check_convertible(config: Any, name: str = "the checkpoint") -> None:
+    """A one-line ValueError naming what ``config`` is and what A2D takes, unless it is a Llama or Qwen2 config."""
+    model_type = getattr(config, "model_type", None)
+    if model_type in CONVERTIBLE:
+        return
+    diffusion = getattr(config, "mask_token_id", None) is not None
+    advice = "it is a diffusion model already: fine-tune it with `hf-mdm sft`" if diffusion else "pass one of those"
+    raise ValueError(
+        f"A2D converts autoregressive Llama and Qwen2 checkpoints (model_type 'llama', 'qwen2'); {name} has "
+        f"model_type {model_type!r} ({type(config).__name__}): {advice}"
+    )
 
 
 def _rope_theta(config: Any) -> float:
@@ -51,8 +64,7 @@ def a2d_config(
     ar_config: Any, mask_token_id: Optional[int] = None, block_size: Optional[int] = None, logits_shift: int = 1
 ) -> MDMConfig:
     """The `MDMConfig` of the converted model (see the module docstring)."""
-    if getattr(ar_config, "model_type", None) not in CONVERTIBLE:
-        raise ValueError(f"A2D converts {list(CONVERTIBLE)} checkpoints, got model_type {ar_config.model_type!r}")
+    check_convertible(ar_config)
     heads = ar_config.num_attention_heads
     head_dim = getattr(ar_config, "head_dim", None) or ar_config.hidden_size // heads
     if head_dim * heads != ar_config.hidden_size:

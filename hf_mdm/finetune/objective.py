@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -43,7 +44,9 @@ class SFTCollator:
             longest (``pad_token_id`` instead, when given: padding then leaves the loss and attention).
         block_size: None for one time per row, else one time per block of this many positions (block diffusion).
         eps: times are drawn in [eps, 1] (the weight 1/t stays finite).
-        seed: the collator's own generator (times and masks), for reproducible runs.
+        seed: the collator's own random stream (times and masks), for reproducible runs: batch k draws from a
+            generator seeded with (seed, k), k counted in ``batches``, so a run resumed at batch k (`SFTTrainer`
+            sets ``batches`` on resume) draws what the uninterrupted run drew. None: torch's global stream.
 
     Returns ``input_ids`` x_t (B, L), ``clean_ids`` x_0, ``labels`` (x_0 at the masked response positions, -100
     elsewhere), ``p_mask`` (B, L) each position's masking probability (its time), ``answer_lengths`` (B,) and, with
@@ -56,27 +59,27 @@ class SFTCollator:
     eps: float = 1e-3
     pad_token_id: Optional[int] = None
     seed: Optional[int] = None
-    _generator: Optional[torch.Generator] = field(default=None, init=False, repr=False)
+    batches: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not 0 < self.eps < 1:
             raise ValueError(f"eps must be in (0, 1), got {self.eps}")
         if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
             raise ValueError(f"block_size must be an integer >= 1 or None, got {self.block_size!r}")
-        if self.seed is not None:
-            self._generator = torch.Generator().manual_seed(self.seed)
 
     def __call__(self, features: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
         x0, real, response = self._pad(features)
         if bool((x0 == self.mask_token_id).any()):
             raise ValueError(f"a row holds the mask token id {self.mask_token_id}: the data must not contain [MASK]")
         bsz, length = x0.shape
+        generator = self._next_generator()
         if self.block_size is None:
-            p_mask = self._times(bsz)[:, None].expand(bsz, length)
+            p_mask = self._times(bsz, generator)[:, None].expand(bsz, length)
         else:
             blocks = -(-length // self.block_size)
-            p_mask = self._times(bsz * blocks).view(bsz, blocks)[:, torch.arange(length) // self.block_size]
-        masked = (torch.rand(x0.shape, generator=self._generator) < p_mask) & response
+            times = self._times(bsz * blocks, generator).view(bsz, blocks)
+            p_mask = times[:, torch.arange(length) // self.block_size]
+        masked = (torch.rand(x0.shape, generator=generator) < p_mask) & response
         batch = {
             "input_ids": x0.masked_fill(masked, self.mask_token_id),
             "clean_ids": x0,
@@ -88,8 +91,17 @@ class SFTCollator:
             batch["attention_mask"] = real.long()
         return batch
 
-    def _times(self, n: int) -> torch.Tensor:
-        return self.eps + (1.0 - self.eps) * torch.rand(n, generator=self._generator)
+    def _next_generator(self) -> Optional[torch.Generator]:
+        """This batch's generator, seeded with (seed, batches so far) mixed into one 32-bit seed (what torch's CPU
+        generator reads); None without a seed."""
+        if self.seed is None:
+            return None
+        key = np.random.SeedSequence([self.seed % 2**64, self.batches]).generate_state(1)
+        self.batches += 1
+        return torch.Generator().manual_seed(int(key[0]))
+
+    def _times(self, n: int, generator: Optional[torch.Generator]) -> torch.Tensor:
+        return self.eps + (1.0 - self.eps) * torch.rand(n, generator=generator)
 
     def _pad(self, features: Sequence[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(x_0, real positions, response positions), each (B, L): rows padded at the end with EOS (a response

@@ -4,6 +4,10 @@ mixed precision (``bf16``), gradient checkpointing, gradient accumulation, multi
 ``accelerate launch``, DeepSpeed (``deepspeed=CONFIG``) and FSDP (``fsdp=...``) by configuration, checkpoints every
 ``save_steps`` that a killed run resumes from; and LoRA through PEFT (`apply_lora`).
 
+A resumed run trains what the uninterrupted run trained (the same weights, bit for bit): the Trainer restores its
+own random stream (dropout, LoRA's included) from the checkpoint, and `SFTTrainer` puts the collator's stream at the
+first batch after the checkpoint (the Trainer skips the batches before it without collating them).
+
 A block-causal model (``config.block_size``) is trained with the block-diffusion form of the objective; every other
 model with LLaDA's. Dream's logits shift is read from the family's facts: position j is scored from the logits at
 j - 1.
@@ -11,10 +15,12 @@ j - 1.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Optional
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_utils import has_length
 
 from ..families import attention_block_size
 from ..generation_denoiser import logits_shift_of
@@ -29,6 +35,8 @@ __all__ = [
     "train_sft",
     "base_model",
     "checkpointing_argument",
+    "batches_before",
+    "require_mask_token",
 ]
 
 
@@ -60,15 +68,52 @@ def sft_step_loss(model: Any, inputs: dict[str, torch.Tensor], block_size: Optio
 
 
 class SFTTrainer(Trainer):
-    """`transformers.Trainer` whose loss is `sft_step_loss` (``block_size``: the block-diffusion form)."""
+    """`transformers.Trainer` whose loss is `sft_step_loss` (``block_size``: the block-diffusion form).
+    ``first_step``: the step the last ``train()`` started from (a resumed run's checkpoint step, else 0)."""
 
     def __init__(self, *args: Any, block_size: Optional[int] = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.block_size = block_size
+        self.first_step = 0
+        self.add_callback(_CollatorAtTheStep(self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         loss = sft_step_loss(model, inputs, self.block_size)
-        return (loss, None) if return_outputs else loss
+        return (loss, {}) if return_outputs else loss  # no outputs beside the loss (evaluation reads the loss)
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        """The Trainer's evaluation, drawing from a fresh copy of the collator: every evaluation scores the same
+        masks, and the training stream stays where it is."""
+        training = self.data_collator
+        if isinstance(training, SFTCollator):
+            self.data_collator = dataclasses.replace(training)
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self.data_collator = training
+
+
+def batches_before(step: int, per_epoch: int, accumulation: int, skip_data: bool = True) -> int:
+    """The batches the Trainer has drawn before optimizer step ``step`` + 1: ``per_epoch`` an epoch (its last step
+    takes the remainder), ``accumulation`` a step; the partial epoch's not counted without ``skip_data`` (the
+    Trainer's ``ignore_data_skip``)."""
+    epochs, within = divmod(step, -(-per_epoch // accumulation))
+    return epochs * per_epoch + within * accumulation * skip_data
+
+
+class _CollatorAtTheStep(TrainerCallback):
+    """At the start of ``train()``: records the step it starts from and sets an `SFTCollator`'s batch count to the
+    batches drawn before it, so that a resumed run draws the uninterrupted run's masks and times."""
+
+    def __init__(self, trainer: SFTTrainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs):
+        self.trainer.first_step = state.global_step
+        collator = self.trainer.data_collator
+        if isinstance(collator, SFTCollator) and train_dataloader is not None and has_length(train_dataloader):
+            accumulation, skip = args.gradient_accumulation_steps, not args.ignore_data_skip
+            collator.batches = batches_before(state.global_step, len(train_dataloader), accumulation, skip)
 
 
 def checkpointing_argument() -> str:
@@ -91,6 +136,32 @@ def apply_lora(model: Any, r: int = 16, alpha: int = 32, dropout: float = 0.05, 
     return get_peft_model(model, config)
 
 
+def require_mask_token(config: Any, name: Optional[str] = None) -> None:
+    """A ValueError saying what to do when ``config`` (of the checkpoint ``name``, when given) has no
+    ``mask_token_id``: an autoregressive Llama / Qwen2 is converted with A2D first; any other model needs its [MASK]
+    id in its config."""
+    if getattr(config, "mask_token_id", None) is not None:
+        return
+    from .a2d import CONVERTIBLE
+
+    model_type = getattr(config, "model_type", None)
+    what = name or "the model"
+    if model_type in CONVERTIBLE:
+        command = (
+            f"`hf-mdm a2d --model {name} --output-dir DIR`, then fine-tune DIR"
+            if name
+            else "hf_mdm.finetune.convert_to_mdm (`hf-mdm a2d`)"
+        )
+        raise ValueError(
+            f"{what} is an autoregressive {model_type} model (no [MASK] token): convert it first with {command}"
+        )
+    raise ValueError(
+        f"{what} (model_type {model_type!r}) has no mask_token_id in its config: SFT fine-tunes masked diffusion "
+        "models (MDM, LLaDA, Dream, LLaDA2.x); convert an autoregressive Llama or Qwen2 with `hf-mdm a2d` first, or "
+        "set mask_token_id in its config.json to the tokenizer's [MASK] id"
+    )
+
+
 def sft_trainer(
     model: Any,
     train_dataset: Any,
@@ -101,12 +172,13 @@ def sft_trainer(
     processing_class: Any = None,
 ) -> SFTTrainer:
     """An `SFTTrainer` for ``model`` on tokenised pairs (`hf_mdm.finetune.data.tokenize_pairs`), its collator built
-    from the model's [MASK] id and block size; ``args`` keeps the dataset's ``prompt_length`` column."""
+    from the model's [MASK] id and block size and seeded with ``seed`` (``args.seed`` when None); ``args`` keeps
+    the dataset's ``prompt_length`` column."""
     config = base_model(model).config
-    if getattr(config, "mask_token_id", None) is None:
-        raise ValueError("the model config has no mask_token_id: set config.mask_token_id (e.g. 126336 for LLaDA)")
+    require_mask_token(config)
     args.remove_unused_columns = False  # prompt_length is not a forward argument, the collator reads it
     block_size = attention_block_size(base_model(model))
+    seed = args.seed if seed is None else seed
     collator = SFTCollator(config.mask_token_id, eos_token_id, block_size=block_size, seed=seed)
     return SFTTrainer(
         model=model, args=args, train_dataset=train_dataset, eval_dataset=eval_dataset, data_collator=collator,
