@@ -22,15 +22,40 @@ BENCH_RELATION = (
 def _run_experiment(name: str, config_dir: Path, output_dir: Path, full: bool) -> dict:
     from .experiments import load_preset, run_experiment
 
-    path = config_dir / f"{name}.yaml"
-    if not path.exists():
-        raise ValueError(f"no experiment config {path}: run from the repository root or pass --config-dir")
+    path = check_config(config_dir / f"{name}.yaml")
     experiment, preset = load_preset(path, full=full)
     return run_experiment(experiment, preset, output_dir)
 
 
+def check_config(path: Path) -> Path:
+    """``path``, an experiment config that exists and reads as YAML with its sections; else a one-line ValueError
+    naming the file and what to change (the line and column where its YAML breaks)."""
+    import yaml
+
+    from .experiments import load_preset
+
+    if not path.exists():
+        raise ValueError(f"no experiment config {path}: run from the repository root or pass --config-dir")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML{_where(err)}: fix the indentation or syntax there") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: an experiment config is a YAML mapping with experiment:, quick: and full: sections")
+    load_preset(path)  # its sections
+    return path
+
+
+def _where(err: Exception) -> str:
+    """Where a YAML error is and what it is: `` at line L, column C (problem)``."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{where} ({getattr(err, 'problem', None) or str(err).splitlines()[0]})"
+
+
 def _bench(args: argparse.Namespace) -> int:
     """The ``wallclock`` experiment alone; cells already in its cache are reused, and the output says so."""
+    check_config(Path(args.config_dir) / "wallclock.yaml")
     output_dir = Path(args.output_dir)
     cache = output_dir / "cache" / "wallclock.json"
     if cache.exists():
@@ -104,6 +129,8 @@ def _reproduce(args: argparse.Namespace) -> int:
 
     output_dir = Path(args.output_dir)
     names = list(args.only or EXPERIMENT_CONFIGS)
+    for name in names:  # every config read before the first experiment starts
+        check_config(Path(args.config_dir) / f"{name}.yaml")
     progress = _Progress(names)
     seconds = _run_side_by_side([n for n in names if n != "wallclock"], args, progress)
     if "wallclock" in names:  # alone, so that nothing else competes for the cores while it times

@@ -133,8 +133,7 @@ def _score(args: argparse.Namespace) -> int:
     from .languages import load_language
     from .metrics import GenerativePerplexity, SequenceErrorRate
 
-    payload = json.loads(Path(args.samples).read_text())
-    samples = payload["samples"] if isinstance(payload, dict) else payload
+    samples = read_samples(Path(args.samples))
     language = load_language(args.language)
     gen = GenerativePerplexity().compute(
         predictions=samples, language=language, skip_out_of_support=args.skip_out_of_support
@@ -142,6 +141,43 @@ def _score(args: argparse.Namespace) -> int:
     ser = SequenceErrorRate().compute(predictions=samples, language=language)
     print(json.dumps(_json_scores({**gen, **ser}, args.skip_out_of_support), indent=1, allow_nan=False))
     return 0
+
+
+def read_samples(path: Path) -> list:
+    """The samples of a file ``hf-mdm sample --output`` wrote (``{"samples": [[ids], ...], ...}``) or a JSON list of
+    id lists; a ValueError naming the file (and the line and column of invalid JSON) for anything else."""
+    payload = _read_json(path, "--samples")
+    if isinstance(payload, dict) and "samples" not in payload:
+        keys = ", ".join(map(repr, payload)) or "none"
+        raise ValueError(
+            f"--samples {path}: no `samples` key (its keys: {keys}): pass the file hf-mdm sample --output wrote, "
+            "or a JSON list of token-id lists"
+        )
+    samples = payload["samples"] if isinstance(payload, dict) else payload
+    if not isinstance(samples, list):
+        raise ValueError(
+            f"--samples {path}: the samples are of type {type(samples).__name__}, not a list of token-id lists"
+        )
+    bad = next((i for i, row in enumerate(samples) if not isinstance(row, list)), None)
+    if bad is not None:
+        raise ValueError(
+            f"--samples {path}: sample {bad} is of type {type(samples[bad]).__name__}, not a list of token ids"
+        )
+    return samples
+
+
+def _read_json(path: Path, flag: str) -> Any:
+    """The JSON value in ``path``; a ValueError naming the flag, the file and where its JSON breaks."""
+    if not path.is_file():
+        raise ValueError(f"{flag} {path}: no such file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{flag} {path}: not valid JSON at line {err.lineno}, column {err.colno} ({err.msg})"
+        ) from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{flag} {path}: not a JSON text file") from None
 
 
 def _json_scores(scores: dict[str, Any], skipped: bool) -> dict[str, Any]:

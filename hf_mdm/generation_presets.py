@@ -271,7 +271,11 @@ class ReferencePresets:
         pipeline runs that prompt alone (the pipeline keeps every row of a batch editing while any row still
         edits, and counts the steps of a block for the batch); [MASK] is never proposed; sampling at temperature
         > 0 uses the same law but not the same random stream. Padded prompts: the pipeline counts positions and
-        blocks from the batch's first column, hf_mdm from each row's first token.
+        blocks from the batch's first column, hf_mdm from each row's first token. One difference changes tokens:
+        the pipeline's ``eos_early_stop`` looks for the first EOS over the whole sequence, prompt included, so it
+        never stops a row whose prompt holds the EOS id (a multi-turn chat) and runs every block and step as
+        without it; the preset stops such a row as any other. ``eos_early_stop=False`` gives the pipeline's tokens
+        and forwards on such prompts.
         """
         steps = min(num_inference_steps, gen_length // minimal_topk) if minimal_topk >= 1 else num_inference_steps
         if not is_integer(steps) or steps < 1:
@@ -377,9 +381,11 @@ class ReferencePresets:
         Differences, none of which changes a token: ``confidence_threshold=None`` (or ``stability_threshold=None``),
         transformers' way to turn the adaptive stop off, is ``confidence_threshold=0`` here; the output of
         ``return_dict_in_generate`` is a `MaskedDiffusionGenerateOutput` (``nfe`` the decoder forwards of the batch,
-        ``row_nfe`` DiffusionGemma's per-row count, ``tokens_per_forward`` for the batch); the ids come from the
-        model config when not given, where transformers reads only its generation config. hf_mdm's own sampling
-        settings (``steps``, ``transfer``, ``temperature``, ...) do not apply (a ValueError if set).
+        ``row_nfe`` DiffusionGemma's per-row count, ``tokens_per_forward`` for the batch). The EOS and pad ids come, as
+        in transformers, from the call and the generation configs only, never from the model config: a model whose
+        generation config names no EOS runs every canvas and pads nothing (a caller's tokenizer, as the harness's
+        ``hf_mdm`` model passes, still gives them). hf_mdm's own sampling settings (``steps``, ``transfer``,
+        ``temperature``, ...) do not apply (a ValueError if set).
 
         Other keyword arguments are `MaskedDiffusionGenerationConfig` fields (``eos_token_id``, ``pad_token_id``,
         ``return_dict_in_generate``, ``max_time``, ...).

@@ -14,7 +14,8 @@ encoder writes everything before the canvas into a KV cache, and the decoder den
    a row stops when its argmax is stable and confident (`StableAndConfident`), the canvas when every row has;
 3. append the canvas' argmax (not the canvas), then EOS and padding as transformers' ``_finalize_canvas``:
    tokens after a row's first EOS of a canvas and the canvases of rows that finished before become
-   ``pad_token_id``; stop when every row has finished.
+   ``pad_token_id``; stop when every row has finished. The EOS and pad ids are, as transformers reads them, the
+   call's and the generation configs' (the family's registered sampler settings leave the model config's out).
 
 The random numbers are drawn in transformers' order and shapes (``generator``, else the global generator), so a
 `torch.Generator` seeded with s gives on the CPU the tokens of ``torch.manual_seed(s)`` then ``model.generate``.
@@ -401,4 +402,7 @@ def _output(sequence, prompt_len: int, calls: CanvasModel, row_nfe, pad_id, seco
     )
 
 
-register_family("diffusion_gemma", DiffusionFacts(corruption="uniform"))
+# transformers' DiffusionGemma generate reads the EOS and pad ids from its generation config only (the call's, the
+# model's): the model config's are no default of this family's sampler (a caller's tokenizer still gives them)
+_IDS_FROM_GENERATION_CONFIG = (("eos_token_id", None), ("pad_token_id", None))
+register_family("diffusion_gemma", DiffusionFacts(corruption="uniform", sampler=_IDS_FROM_GENERATION_CONFIG))

@@ -196,6 +196,32 @@ def test_eos_padding(model):
     assert expected.shape[1] == ids.shape[1] + CANVAS  # the only row finished in the first canvas
 
 
+def test_ids_come_from_the_generation_config_as_in_transformers(model):
+    """transformers reads the EOS and pad ids from the generation config only (the call's, the model's): with a
+    generation config that names none, it runs every canvas and pads nothing, although the model config names EOS 1
+    and pad 0; so does hf_mdm, the preset as README calls it included. An EOS that the call or the model's
+    generation config names stops both, after the same canvases."""
+    ids, mask = prompts(1)
+    settings = {**SETTINGS, "max_new_tokens": 24}
+    bound = dg.EntropyBoundSamplerConfig(entropy_bound=settings.pop("entropy_bound"))
+    assert model.generation_config.eos_token_id is None and model.config.eos_token_id == 1
+    torch.manual_seed(2)
+    expected = model.generate(ids, attention_mask=mask, sampler_config=bound, **settings).sequences
+    assert expected.shape[1] == ids.shape[1] + 24 and (expected[0, ids.shape[1] : -CANVAS] == 1).any()
+    preset = MaskedDiffusionGenerationConfig.diffusion_gemma(**settings, entropy_bound=bound.entropy_bound)
+    ours = diffusion_generate(model, ids, attention_mask=mask, generation_config=preset, seed=2)
+    assert torch.equal(ours.sequences, expected)
+    named = dict(eos_token_id=1, pad_token_id=PAD)
+    torch.manual_seed(2)
+    stopped = model.generate(ids, attention_mask=mask, sampler_config=bound, **settings, **named).sequences
+    assert stopped.shape[1] < expected.shape[1] and stopped[0, -1] == PAD
+    ours = diffusion_generate(model, ids, attention_mask=mask, generation_config=preset, seed=2, **named)
+    assert torch.equal(ours.sequences, stopped)
+    with patched(model, "generation_config", dg.DiffusionGemmaGenerationConfig(**named)):
+        ours = diffusion_generate(model, ids, attention_mask=mask, generation_config=preset, seed=2)
+    assert torch.equal(ours.sequences, stopped)
+
+
 def test_preset_reproduces_transformers_defaults_and_semantics(model):
     defaults = dg.DiffusionGemmaGenerationConfig._get_default_generation_params()
     preset = MaskedDiffusionGenerationConfig.diffusion_gemma()

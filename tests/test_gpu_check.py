@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hf_mdm.gpu_check.__main__ import main
 from hf_mdm.gpu_check.shapes import shapes
 from hf_mdm.gpu_check.table import SAMPLERS
@@ -35,6 +37,8 @@ def test_the_cpu_run_writes_every_row(tmp_path, capsys):
     (published,) = [r for r in rows if r["sampler"] == "llada2 published loop (no cache)"]
     assert published["tokens_equal"] is True  # the exact block cache gives the published loop's tokens
     assert "| LLaDA2.0-mini | 1 | llada2 preset, exact block cache |" in table
+    assert table.startswith("# GPU check: tiny stand-ins, not the named models' shapes\n")
+    assert payload["settings"]["tiny"] is True
 
 
 def test_a_time_budget_skips_rows_and_still_writes(tmp_path):
@@ -69,3 +73,23 @@ def test_rows_come_in_table_order_and_differences_are_located(tmp_path):
     assert first_difference(a, b) == 2
     b[0, 1] = 0
     assert first_difference(a, b) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--device", "tpu"], "--device tpu: the check runs on cuda (cuda:N for another GPU) or cpu (with --tiny)"),
+        (["--device", "cpu", "--tiny", "--budget-s", "-5"], "--budget-s -5: a time budget must be >= 0 seconds"),
+        (["--device", "cpu"], "--device cpu without --tiny would build the released 7-8B and 16B shapes"),
+    ],
+)
+def test_bad_arguments_are_one_line_before_any_work(tmp_path, capsys, monkeypatch, argv, says):
+    """A device the check does not run on, a negative budget and the real shapes on the CPU: refused in one line
+    that says what to change, before the CUDA tests or any model."""
+    import hf_mdm.gpu_check as gpu_check
+
+    monkeypatch.setattr(gpu_check, "run_cuda_tests", lambda *a, **k: pytest.fail("the CUDA tests ran"))
+    assert main([*argv, "--output-dir", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and says in captured.err
+    assert not list(tmp_path.iterdir())

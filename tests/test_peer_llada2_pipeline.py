@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from test_llada2 import REFERENCE, build
@@ -179,6 +181,28 @@ def test_a_batch_runs_each_row_as_the_pipeline_runs_it_alone(models):
     eos = case["kwargs"]["eos_id"]
     for row, tokens in zip(out.sequences[:, 6:].tolist(), batched.tolist()):
         assert row[: len(up_to_eos(tokens, eos))] == up_to_eos(tokens, eos)
+
+
+def test_a_prompt_holding_eos_never_stops_early_in_the_pipeline(models):
+    """The documented difference (README, the preset's docstring): the pipeline looks for the first EOS over the
+    whole sequence, prompt included, so on a prompt that holds the EOS id its ``eos_early_stop`` never fires: it runs
+    what it runs without it, which the preset reproduces with ``eos_early_stop=False``; the preset with it stops
+    the row at its first generated EOS, as on any other prompt."""
+    model, case = models["llada21_moe"], CASES["edit_eos"]
+    args = pipeline_args(case, eos_early_stop=True)
+    prompt, eos = torch.tensor([case["prompt"]]), args["eos_token_id"]
+    off = {**args, "eos_early_stop": False}
+    assert run_pipeline(model, prompt, **args)[1].forwards < run_pipeline(model, prompt, **off)[1].forwards
+    prompt[0, 2] = eos  # a turn that ended before the prompt does
+    stopping, counted = run_pipeline(model, prompt, **args)
+    running, counted_off = run_pipeline(model, prompt, **off)
+    assert torch.equal(stopping, running) and counted.forwards == counted_off.forwards
+    assert hf_mdm_run(model, prompt, **args).nfe < counted.forwards
+    assert_same_as_pipeline(model, prompt, **off)
+    doc = " ".join(MaskedDiffusionGenerationConfig.llada2_pipeline.__doc__.split())
+    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    for text in (doc, readme):
+        assert "never stops a row whose prompt holds the EOS id" in text
 
 
 def test_the_published_presets_differ_from_the_pipeline(models):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -15,7 +16,7 @@ from .shapes import shapes
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hf_mdm.gpu_check", description=__doc__.split("\n")[0])
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (the CPU run of make test)")
     parser.add_argument("--quick", action="store_true", help="batch 1 only (about 3 minutes on one H100)")
     parser.add_argument("--output-dir", type=Path, default=Path("results/gpu"))
@@ -23,15 +24,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--budget-s",
         type=float,
         default=330.0,
-        help="rows started past this many seconds (from the command's start) are skipped",
+        help="rows started past this many seconds (from the command's start) are skipped; 0 skips every row",
     )
     parser.add_argument("--models", nargs="+", choices=[s.name for s in shapes()], default=None)
     args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("gpu-check: no CUDA device here: run it on a GPU machine, or pass --device cpu --tiny", file=sys.stderr)
+    refusal = refusal_of(args)
+    if refusal:
+        print(f"gpu-check: {refusal}", file=sys.stderr)
         return 2
     run(args.device, args.tiny, args.quick, args.output_dir, args.budget_s, models=args.models)
     return 0
+
+
+def refusal_of(args: argparse.Namespace) -> str:
+    """Why the check cannot run with these arguments (what to change), before anything runs; "" when it can."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        return f"--device {args.device}: the check runs on cuda (cuda:N for another GPU) or cpu (with --tiny)"
+    if not args.budget_s >= 0:  # NaN too
+        return f"--budget-s {args.budget_s:g}: a time budget must be >= 0 seconds (0 skips every row)"
+    if args.device == "cpu" and not args.tiny:
+        return (
+            "--device cpu without --tiny would build the released 7-8B and 16B shapes in host memory: add --tiny "
+            "(the tiny stand-ins)"
+        )
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        return "no CUDA device here: run it on a GPU machine, or pass --device cpu --tiny"
+    return ""
 
 
 if __name__ == "__main__":

@@ -32,17 +32,24 @@ def environment(device: str) -> dict[str, Any]:
     }
 
 
+TINY_NOTE = (
+    "Tiny stand-ins (--tiny): each row's model is the named model's class at tiny sizes (hidden 64, 2 layers, "
+    "vocabulary 512), so its timings check the code path, not that model's speed."
+)
+
+
 def _cell(value: Optional[float], digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def markdown(env: dict[str, Any], tests: dict[str, Any], rows: list[Row], settings: dict[str, Any]) -> str:
     lines = [
-        "# GPU check",
+        "# GPU check" + (": tiny stand-ins, not the named models' shapes" if settings.get("tiny") else ""),
         "",
         f"Device: {env['device']}; torch {env['torch']}, CUDA {env['cuda'] or '-'}, transformers {env['transformers']}.",
         f"CUDA tests: {tests.get('summary', '-')}.",
         "",
+        *([TINY_NOTE, ""] if settings.get("tiny") else []),
         f"Random weights, {settings['dtype']}; prompt {settings['prompt']} + {settings['new_tokens']} new tokens, blocks "
         f"of {settings['block']}, {settings['steps']} steps; median of {settings['repeats']} timed call(s) after a "
         "warm-up. Timing does not depend on the weights for fixed-step samplers; threshold decoding's does.",

@@ -2,8 +2,9 @@
 
 lm-eval's `HFLM` hands every argument it does not know to ``from_pretrained``, which passes those that are not
 config fields to the model's ``__init__``: a misspelled argument (``stepz=8``) ends in a ``TypeError`` from the
-model class. `explain_model_arguments` turns it into a ValueError that names the argument, the nearest known
-names and every argument the model takes; `check_pretrained` says when a checkpoint is neither a local folder nor
+model class. `explain_model_arguments` turns it into a one-line ValueError that names the argument, the nearest
+known names and the command that lists every argument the model takes (``python -m hf_mdm.harness.model_args
+MODEL``, `model_arguments`); `check_pretrained` says when a checkpoint is neither a local folder nor
 a model the Hub can give (`hf_mdm.checkpoints` for local paths) before lm-eval asks the Hub for it, which without
 a network retries for half a minute and ends in a long traceback.
 """
@@ -15,12 +16,13 @@ import difflib
 import inspect
 import os
 import re
+import sys
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Optional
 
 from ..checkpoints import check_local_path
 
-__all__ = ["hflm_arguments", "check_pretrained", "explain_model_arguments"]
+__all__ = ["hflm_arguments", "check_pretrained", "explain_model_arguments", "model_arguments"]
 
 _UNEXPECTED = re.compile(r"got an unexpected keyword argument '(\w+)'")
 HUB_TIMEOUT_S = 5.0  # one request, no retries: the Hub answers in well under a second
@@ -102,16 +104,46 @@ def check_near_misses(
 
 
 def unknown_argument(model: str, name: str, known: dict[str, Iterable[str]]) -> ValueError:
-    """The ValueError for an unknown model argument ``name``: the nearest known ones and every accepted one by kind."""
+    """The one-line ValueError for an unknown model argument ``name``: the nearest known ones and the command that
+    lists every accepted one (`model_arguments`)."""
     every = sorted({arg for names in known.values() for arg in names})
     near = difflib.get_close_matches(name, every, n=3, cutoff=0.6)
-    lists = "; ".join(f"{kind}: {', '.join(sorted(names))}" for kind, names in known.items())
     return ValueError(
         f"unknown model argument {name!r} for --model {model}"
         + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else "")
-        + f". Model arguments are {lists}; other names are passed to from_pretrained and must be fields of the "
-        "checkpoint's config"
+        + f"; every argument it takes: python -m hf_mdm.harness.model_args {model}"
     )
+
+
+def model_arguments(model: str) -> dict[str, list[str]]:
+    """Every argument hf_mdm's lm-eval model ``model`` takes, by kind (its own, the sampler's, lm-eval HFLM's)."""
+    from . import mdm, models
+
+    if model == "hf_mdm":
+        return mdm._known_arguments()
+    timed = {
+        cls.registered_name: cls for cls in (models.TimedHFLM, models.DiffusionGemmaLM, models.DiffusersPipelineLM)
+    }
+    if model not in timed:
+        raise ValueError(f"{model}: not one of hf_mdm's lm-eval models (hf_mdm, {', '.join(timed)})")
+    return timed[model].known_arguments()
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m hf_mdm.harness.model_args MODEL``: every argument of the lm-eval model MODEL, one kind a line."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m hf_mdm.harness.model_args MODEL (hf_mdm, hf_timed, ...)", file=sys.stderr)
+        return 2
+    try:
+        known = model_arguments(argv[0])
+    except ValueError as err:
+        print(f"model_args: error: {err}", file=sys.stderr)
+        return 2
+    for kind, names in known.items():
+        print(f"{kind}: {', '.join(sorted(names))}")
+    print("other names are passed to from_pretrained and must be fields of the checkpoint's config")
+    return 0
 
 
 @contextlib.contextmanager
@@ -126,3 +158,7 @@ def explain_model_arguments(model: str, given: Iterable[str], known: dict[str, I
         if match is None or match.group(1) not in given:
             raise
         raise unknown_argument(model, match.group(1), known) from err
+
+
+if __name__ == "__main__":
+    sys.exit(main())
