@@ -30,27 +30,15 @@ def _run_experiment(name: str, config_dir: Path, output_dir: Path, full: bool) -
 def check_config(path: Path) -> Path:
     """``path``, an experiment config that exists and reads as YAML with its sections; else a one-line ValueError
     naming the file and what to change (the line and column where its YAML breaks)."""
-    import yaml
-
     from .experiments import load_preset
+    from .fileio import read_yaml
 
     if not path.exists():
         raise ValueError(f"no experiment config {path}: run from the repository root or pass --config-dir")
-    try:
-        config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML{_where(err)}: fix the indentation or syntax there") from None
-    if not isinstance(config, dict):
+    if not isinstance(read_yaml(path, "experiment config"), dict):
         raise ValueError(f"{path}: an experiment config is a YAML mapping with experiment:, quick: and full: sections")
     load_preset(path)  # its sections
     return path
-
-
-def _where(err: Exception) -> str:
-    """Where a YAML error is and what it is: `` at line L, column C (problem)``."""
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{where} ({getattr(err, 'problem', None) or str(err).splitlines()[0]})"
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -2,7 +2,8 @@
 
 Outputs get the modes of a plain ``open`` / ``mkdir`` (``0o666`` and ``0o777`` less the umask), and their data is
 on disk (``fsync``) before the rename that makes them visible, so a crash right after leaves the old or the new
-output, never an empty one.
+output, never an empty one. `read_yaml` is the one reader of the YAML configs (experiments, compare, tune spaces):
+a file that does not parse is one line naming it and where it breaks.
 """
 
 from __future__ import annotations
@@ -98,3 +99,20 @@ def _fsync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def read_yaml(path: Union[str, os.PathLike], what: str = "config") -> object:
+    """The YAML document of ``path`` (None when empty); a missing file or one that does not parse is a one-line
+    ValueError naming the file, and the line, column and problem where its YAML breaks."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no {what} at {path}: check the path")
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML{where} ({problem}): fix the indentation or syntax there") from None

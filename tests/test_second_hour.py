@@ -129,3 +129,16 @@ def test_readme_names_what_exists_and_how_to_reach_the_commands():
     assert "hf_mdm.generation_resolve.resolve_config" in named
     assert [dotted for dotted in named if not exists(dotted)] == []
     assert "source .venv/bin/activate" in README and "`.venv/bin/hf-mdm`" in README
+
+
+def test_a_broken_compare_config_is_one_line_naming_it(tmp_path, capsys):
+    from hf_mdm.harness.compare import load_config
+
+    config = tmp_path / "compare.yaml"
+    config.write_text("models:\n  - name: a\n   model: hf_mdm\n")  # one space short
+    with pytest.raises(ValueError) as err:
+        load_config(config)
+    message = str(err.value)
+    assert "\n" not in message and str(config) in message and "line 3" in message
+    with pytest.raises(ValueError, match="no compare config at"):
+        load_config(tmp_path / "missing.yaml")

@@ -46,9 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import yaml
-
-from ..fileio import write_atomic
+from ..fileio import read_yaml, write_atomic
 from .compare_tables import csv_text, markdown, plot
 
 __all__ = [
@@ -111,7 +109,7 @@ class CompareConfig:
 
 def load_config(path: str | os.PathLike, limit: Optional[float] = None) -> CompareConfig:
     """Read a compare config; builds the tiny local models first if it names ``tiny_models``."""
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    raw = read_yaml(path, "compare config") or {}
     check_config(raw, path)
     replacements = {}
     if raw.get("tiny_models"):
