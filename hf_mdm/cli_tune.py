@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,29 +33,37 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def _space(path: str) -> list:
-    import yaml
+    """The space of the YAML file ``path``, checked (`hf_mdm.tuning.expand`) as it is read."""
+    from .fileio import read_yaml
+    from .tuning import expand
 
     if not Path(path).is_file():
         raise ValueError(f"--space {path}: no such file (a YAML list of groups, each field: [values])")
-    space = yaml.safe_load(Path(path).read_text())
-    return space.get("space", space) if isinstance(space, dict) else space
+    space = read_yaml(path, "space")
+    space = space.get("space", space) if isinstance(space, dict) else space
+    try:
+        expand(space)
+    except ValueError as err:
+        raise ValueError(f"--space {path}: {err}") from None
+    return space
 
 
 def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(model, task, AR baseline or None): an lm-eval task with ``--task``, else the synthetic language."""
     from .tuning import LmEvalTask, SyntheticTask
+    from .tuning.tasks import check_documents, load_lm_eval_task
 
     if args.task:
         from .harness.evaluator import create_lm
 
         if args.model == "oracle":
             raise ValueError("--task runs a checkpoint through lm-eval: pass --model PATH, not oracle")
-        for model in filter(None, (args.model, args.ar_model)):
-            _check_task_inputs(args.task, model)
+        manager = _check_task_inputs(args.task, list(filter(None, (args.model, args.ar_model))))
+        start = args.test_start if args.test_start is not None else args.max_samples
+        check_documents(load_lm_eval_task(manager, args.task), args.task, args.timing_rows, args.max_samples, start)
         lm = create_lm("hf_mdm", {"pretrained": args.model}, batch_size=args.batch_size)
         ar = create_lm("hf_timed", {"pretrained": args.ar_model}, batch_size=args.batch_size) if args.ar_model else None
-        start = args.test_start if args.test_start is not None else args.max_samples
-        task = LmEvalTask(lm, args.task, start, metric=args.metric, max_gen_toks=args.max_gen_toks)
+        task = LmEvalTask(lm, args.task, start, args.metric, args.max_gen_toks, manager)
         return lm.model, task, ar
     if args.length is None:
         raise ValueError("--length is needed with a synthetic language (or pass --task for an lm-eval task)")
@@ -61,24 +71,50 @@ def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return model, SyntheticTask(language, args.length, batch_size=args.batch_size, quality=args.quality), ar
 
 
-def _check_task_inputs(task: str, model: str) -> None:
-    """Before any model loads: the task is one lm-eval knows, and a local checkpoint has a tokenizer to read it."""
+def _check_task_inputs(task: str, models: list[str]) -> Any:
+    """Before any model loads: the task is one lm-eval knows, and a local checkpoint has a tokenizer to read it.
+    Returns the task manager."""
     from .harness.evaluator import build_task_manager
 
-    if task not in build_task_manager([task]).all_tasks:
+    manager = build_task_manager([task])
+    if task not in manager.all_tasks:
         raise ValueError(f"--task {task}: no such lm-eval task (hf_mdm's: mdm_gsm8k, mdm_gsm8k_chain, mdm_mbpp, ...)")
-    folder = Path(model)
-    if folder.is_dir() and not any((folder / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")):
-        raise ValueError(
-            f"--model {model} has no tokenizer: --task reads and writes text, so save one beside the model"
-        )
+    names = ("tokenizer.json", "tokenizer_config.json")
+    for model in models:
+        folder = Path(model)
+        if folder.is_dir() and not any((folder / name).exists() for name in names):
+            raise ValueError(
+                f"--model {model} has no tokenizer: --task reads and writes text, so save one beside the model"
+            )
+    return manager
 
 
 def _tune(args: argparse.Namespace) -> int:
-    from .fileio import write_atomic
+    from .tuning.run import check_arguments
+
+    if args.save_to_model and args.model == "oracle":
+        raise ValueError(
+            "--save-to-model writes the chosen setting into the --model folder, and the oracle has none: drop "
+            f"--save-to-model (the setting is written to {args.output_dir}/generation_config.json either way)"
+        )
+    check_arguments(args.search, args.min_samples, args.max_samples, args.tolerance, args.rounds, args.timing_rows)
+    space = _space(args.space)
+    try:
+        result, task = _run(args, space)
+    except KeyboardInterrupt:
+        print(f"hf-mdm tune: interrupted; {_kept(Path(args.output_dir) / 'cache.json')}", file=sys.stderr)
+        return 130
+    print((Path(args.output_dir) / "front.md").read_text())
+    if args.save_to_model:
+        _save_to_model(args, task)
+    print(f"samples used: {result['samples_used']}; files in {args.output_dir}")
+    return 0
+
+
+def _run(args: argparse.Namespace, space: list) -> tuple[dict, Any]:
+    """(what `hf_mdm.tuning.tune` returns, the task)."""
     from .tuning import tune
 
-    space = _space(args.space)
     model, task, ar = _task(args)
     result = tune(
         model,
@@ -93,13 +129,35 @@ def _tune(args: argparse.Namespace) -> int:
         timing_rows=args.timing_rows,
         ar_model=ar,
     )
-    print((Path(args.output_dir) / "front.md").read_text())
-    if args.save_to_model and args.model != "oracle":
-        config = (Path(args.output_dir) / "generation_config.json").read_text()
-        write_atomic(Path(args.model) / "generation_config.json", config)
-        print(f"{args.model}/generation_config.json now holds the chosen setting: generate uses it by default")
-    print(f"samples used: {result['samples_used']}; files in {args.output_dir}")
-    return 0
+    return result, task
+
+
+def _save_to_model(args: argparse.Namespace, task: Any) -> None:
+    from .fileio import write_atomic
+
+    config = (Path(args.output_dir) / "generation_config.json").read_text()
+    write_atomic(Path(args.model) / "generation_config.json", config)
+    fixed = ", ".join(f"{k}={v}" for k, v in task.generation_fields.items())
+    print(
+        f"{args.model}/generation_config.json now holds the chosen setting with every field it was measured with "
+        f"({fixed}): generate uses it by default"
+    )
+
+
+def _kept(cache: Path) -> str:
+    """What an interrupted run kept in its cache, and how to go on."""
+    try:
+        cells = json.loads(cache.read_text()) if cache.is_file() else {}
+    except ValueError:
+        cells = {}
+    rounds = sum("|round " in key for key in cells)
+    chunks = sum(key.startswith(("chunk|", "ar|")) for key in cells)
+    if not rounds and not chunks:
+        return "no measurement had finished: rerun the same command to start again"
+    return (
+        f"kept {rounds} timed round(s) and {chunks} chunk(s) of samples in {cache}: rerun the same command to "
+        "resume from them"
+    )
 
 
 def add_tune_command(commands: Any, at_least: Callable) -> None:

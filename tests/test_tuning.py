@@ -14,6 +14,7 @@ from hf_mdm import MDMForMaskedDiffusion, cli
 from hf_mdm.experiments.common import CellCache
 from hf_mdm.languages import ChainLanguage, NGramLanguage, OracleDenoiser
 from hf_mdm.tuning import SyntheticTask, choose, expand, pareto_front, search, tune
+from hf_mdm.tuning.front import choice_note
 from hf_mdm.tuning.outputs import write_generation_config
 from hf_mdm.tuning.space import check_settings, setting_key
 
@@ -37,6 +38,7 @@ def test_space_expands_each_group_to_its_product_once():
         ([{"stepz": [4]}], "space[0]: unknown generate field 'stepz' (did you mean steps"),
         ([{"steps": 4}, {"temperature": [0.5]}], "space[1]: 'temperature' is fixed by the task"),
         ([{}], "space[0] must be a non-empty mapping"),
+        ([{"steps": 4}, {"transfer": "stochastic", "steps": []}], "space[1]: 'steps' has no values"),
     ],
 )
 def test_bad_spaces_are_named(space, message):
@@ -75,28 +77,72 @@ def test_front_is_exactly_the_undominated_rows():
         assert [r["tokens_per_s"] for r in front] == sorted(r["tokens_per_s"] for r in front)
 
 
+def _row(quality, speed, spread=1.0, nfe=1.0, positions=8.0, steps=None):
+    """A measured row: ``speed`` tokens/s with its rounds within ``spread`` of it."""
+    return {
+        "setting": {"steps": steps},
+        "quality": quality,
+        "tokens_per_s": speed,
+        "tokens_per_s_min": speed - spread,
+        "tokens_per_s_max": speed + spread,
+        "nfe_per_token": nfe,
+        "positions_per_token": positions,
+        "dropped_after": None,
+    }
+
+
 def test_choice_is_the_fastest_within_the_tolerance():
-    front = [
-        {"quality": 0.99, "tokens_per_s": 10},
-        {"quality": 0.975, "tokens_per_s": 20},
-        {"quality": 0.9, "tokens_per_s": 50},
-    ]
+    front = [_row(0.99, 10), _row(0.975, 20), _row(0.9, 50)]  # speeds resolved: the ranges of rounds are disjoint
     assert choose(front, 0.02)["tokens_per_s"] == 20
     assert choose(front, 0.1)["tokens_per_s"] == 50
     assert choose(front, 0.0)["tokens_per_s"] == 10
     assert choose(front, objective=lambda r: r["quality"] * r["tokens_per_s"])["tokens_per_s"] == 50
 
 
+def test_unresolved_speeds_choose_the_cheaper_setting_and_resolved_ones_the_faster():
+    """README's first example with one round: 16 steps at 53 tokens/s against 8 steps (half the forwards) at 51, the
+    same quality: a difference the timing cannot resolve picks the cheaper; a resolved one the faster."""
+    sixteen, eight = _row(1.0, 53, 4, nfe=1.0, steps=16), _row(1.0, 51, 4, nfe=0.5, steps=8)
+    assert choose([sixteen, eight], rounds=5) is eight  # ranges [49, 57] and [47, 55] overlap
+    assert pareto_front([sixteen, eight]) == [eight, sixteen]  # equal on the front: neither beats the other
+    assert choose([sixteen, eight], rounds=1) is eight  # one round resolves nothing
+    assert choose([sixteen, eight], rounds=3) is eight  # three rounds neither (1/10 of equal speeds look resolved)
+    faster = _row(1.0, 80, 4, nfe=1.0, steps=16)
+    assert choose([faster, eight], rounds=5) is faster and choose([faster, eight], rounds=4) is faster
+    assert choose([faster, eight], rounds=1) is eight
+    # equal forwards: fewer positions computed, then the earlier in the space
+    cached = _row(1.0, 52, 4, nfe=0.5, positions=4.0, steps=8)
+    assert choose([sixteen, eight, cached]) is cached
+    # the tolerance gives up quality for a resolved speed only: a cheaper setting of lower quality at a speed the
+    # timing does not tell apart is beaten (off the front)
+    worse = _row(0.99, 51, 4, nfe=0.5, steps=8)
+    assert pareto_front([sixteen, worse]) == [sixteen] and choose([sixteen, worse], tolerance=0.02) is sixteen
+    quick = _row(0.99, 80, 4, nfe=0.5, steps=8)  # resolved: the fastest within the tolerance
+    assert choose([sixteen, quick], tolerance=0.02) is quick and choose([sixteen, quick], tolerance=0.0) is sixteen
+    first, second = _row(1.0, 50, 4, nfe=0.5, steps=1), _row(1.0, 54, 4, nfe=0.5, steps=2)
+    assert choose([first, second]) is first and choose([second, first]) is second
+    # the output says so
+    note = choice_note([sixteen, eight], eight, 0.02, 5)
+    assert "2 settings within the tolerance" in note and "ranges of rounds overlap" in note
+    assert "the cheapest of them is chosen" in note and '`{"steps":16}`' in note
+    assert "fewer than 4 rounds resolve none" in choice_note([faster, eight], eight, 0.02, 1)
+    assert choice_note([faster, eight], faster, 0.02, 5) == "It is the only setting on the front within the tolerance."
+    quick_note = choice_note([sixteen, quick], quick, 0.02, 5)
+    assert (
+        quick_note == "Its speed is resolved from every other setting within the tolerance (5 rounds, disjoint ranges)."
+    )
+
+
+def test_rows_a_halving_search_dropped_are_never_chosen():
+    kept, dropped = _row(0.9, 50, nfe=1.0), {**_row(0.95, 50, nfe=0.1), "dropped_after": 0}
+    assert choose([kept, dropped], tolerance=0.1) is kept
+
+
 def _speeds(settings, slow_key=None):
-    """Deterministic speeds: a forward per step, so tokens/s = 1000 / steps; ``slow_key`` ten times slower."""
-    return {
-        setting_key(s): {
-            "tokens_per_s": 1000 / s["steps"] / (10 if setting_key(s) == slow_key else 1),
-            "tokens_per_s_min": 0.0,
-            "tokens_per_s_max": 0.0,
-        }
-        for s in settings
-    }
+    """Deterministic speeds: a forward per step, so tokens/s = 1000 / steps; ``slow_key`` ten times slower (every
+    round alike: the ranges are points)."""
+    speeds = {setting_key(s): 1000 / s["steps"] / (10 if setting_key(s) == slow_key else 1) for s in settings}
+    return {key: {"tokens_per_s": v, "tokens_per_s_min": v, "tokens_per_s_max": v} for key, v in speeds.items()}
 
 
 def _chain_fronts(model, tmp_path, language):
@@ -196,7 +242,8 @@ def test_tune_writes_the_front_and_a_config_generate_uses(trained, tmp_path):
         assert {"positions_per_token", "tokens_per_s", "on_front"} <= set(row)
         assert row["quality_ci_low"] <= row["quality"] <= row["quality_ci_high"]
     assert (out / "front.csv").read_text().count("\n") == 4 and (out / "front.png").stat().st_size > 0
-    assert "Chosen (the fastest on the front within 0.02" in (out / "front.md").read_text()
+    assert "Chosen (the fastest on the front within 0.02 of the best quality" in (out / "front.md").read_text()
+    assert front["why"] and front["why"] in (out / "front.md").read_text()  # why this one, in words
     # the chosen setting, put in a model folder, is what generate does by default
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
@@ -206,6 +253,32 @@ def test_tune_writes_the_front_and_a_config_generate_uses(trained, tmp_path):
     by_default = reloaded.generate(prompt, max_new_tokens=8, seed=3, temperature=1.0)
     explicit = model.generate(prompt, max_new_tokens=8, seed=3, temperature=1.0, **result["chosen"]["setting"])
     assert torch.equal(by_default, explicit)
+
+
+def test_the_saved_config_is_the_measured_setting_and_generate_reproduces_it(trained, tmp_path, capsys):
+    """hf-mdm tune --save-to-model writes every field the measurement ran with (temperature 1 included): generate
+    from the folder, with the held-out split's seed, draws the held-out samples again, so its quality is the
+    measured one."""
+    from hf_mdm.experiments.fast import generate_batches
+    from hf_mdm.tuning.tasks import TEST_SEED
+
+    folder, language = trained
+    shutil.copytree(folder, tmp_path / "model")
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump([{"transfer": "stochastic", "strategy": "random", "steps": 4}]))
+    argv = ["tune", "--model", str(tmp_path / "model"), "--space", str(tmp_path / "space.yaml"), "--length", "8"]
+    argv += ["--output-dir", str(tmp_path / "out"), "--min-samples", "32", "--max-samples", "32", "--rounds", "1"]
+    assert cli.main(argv + ["--save-to-model", "--threads", "1"]) == 0
+    assert "temperature=1.0, stop_at_eos=False, max_new_tokens=8" in capsys.readouterr().out
+    front = json.loads((tmp_path / "out" / "front.json").read_text())
+    saved = json.loads((tmp_path / "model" / "generation_config.json").read_text())
+    assert {k: saved[k] for k in front["generation_config"]} == front["generation_config"]
+    assert saved["temperature"] == 1.0 and saved["steps"] == 4 and saved["max_new_tokens"] == 8
+    reloaded = MDMForMaskedDiffusion.from_pretrained(tmp_path / "model").eval()
+    drawn = reloaded.generate(torch.zeros(32, 0, dtype=torch.long), seed=TEST_SEED)
+    model = MDMForMaskedDiffusion.from_pretrained(folder).eval()
+    measured = next(generate_batches(model, 32, 8, TEST_SEED, front["chosen"]["setting"])).sequences
+    assert torch.equal(drawn, measured) and len({tuple(r) for r in drawn.tolist()}) > 1
+    assert int(language.in_support(drawn).sum()) / 32 == front["held_out"]["quality"]
 
 
 def test_a_killed_tune_resumes_to_the_same_front(tmp_path, monkeypatch):
@@ -278,6 +351,18 @@ def test_cli_tune_on_a_tiny_lm_eval_task(tmp_path, capsys, monkeypatch):
     assert cli.main(oracle) == 2 and "--task runs a checkpoint through lm-eval" in capsys.readouterr().err
     bad_task = argv[:4] + ["nosuchtask"] + argv[5:]
     assert cli.main(bad_task) == 2 and "--task nosuchtask: no such lm-eval task" in capsys.readouterr().err
+    # more timed documents than the task has: one line naming both numbers and what to change, nothing measured
+    big = [a if a != str(tmp_path / "out") else str(tmp_path / "big") for a in argv] + ["--timing-rows", "5000"]
+    assert cli.main(big) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        "--timing-rows 5000 is more than the 1319 documents of mdm_gsm8k: pass --timing-rows 1319 or fewer"
+    )
+    assert not (tmp_path / "big").exists()
+    # the whole setting measured: the chosen one, the task's temperature 0 and the generated length
+    config = front["generation_config"]
+    assert front["chosen"]["setting"].items() <= config.items() and config["temperature"] == 0.0
+    assert config["max_new_tokens"] == 8
     # the chosen setting in a model folder is what the lm-eval model samples with by default
     from hf_mdm.harness.evaluator import create_lm
 

@@ -1,7 +1,8 @@
 """What ``hf-mdm tune`` writes into its output folder, each file atomically: ``front.json`` (every row, the chosen
 setting and its held-out quality), ``front.csv``, ``front.md`` (the table), ``front.png`` (quality against tokens/s
 with intervals, the front and the chosen point marked, the AR baseline as a line) and ``generation_config.json``
-(the chosen setting as a `MaskedDiffusionGenerationConfig`, which `from_pretrained` reads from a model folder)."""
+(the chosen setting as a `MaskedDiffusionGenerationConfig` with every field its measurements ran with, the task's
+temperature and length included, which `from_pretrained` reads from a model folder)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any, Optional
 
 from ..fileio import write_atomic
 from ..generation_config import MaskedDiffusionGenerationConfig
+from .front import RESOLVING_ROUNDS
 from .space import setting_key
 
 #: The columns of ``front.csv`` and of every row of ``front.json`` besides ``setting``.
@@ -40,7 +42,7 @@ def write_outputs(folder: Path, result: dict) -> None:
     write_atomic(folder / "front.csv", _csv(result["rows"]))
     write_atomic(folder / "front.md", front_table(result))
     write_atomic(folder / "front.png", _plot(result))
-    write_generation_config(folder, result["chosen"]["setting"])
+    write_generation_config(folder, result.get("generation_config") or result["chosen"]["setting"])
 
 
 def _json_safe(value: Any) -> Any:
@@ -55,9 +57,10 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def write_generation_config(folder: Path, setting: dict) -> Path:
-    """``generation_config.json`` of ``setting`` in ``folder`` (put it in a model folder to make it the default)."""
-    config = MaskedDiffusionGenerationConfig(**setting)
+def write_generation_config(folder: Path, values: dict) -> Path:
+    """``generation_config.json`` of ``values`` (generate fields) in ``folder`` (put it in a model folder to make it
+    the default)."""
+    config = MaskedDiffusionGenerationConfig(**values)
     with tempfile.TemporaryDirectory() as tmp:
         config.save_pretrained(tmp)
         text = (Path(tmp) / "generation_config.json").read_text()
@@ -79,7 +82,8 @@ def front_table(result: dict) -> str:
     quality."""
     lines = [
         f"Task: {result['task']}; quality: {result['quality_name']} on the development split, 95% intervals; "
-        f"tokens/s: median of {result['rounds']} interleaved rounds [slowest, fastest].",
+        f"tokens/s: median of {result['rounds']} interleaved rounds [slowest, fastest]; on the front, speeds whose "
+        f"ranges overlap (or of fewer than {RESOLVING_ROUNDS} rounds) count as equal.",
         "",
         "| front | setting | quality | 95% CI | samples | NFE / token | positions / token | tokens/s | dropped after round |",
         "| --- " * 9 + "|",
@@ -92,7 +96,7 @@ def front_table(result: dict) -> str:
             f"{r['positions_per_token']:.2f} | {r['tokens_per_s']:.0f} [{r['tokens_per_s_min']:.0f}, "
             f"{r['tokens_per_s_max']:.0f}] | {dropped} |"
         )
-    lines += ["", _chosen_sentence(result), _baseline_sentence(result.get("baseline"))]
+    lines += ["", _chosen_sentence(result), result.get("why"), _baseline_sentence(result.get("baseline"))]
     return "\n".join(line for line in lines if line is not None) + "\n"
 
 

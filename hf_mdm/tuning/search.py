@@ -10,7 +10,8 @@ costs samples, so the search spends them where they decide something:
   (dominated with 95% confidence on quality), so losing settings stop early. What a setting got is in its
   ``samples``, and the round it was dropped in its ``dropped_after``.
 
-Every chunk of samples is a cell of the run's cache: a killed search redone continues where it stopped.
+Every timed round and every chunk of samples is a cell of the run's cache: a killed or interrupted search redone
+continues where it stopped.
 """
 
 from __future__ import annotations
@@ -32,24 +33,38 @@ def time_settings(
     model: Any, task: Any, settings: list[dict], rows: int, rounds: int, cache: CellCache, extra: Optional[dict] = None
 ) -> dict[str, dict]:
     """Per setting (and per entry of ``extra``: name -> a timed callable, e.g. the AR baseline), tokens/s of the
-    median round and of the slowest and fastest rounds; cached as one cell."""
+    median round and of the slowest and fastest rounds; cached as one cell, and each finished round as its own
+    (`timed_rounds`), so that an interrupted timing keeps its finished rounds."""
     runs = {setting_key(s): task.timed_run(model, s, rows) for s in settings}
     runs.update(extra or {})
     key = f"timing|{task.key}|{rows}|{rounds}|" + "|".join(sorted(runs))
+    tokens = rows * task.length  # the tokens a call may generate (a task stopping early is faster per token)
+    return cache.get(key, lambda: _speeds(timed_rounds(runs, rounds, cache, key, _device(model)), tokens))
 
-    def measure() -> dict:
-        times = interleaved_times(runs, rounds, device=_device(model))
-        tokens = rows * task.length  # the tokens a call may generate (a task stopping early is faster per token)
-        return {
-            name: {
-                "tokens_per_s": tokens / statistics.median(seconds),
-                "tokens_per_s_min": tokens / max(seconds),
-                "tokens_per_s_max": tokens / min(seconds),
-            }
-            for name, seconds in times.items()
+
+def timed_rounds(runs: dict, rounds: int, cache: CellCache, key: str, device: Any) -> dict[str, list[float]]:
+    """Each run's seconds in each of ``rounds`` interleaved rounds, a cached cell ``<key>|round <i>`` a round; a
+    warm-up round (untimed) comes before the first round this call times."""
+    warmed = []
+
+    def one_round() -> dict[str, float]:
+        times = interleaved_times(runs, 1, device=device, warmup=0 if warmed else 1)
+        warmed.append(True)
+        return {name: seconds[0] for name, seconds in times.items()}
+
+    cells = [cache.get(f"{key}|round {i}", one_round) for i in range(rounds)]
+    return {name: [cell[name] for cell in cells] for name in runs}
+
+
+def _speeds(times: dict[str, list[float]], tokens: int) -> dict[str, dict]:
+    return {
+        name: {
+            "tokens_per_s": tokens / statistics.median(seconds),
+            "tokens_per_s_min": tokens / max(seconds),
+            "tokens_per_s_max": tokens / min(seconds),
         }
-
-    return cache.get(key, measure)
+        for name, seconds in times.items()
+    }
 
 
 def measured(model: Any, task: Any, setting: dict, upto: int, chunk: int, cache: CellCache, split: str) -> Counts:
@@ -85,10 +100,7 @@ def search(
     progress: Callable = tqdm,
 ) -> list[dict]:
     """One row per setting (see the module docstring); ``how`` is "halving" or "grid"."""
-    if how not in SEARCHES:
-        raise ValueError(f"unknown search {how!r}: use one of {', '.join(SEARCHES)}")
-    if not 1 <= min_samples <= max_samples:
-        raise ValueError(f"need 1 <= min_samples <= max_samples, got {min_samples} and {max_samples}")
+    check_search(how, min_samples, max_samples)
     budgets = _budgets(min_samples, max_samples) if how == "halving" else [max_samples]
     rows = {setting_key(s): {"setting": s, "dropped_after": None} for s in settings}
     for round_, budget in enumerate(progress(budgets, desc="tuning rounds", leave=False)):
@@ -100,6 +112,16 @@ def search(
             for row in [r for r in alive if dominated(r, alive)]:
                 row["dropped_after"] = round_
     return list(rows.values())
+
+
+def check_search(how: str, min_samples: int, max_samples: int) -> None:
+    """The search's arguments, before anything runs."""
+    if how not in SEARCHES:
+        raise ValueError(f"unknown search {how!r}: use one of {', '.join(SEARCHES)}")
+    if not 1 <= min_samples <= max_samples:
+        raise ValueError(
+            f"need 1 <= --min-samples <= --max-samples, got {min_samples} and {max_samples}: lower --min-samples"
+        )
 
 
 def _budgets(min_samples: int, max_samples: int) -> list[int]:

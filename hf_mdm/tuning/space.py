@@ -1,10 +1,11 @@
 """The search space of ``hf-mdm tune``: groups of `generate` keyword arguments, each group a grid.
 
 A space is a list of groups; a group maps each `MaskedDiffusionGenerationConfig` field to a list of values (a single
-value counts as a one-value list), and expands to the product of its lists. Groups keep parameters with the rule that
-reads them (a ``threshold`` grid in the group whose ``transfer`` is ``threshold``), since `generate` refuses a
-parameter its transfer rule does not read. Every setting is checked against the model with `generate`'s own
-resolution before anything runs, so a misspelt field or an impossible combination is one error naming the group.
+value counts as a one-value list; an empty list is refused, naming the group and the field), and expands to the
+product of its lists. Groups keep parameters with the rule that reads them (a ``threshold`` grid in the group whose
+``transfer`` is ``threshold``), since `generate` refuses a parameter its transfer rule does not read. Every setting
+is checked against the model with `generate`'s own resolution before anything runs, so a misspelt field or an
+impossible combination is one error naming the group.
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ def expand(space: Sequence[dict]) -> list[dict]:
 
 def _check_fields(group: dict, index: int) -> None:
     fields = set(vars(MaskedDiffusionGenerationConfig())) | set(MaskedDiffusionGenerationConfig.__dict__)
-    for name in group:
+    for name, values in group.items():
+        if values == []:
+            raise ValueError(
+                f"space[{index}]: {name!r} has no values (an empty list): give it at least one or remove it"
+            )
         if name in FIXED_BY_THE_TASK:
             raise ValueError(f"space[{index}]: {name!r} is fixed by the task, not searched; remove it from the space")
         if name not in fields:

@@ -5,6 +5,9 @@ language (`hf_mdm.languages`); the quality is the share of valid sequences, 1 - 
 development split and the held-out split are disjoint random streams (seeds from ``DEV_SEED`` and ``TEST_SEED``), so
 the setting chosen on one is reported on the other. A chunk of samples is counted, not kept: valid sequences,
 samples, the forwards in which each row revealed a token and the positions the forwards computed.
+
+A task's ``generation_fields`` are the `generate` fields it fixes for every setting (temperature, max_new_tokens,
+...): with the setting and the model's own generation config, the whole config its measurements ran with.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from statistics import NormalDist
 from typing import Any, Callable
 
@@ -25,6 +29,9 @@ from ..metrics.common import wilson_interval
 
 #: Seeds of the first sample of each split; chunk k of a split starts at its seed + the samples before it.
 DEV_SEED, TEST_SEED = 0, 1_000_000_007
+
+#: What a synthetic task draws every sample with, besides its length (`hf_mdm.experiments.fast.generate_batches`).
+SYNTHETIC_FIELDS = {"temperature": 1.0, "stop_at_eos": False}
 
 
 @dataclass
@@ -90,6 +97,14 @@ class SyntheticTask:
         return f"{self.language.language_class} language, {self.length} tokens from the empty prompt, temperature 1"
 
     @property
+    def generation_fields(self) -> dict:
+        """The fields every sample is drawn with (see the module docstring)."""
+        return {**SYNTHETIC_FIELDS, "max_new_tokens": self.length}
+
+    def check_sizes(self, timing_rows: int, max_samples: int) -> None:
+        """A synthetic language draws as many samples as asked: nothing to check."""
+
+    @property
     def key(self) -> str:
         described = json.dumps([self.language.to_config(), self.length], sort_keys=True, default=str)
         return "synthetic|" + hashlib.sha1(described.encode()).hexdigest()[:12]
@@ -126,8 +141,8 @@ class SyntheticTask:
     def timed_run(self, model: Any, setting: dict, rows: int) -> Callable[[], Any]:
         """One `generate` call of ``rows`` sequences with ``setting``: what the tokens/s axis times."""
         empty = torch.zeros(rows, 0, dtype=torch.long, device=_device(model))
-        kwargs = {"steps": None, **setting, "temperature": 1.0}
-        return lambda: diffusion_generate(model, empty, max_new_tokens=self.length, seed=0, stop_at_eos=False, **kwargs)
+        kwargs = {"steps": None, **setting, **self.generation_fields}
+        return lambda: diffusion_generate(model, empty, seed=0, **kwargs)
 
 
 class LmEvalTask:
@@ -136,14 +151,23 @@ class LmEvalTask:
     the share of documents whose 0/1 ``metric`` (of the task's first filter) is 1, with its Wilson interval. The
     development split is the task's documents from 0, the held-out split those from ``test_start`` on (disjoint
     when ``test_start`` is at least the development documents used). Costs from the harness's per-request timing:
-    sequential forwards, positions computed and tokens generated."""
+    sequential forwards, positions computed and tokens generated. ``manager``: an lm-eval task manager that knows
+    ``task`` (default: `hf_mdm.harness.evaluator.build_task_manager`'s)."""
 
-    def __init__(self, lm: Any, task: str, test_start: int, metric: str = "exact_match", max_gen_toks: int = 256):
+    def __init__(
+        self,
+        lm: Any,
+        task: str,
+        test_start: int,
+        metric: str = "exact_match",
+        max_gen_toks: int = 256,
+        manager: Any = None,
+    ):
         from ..harness.evaluator import build_task_manager
 
         self.lm, self.task, self.metric, self.test_start = lm, task, metric, int(test_start)
         self.length = int(max_gen_toks)
-        self.manager = build_task_manager([task])
+        self.manager = manager if manager is not None else build_task_manager([task])
         self.quality_name = f"{task} {metric} (share of documents)"
 
     def quality(self, counts: Counts) -> tuple[float, float, float]:
@@ -157,6 +181,24 @@ class LmEvalTask:
     def key(self) -> str:
         described = json.dumps([self.task, self.metric, self.length, str(getattr(self.lm, "pretrained", ""))])
         return "lm-eval|" + hashlib.sha1(described.encode()).hexdigest()[:12]
+
+    @cached_property
+    def _lm_eval_task(self) -> Any:
+        return load_lm_eval_task(self.manager, self.task)
+
+    @property
+    def generation_fields(self) -> dict:
+        """The sampler fields of the task's own generation kwargs (lm-eval's tasks send temperature 0), and
+        ``max_new_tokens``: what every setting is measured with."""
+        from ..harness.sampler_config import sampler_fields
+
+        config = getattr(self._lm_eval_task, "config", None)
+        kwargs = dict(getattr(config, "generation_kwargs", None) or {})
+        return {**{k: v for k, v in kwargs.items() if k in sampler_fields()}, "max_new_tokens": self.length}
+
+    def check_sizes(self, timing_rows: int, max_samples: int) -> None:
+        """Documents enough for the timed calls and both splits (`check_documents`)."""
+        check_documents(self._lm_eval_task, self.task, timing_rows, max_samples, self.test_start)
 
     def measure(self, model: Any, setting: dict, num: int, start: int, split: str = "dev") -> Counts:
         """Counts of documents ``start`` to ``start + num`` of ``split`` answered with ``setting``."""
@@ -196,3 +238,37 @@ class LmEvalTask:
     def timed_run(self, model: Any, setting: dict, rows: int) -> Callable[[], Any]:
         """The task's first ``rows`` development documents answered with ``setting``."""
         return lambda: self.measure(model, setting, rows, 0, "dev")
+
+
+def load_lm_eval_task(manager: Any, name: str) -> Any:
+    """lm-eval's task object ``name`` (its documents and generation kwargs); None for a group of tasks."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # lm-eval 0.4.13 deprecates it for load()
+        found = manager.load_task_or_group([name]).get(name)
+    return found if hasattr(found, "eval_docs") else None
+
+
+def check_documents(task: Any, name: str, timing_rows: int, max_samples: int, test_start: int) -> None:
+    """A ValueError naming the numbers and what to change when lm-eval's ``task`` (`load_lm_eval_task`) has fewer
+    documents than the timed calls or the two splits read (None, a group of tasks: not checked)."""
+    if task is None:
+        return
+    docs = len(task.eval_docs)
+    if timing_rows > docs:
+        raise ValueError(
+            f"--timing-rows {timing_rows} is more than the {docs} documents of {name}: pass --timing-rows {docs} or "
+            "fewer"
+        )
+    if max_samples > docs:
+        raise ValueError(
+            f"--max-samples {max_samples} is more than the {docs} documents of {name}: pass --max-samples "
+            f"{docs // 2} or fewer (the development split reads the first --max-samples documents, the held-out "
+            "split as many from --test-start)"
+        )
+    if test_start + max_samples > docs:
+        raise ValueError(
+            f"the held-out split (--test-start {test_start} + --max-samples {max_samples} documents) runs past the "
+            f"{docs} documents of {name}: lower --test-start or --max-samples"
+        )
