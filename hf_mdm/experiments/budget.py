@@ -28,12 +28,13 @@ from tqdm.auto import tqdm
 from ..training import step_flops
 from .blocks_trained import AR, block_sizes, model_label
 from .common import CellCache, language_name, make_language, trained_model
-from .decoding import ELBO_GAP, EXACT_GAP, LEARNED_SER, PAPER_SER, judged_cell
+from .decoding import ELBO_GAP, EXACT_GAP, LEARNED_SER, PAPER_SER, RANDOM_SER, judged_cell
 
 #: The judged quantities over the seeds, with verdicts: (row key, name).
 QUANTITIES = (EXACT_GAP, LEARNED_SER)
-#: Shown beside them, means only: the paper's sampler's own SER and the ELBO's bound (no AR value; no verdict).
-BESIDE = (PAPER_SER, ELBO_GAP)
+#: Shown beside them, means only: the SER in a random order, the paper's sampler's and the ELBO's bound (no AR
+#: value; no verdict).
+BESIDE = (RANDOM_SER, PAPER_SER, ELBO_GAP)
 MDM = "MDM"
 
 
@@ -65,7 +66,7 @@ def equal_flops_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
     for seed in tqdm(section["seeds"], desc="block sizes at equal FLOPs", leave=False):
         for model in plan:
             cell = cache.get(
-                f"equal_flops3|{model['model']}|{model['steps']} steps|seed {seed}|{digest}",
+                f"equal_flops4|{model['model']}|{model['steps']} steps|seed {seed}|{digest}",
                 lambda: _train_and_measure(language, name, section, model, seed, out),
             )
             rows.append({"language": name, "length": section["length"], "seed": seed, **model, **cell})
@@ -134,11 +135,12 @@ def difference_verdict(entry: dict, key: str, name: str, reference: str = "the M
     return f"{name} not resolved from {reference} ({described}; the interval contains 0)"
 
 
-def beside_cell(entry: dict, key: str, digits: int = 3) -> str:
+def beside_cell(entry: dict, key: str, digits: int = 3, signed: bool = False) -> str:
     """A shown-beside quantity's mean and interval, or "-" where the model has none (AR)."""
     if key not in entry:
         return "-"
-    return f"{entry[key]:+.{digits}f} [{entry[f'{key}_low']:+.{digits}f}, {entry[f'{key}_high']:+.{digits}f}]"
+    form = f"{'+' if signed else ''}.{digits}f"
+    return f"{entry[key]:{form}} [{entry[f'{key}_low']:{form}}, {entry[f'{key}_high']:{form}}]"
 
 
 def equal_flops_text(section: dict, rows: list[dict]) -> str:
@@ -153,19 +155,20 @@ def equal_flops_text(section: dict, rows: list[dict]) -> str:
         "masking each). Every model is judged by one decoding law, one token a step from left to right (exact for "
         "the oracle: SER 0; for AR its ancestral sampling): its exact NLL per token on "
         f"{section.get('nll_sequences', 1024)} held-out sequences and the SER of {section['num_samples']} samples per "
-        "seed. Beside them, without verdicts: the paper's sampler's SER at N = L (a random number of tokens a step, "
-        "so part of its error is the sampler's) and the ELBO's upper bound. Means over the seeds with 95% Student-t "
+        "seed. Beside them, without verdicts: the SER one token a step in a random order (the judged order favours "
+        "models trained for left to right), the paper's sampler's SER at N = L (a random number of tokens a step, so "
+        "part of its error is the sampler's) and the ELBO's upper bound. Means over the seeds with 95% Student-t "
         "intervals; differences to the MDM paired by seed.",
         "",
         "| model | steps | tokens | training FLOPs | exact NLL / entropy - 1 | 95% CI | SER, left to right | 95% CI "
-        "| SER, paper's sampler (N = L) | ELBO bound / entropy - 1 |",
-        "| --- " * 10 + "|",
+        "| SER, random order | SER, paper's sampler (N = L) | ELBO bound / entropy - 1 |",
+        "| --- " * 11 + "|",
     ]
     for e in summary:
         lines.append(
             f"| {e['model']} | {e['steps']} | {e['tokens']:,} | {e['flops']:.2e} | {e['gap']:+.4f} | "
             f"[{e['gap_low']:+.4f}, {e['gap_high']:+.4f}] | {e['ser']:.3f} | [{e['ser_low']:.3f}, {e['ser_high']:.3f}] "
-            f"| {beside_cell(e, 'ser_paper')} | {beside_cell(e, 'elbo_gap', 4)} |"
+            f"| {beside_cell(e, 'ser_random')} | {beside_cell(e, 'ser_paper')} | {beside_cell(e, 'elbo_gap', 4, True)} |"
         )
     lines.append("")
     for e in (e for e in summary if "d_gap" in e):

@@ -7,7 +7,9 @@ above 0 on the HMM language, so part of any difference would be the sampler's ow
 here (``LEARNED``) decodes one token a step from left to right at temperature 1: exact for the oracle (SER 0), so
 what errs is what the model learned; for an autoregressive model it is its ancestral sampling. Its likelihood is
 exact (`hf_mdm.likelihood.left_to_right_log_probs`; `ar_log_probs` for the AR model), so the diffusion models' NLL
-can stand beside the AR model's; the ELBO, an upper bound on the NLL, is kept beside it as a bound only.
+can stand beside the AR model's; the ELBO, an upper bound on the NLL, is kept beside it as a bound only. The order is
+part of the law: a model trained for left to right (AR; block diffusion across its blocks) is judged in its own
+order, the MDM, trained for every order, in one of them; the SER in a random order is shown beside (no verdict).
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ from .common import _device
 
 #: One token a step, left to right (with ``steps_per_block`` = the block size: N = L in all).
 LEARNED = {"transfer": "deterministic", "strategy": "left_to_right"}
+#: One token a step in a random order: also exact for the oracle, the order the MDM's objective averages over; its
+#: SER is shown beside, since the judged law's order favours a model trained for it (AR; block diffusion across
+#: blocks) over one trained for every order (the MDM).
+RANDOM_ORDER = {"transfer": "deterministic", "strategy": "random"}
 #: The columns of the judged cell: (row key, name). The first two are judged; the last two are shown beside them.
 LEARNED_SER = ("ser", "SER, one token a step left to right (AR: ancestral)")
 EXACT_GAP = ("gap", "exact NLL / entropy - 1 (one token a step left to right; AR: its own)")
 PAPER_SER = ("ser_paper", "SER, the paper's sampler at N = L")
+RANDOM_SER = ("ser_random", "SER, one token a step in random order")
 ELBO_GAP = ("elbo_gap", "ELBO bound / entropy - 1")
 
 
@@ -73,8 +80,10 @@ def judged_cell(kind: str, trained: dict, language: Any, section: dict, seed: in
     judged = {"gap": exact["exact_gap"], "nll": exact["exact_nll"]}
     if kind == "ar":
         ser = ar_cell(model, language, {**measured, "length": length})["ser"]
-        return {"ser": ser, **judged, "ser_paper": None, "elbo_gap": None}
+        return {"ser": ser, **judged, "ser_paper": None, "ser_random": None, "elbo_gap": None}
     block = block or length
     learned = measure(model, language, length, block, {**LEARNED, "steps_per_block": block}, measured)
     paper = measure(model, language, length, block, {**PAPER_SAMPLER, "steps_per_block": block}, measured)
-    return {"ser": learned["ser"], **judged, "ser_paper": paper["ser"], "elbo_gap": float(trained[f"{kind}_gap"])}
+    random = measure(model, language, length, block, {**RANDOM_ORDER, "steps_per_block": block}, measured)
+    beside = {"ser_paper": paper["ser"], "ser_random": random["ser"], "elbo_gap": float(trained[f"{kind}_gap"])}
+    return {"ser": learned["ser"], **judged, **beside}
