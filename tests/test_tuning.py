@@ -122,12 +122,15 @@ def test_unresolved_speeds_choose_the_cheaper_setting_and_resolved_ones_the_fast
     first, second = _row(1.0, 50, 4, nfe=0.5, steps=1), _row(1.0, 54, 4, nfe=0.5, steps=2)
     assert choose([first, second]) is first and choose([second, first]) is second
     # the output says so
-    note = choice_note([sixteen, eight], eight, 0.02, 5)
+    note = choice_note(pareto_front([sixteen, eight], 5), eight, 0.02, 5)
     assert "2 settings within the tolerance" in note and "ranges of rounds overlap" in note
     assert "the cheapest of them is chosen" in note and '`{"steps":16}`' in note
-    assert "fewer than 4 rounds resolve none" in choice_note([faster, eight], eight, 0.02, 1)
-    assert choice_note([faster, eight], faster, 0.02, 5) == "It is the only setting on the front within the tolerance."
-    quick_note = choice_note([sixteen, quick], quick, 0.02, 5)
+    assert "fewer than 4 rounds resolve none" in choice_note(pareto_front([faster, eight], 1), eight, 0.02, 1)
+    assert (
+        choice_note(pareto_front([faster, eight], 5), faster, 0.02, 5)
+        == "It is the only setting on the front within the tolerance."
+    )
+    quick_note = choice_note(pareto_front([sixteen, quick], 5), quick, 0.02, 5)
     assert (
         quick_note == "Its speed is resolved from every other setting within the tolerance (5 rounds, disjoint ranges)."
     )

@@ -66,7 +66,7 @@ def trained_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
                     lambda: measure(models(block)["mdm"], language, length, block, settings, section),
                 )
                 rows.append({"language": name, "length": length, "model": model_label(block, length), **cell})
-        rows += _validation(models, name, section, cache, entry)
+        rows += _validation(models, language, name, section, cache, entry)
     return rows
 
 
@@ -103,7 +103,7 @@ def ar_cell(model: Any, language: Any, section: dict) -> dict:
     }
 
 
-def _validation(models: Callable, name: str, section: dict, cache: CellCache, entry: dict) -> list[dict]:
+def _validation(models: Callable, language: Any, name: str, section: dict, cache: CellCache, entry: dict) -> list[dict]:
     """Per model, the validation NLL per token (for diffusion models the ELBO's bound) over the entropy, minus 1, and
     the exact NLL of one decoding law, one token a step left to right (AR: its own), on held-out sequences."""
     from .decoding import exact_nll
@@ -114,7 +114,7 @@ def _validation(models: Callable, name: str, section: dict, cache: CellCache, en
         label = AR if block is None else model_label(block, section["length"])
 
         def cell() -> dict:
-            trained, language = models(block), make_language({k: v for k, v in entry.items() if k != "training"})
+            trained = models(block)
             exact = exact_nll(kind, trained[kind], language, section, section.get("seed", 0))
             return {"nll": float(trained[f"{kind}_nll"]), "gap": float(trained[f"{kind}_gap"]), **exact}
 

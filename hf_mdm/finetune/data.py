@@ -43,12 +43,13 @@ def load_pairs(source: str, split: str = "train") -> Dataset:
     if path.suffix in FILE_FORMATS:
         if not path.exists():
             raise FileNotFoundError(f"no such data file: {source}")
-        return _with_rows(_load_file(path), source)
+        return _load_file(path)
     name, _, config = source.partition(":")
     return load_dataset(name, config or None, split=split)
 
 
-def _with_rows(dataset: Dataset, source: str) -> Dataset:
+def _with_rows(dataset: Dataset, source: Any) -> Dataset:
+    """``dataset``, or a ValueError naming ``source`` when it has no rows."""
     if len(dataset) == 0:
         raise ValueError(f"{source}: no rows: give it prompt/response (or messages) rows")
     return dataset
@@ -57,10 +58,10 @@ def _with_rows(dataset: Dataset, source: str) -> Dataset:
 def _load_file(path: Path) -> Dataset:
     """A local file's rows; a ValueError naming the file (and for JSON the line) when it has none or does not read."""
     kind = FILE_FORMATS[path.suffix]
-    if not _has_rows(path, header=kind == "csv"):
-        raise ValueError(f"{path}: no rows: give it prompt/response (or messages) rows")
+    if not _has_rows(path, header=kind == "csv"):  # datasets fails on a file without rows before it returns one
+        return _with_rows(Dataset.from_dict({}), path)
     try:
-        return load_dataset(kind, data_files=str(path), split="train")
+        return _with_rows(load_dataset(kind, data_files=str(path), split="train"), path)
     except (ValueError, DatasetGenerationError, StopIteration) as error:
         problem = _json_problem(path) if kind == "json" else None
         reason = (str(error.__cause__ or error).strip().splitlines() or [type(error).__name__])[0]

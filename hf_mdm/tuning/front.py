@@ -57,10 +57,11 @@ def choose(
     tolerance: float = 0.02,
     objective: Optional[Callable[[dict], float]] = None,
     rounds: int = 5,
+    front: Optional[list[dict]] = None,
 ) -> dict:
     """The chosen row of ``rows``' front (see the module docstring; ``rounds``: the timed rounds behind the
-    speeds)."""
-    front = pareto_front(rows, rounds)
+    speeds; ``front``: `pareto_front` of ``rows`` where the caller has it)."""
+    front = pareto_front(rows, rounds) if front is None else front
     if objective is not None:
         if not front:
             raise ValueError("the front is empty: no setting was measured")
@@ -76,9 +77,9 @@ def check_tolerance(tolerance: float) -> None:
         raise ValueError(f"--tolerance must be >= 0 (quality the chosen setting may give up), got {tolerance}")
 
 
-def choice_note(rows: list[dict], chosen: dict, tolerance: float, rounds: int) -> str:
+def choice_note(front: list[dict], chosen: dict, tolerance: float, rounds: int) -> str:
     """One sentence: why ``chosen`` (the fastest, resolved from the rest; or the cheapest of unresolved speeds)."""
-    fastest, near, tied = contenders(pareto_front(rows, rounds), tolerance, rounds)
+    fastest, near, tied = contenders(front, tolerance, rounds)
     if len(near) == 1:
         return "It is the only setting on the front within the tolerance."
     if len(tied) == 1:

@@ -57,7 +57,7 @@ def tune(
     front = pareto_front(rows, rounds)  # 4
     for row in rows:
         row["on_front"] = any(row is f for f in front)
-    chosen = choose(rows, tolerance, objective, rounds)
+    chosen = choose(rows, tolerance, objective, rounds, front)
     held = measured(model, task, chosen["setting"], max_samples, min_samples, cache, "test")  # 5
     result = {
         "task": task.description,
@@ -65,7 +65,7 @@ def tune(
         "search": how,
         "rounds": rounds,
         "rule": _rule(tolerance, objective),
-        "why": None if objective else choice_note(rows, chosen, tolerance, rounds),
+        "why": None if objective else choice_note(front, chosen, tolerance, rounds),
         "rows": rows,
         "chosen": chosen,
         "generation_config": measured_config(model, task, chosen["setting"]),
