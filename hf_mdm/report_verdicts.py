@@ -13,6 +13,7 @@ from typing import Optional
 
 from .experiments.learning import learning_sentences
 from .experiments.samplers import LEFT_TO_RIGHT
+from .sampler_smc import ESTIMATE_VARIANCE_LIMIT
 
 #: Which side of another an interval lies on: entirely below, entirely above, or overlapping.
 BELOW, ABOVE, OVERLAP = "below", "above", "overlap"
@@ -163,8 +164,6 @@ def _bound_sentence(rows: list[dict]) -> list[str]:
 def _estimator_sentence(exact: list[dict]) -> list[str]:
     """The estimator beside the exact values at small L: how wide its intervals are there against the value (at
     L = 5, too wide for their holding it to test the estimator), and the variance limit its calibration sets."""
-    from .sampler_smc import ESTIMATE_VARIANCE_LIMIT
-
     if not exact:
         return []
     widths = [

@@ -49,10 +49,15 @@ MINIATURE_FAST = {"block_length": 4}
 
 
 def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
-    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections."""
-    import yaml
+    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections; a
+    one-line ValueError naming the file when it does not read as one."""
+    from ..fileio import read_yaml
 
-    config = yaml.safe_load(Path(config_path).read_text())
+    config = read_yaml(config_path, "experiment config")
+    if not isinstance(config, dict):
+        raise ValueError(
+            f"{config_path}: an experiment config is a YAML mapping with experiment:, quick: and full: sections"
+        )
     for key in ("experiment", "quick", "full"):
         if key not in config:
             raise ValueError(f"{config_path}: missing the `{key}` field")
