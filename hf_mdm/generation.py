@@ -51,7 +51,7 @@ from .generation_reference import (
 )
 from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
-from .generation_rows import Seeds, check_seed, generate_rows, runs_rows_alone
+from .generation_rows import RowLayout, Seeds, check_seed, generate_rows, plan_rows
 from .generation_sampler import Canvas, Sampler, Trace, fill_last_blocks, prepare_canvas, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
 from .generation_stopping import (
@@ -174,10 +174,12 @@ def diffusion_generate(
     canvas = prepare_canvas(input_ids, attention_mask, new_tokens, mask_id, _max_positions(model))
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
     check_seed(seed, canvas.x.shape[0], generator)
-    if canvas.x.shape[0] > 1 and runs_rows_alone(config, seed, generator):
-        # batch_invariant, or one seed per row: every row generated alone, its padding dropped
+    groups = _row_groups(model, config, seed, generator, input_ids, attention_mask)
+    if groups is not None:
+        # batch_invariant, or one seed per row: rows of one length batched without padding, each its own draws
         again = functools.partial(diffusion_generate, model, logits_processor=logits_processor)
-        return generate_rows(again, input_ids, attention_mask, config, new_tokens, seed, stopping_criteria)
+        layout = RowLayout(input_ids.long(), attention_mask, mask_id)
+        return generate_rows(again, layout, groups, config, new_tokens, seed, stopping_criteria)
     generator = _generator(generator, seed[0] if isinstance(seed, (list, tuple)) else seed, input_ids)
     output_width = canvas.x.shape[1]
     if config.whole_blocks:
@@ -217,6 +219,16 @@ def diffusion_generate(
     if not config.return_dict_in_generate:
         return canvas.x
     return _output(canvas, sampler, trace, num_generated, missing.any(1), watch.seconds, bool(config.output_history))
+
+
+def _row_groups(model, config, seed: Seeds, generator, input_ids, attention_mask) -> Optional[list[list[int]]]:
+    """The groups of rows the call runs as (`hf_mdm.generation_rows.plan_rows`), or None: the batch as given (so
+    too a batch of one row without padding)."""
+    if input_ids.shape[0] == 1 and (attention_mask is None or bool(attention_mask.all())):
+        return None
+    dtype = next(iter(model.parameters()), torch.empty(0)).dtype if hasattr(model, "parameters") else torch.float32
+    layout = RowLayout(input_ids.long(), attention_mask, int(config.mask_token_id))
+    return plan_rows(config, seed, generator, layout, input_ids.device, dtype)
 
 
 def _generator(generator: Optional[torch.Generator], seed: Optional[int], input_ids) -> Optional[torch.Generator]:

@@ -76,7 +76,7 @@ class LLaDA21EditingTransfer(Transfer):
             running &= (post_steps <= self.post_step_limit) & (mask_steps < self.step_budget)
             if not bool(running.any()):
                 return
-            proposals = _propose_at(sampler, rows, keep)
+            proposals = _propose_at(sampler, rows, keep, running[:, None].expand(-1, keep.numel()))
             floor = self.reveal_floor(mask_steps)
             revealed = self._reveals(sampler, proposals, keep, masked & running[:, None], x.shape[1], floor)
             edited = region[:, keep] & ~masked & running[:, None]

@@ -47,6 +47,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from .generation_denoiser import Rows
+from .generation_random import rand as random_rand
 from .generation_reveal import reveal_where
 from .generation_sampler import Sampler
 from .generation_strategy import canonical_strategy
@@ -286,7 +287,8 @@ class Remasking:
         if not remasked:
             return bool(most)
         x.masked_fill_(remask, sampler.mask_id)
-        fresh = _draw_reveal_steps(state.hazard, i + 1, remask, sampler.generator)
+        with sampler.drawing_for(drawing=remask.any(1)):  # a row that remasks nothing draws nothing, as alone
+            fresh = _draw_reveal_steps(state.hazard, i + 1, remask, sampler.generator)
         state.reveal_step = torch.where(remask, fresh, state.reveal_step)
         return True
 
@@ -300,7 +302,7 @@ class Remasking:
             probs = budget * torch.nan_to_num(weights, nan=0.0)  # rows with nothing revealed: NaN -> 0
         else:
             probs = torch.full(revealed.shape, budget, dtype=torch.float64, device=revealed.device)
-        u = torch.rand(revealed.shape, generator=generator, device=revealed.device, dtype=torch.float64)
+        u = random_rand(revealed.shape, generator, revealed.device, torch.float64)
         return revealed & (u < probs)
 
 

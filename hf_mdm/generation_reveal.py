@@ -32,7 +32,8 @@ def reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: 
     sub = active.nonzero().flatten()  # rows never see each other: the others need no forward
     subset = rows.select(sub)
     sub_confidence = None if confidence is None else confidence[sub]
-    _reveal_chosen(sampler, subset, chosen[sub], sub_confidence)
+    with sampler.drawing_for(sub):
+        _reveal_chosen(sampler, subset, chosen[sub], sub_confidence)
     rows.x[sub] = subset.x
     if confidence is not None:
         confidence[sub] = sub_confidence
@@ -53,7 +54,7 @@ def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidenc
         flat_rows, k = chosen[:, keep].nonzero(as_tuple=True)
         cols = keep[k]
         logits = sampler.denoiser.logits(rows, keep)[flat_rows, k]
-    proposals = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows, cols))
+    proposals = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows, cols), drawn=(flat_rows, None))
     x[flat_rows, cols] = proposals.tokens
     sampler.record(rows, flat_rows, cols, proposals)
     if confidence is not None:
@@ -78,7 +79,8 @@ def reveal_top(
     take = (torch.arange(kmax, device=x.device)[None, :] < counts[:, None]) & candidates.gather(1, positions)
     logits = _logits_at(sampler, rows, positions.masked_fill(~take, 0))  # unused slots: position 0, in any span
     flat_rows, cols = torch.arange(bsz, device=x.device).repeat_interleave(kmax), positions.flatten()
-    flat = sampler.proposer(logits.flatten(0, 1), sampler.proposer.processor_ids(x, flat_rows, cols))
+    ids = sampler.proposer.processor_ids(x, flat_rows, cols)
+    flat = sampler.proposer(logits.flatten(0, 1), ids, drawn=(flat_rows, take.flatten()))
     proposals = type(flat)(*(None if v is None else v.view(bsz, kmax, *v.shape[1:]) for v in flat))
     x.scatter_(1, positions, torch.where(take, proposals.tokens, x.gather(1, positions)))
     sampler.record(rows, None, positions, proposals, take)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import numbers
+import os
 import time
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
@@ -27,11 +28,21 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .generation_config import MaskedDiffusionGenerateOutput
+from .generation_random import RowGenerators
 from .generation_reference import reference_draws
 from .generation_strategy import get_strategy
 from .generation_transfer import TRANSFER_REGISTRY
 
-__all__ = ["Seeds", "check_seed", "draws_random_numbers", "runs_rows_alone", "generate_rows"]
+__all__ = [
+    "Seeds",
+    "check_seed",
+    "draws_random_numbers",
+    "batches_invariantly",
+    "draws_in_batch",
+    "plan_rows",
+    "RowLayout",
+    "generate_rows",
+]
 
 Seeds = Union[None, int, Sequence[int]]
 
@@ -70,75 +81,146 @@ def draws_random_numbers(config: Any) -> bool:
     )
 
 
-def runs_rows_alone(config: Any, seed: Seeds, generator: Optional[torch.Generator]) -> bool:
-    """Whether the call runs every row alone (`generate_rows`): ``batch_invariant``, or one seed per row for a call
-    that draws; a ValueError for ``batch_invariant`` with a draw that no seed makes a row's own."""
-    per_row_seeds = isinstance(seed, (list, tuple))
-    if not config.batch_invariant:
-        return per_row_seeds and draws_random_numbers(config)
-    if (generator is not None or seed is None) and draws_random_numbers(config):
+def batches_invariantly(device: Any, dtype: torch.dtype) -> bool:
+    """Whether rows of one length batched together get, on ``device`` in ``dtype``, the bits each gets alone: the
+    kernels must not choose their reduction order by the number of rows. On the CPU, MKL's float32 products and
+    torch's attention do not (`tests/test_batch_invariance.py` checks every family); oneDNN's bfloat16/float16
+    products do on CPUs with AMX (measured: a 1024 -> 256 product changes bits from 280 rows), so there the rows run
+    alone, unless AMX is switched off (``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_AMX``). On CUDA cuBLAS picks its
+    kernels by the problem's size (split-K), so rows run alone; ``make gpu-check`` measures whether equal-length
+    batches stay invariant there."""
+    if torch.device(device).type != "cpu":
+        return False
+    if dtype in (torch.float32, torch.float64):
+        return True
+    return not _amx_in_use()
+
+
+def _amx_in_use() -> bool:
+    isa = os.environ.get("ONEDNN_MAX_CPU_ISA", os.environ.get("DNNL_MAX_CPU_ISA", "")).upper()
+    if isa and "AMX" not in isa and isa != "ALL":
+        return False
+    is_amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return True if is_amx is None else bool(is_amx())
+
+
+def draws_in_batch(config: Any) -> bool:
+    """Whether every draw of a call with ``config`` can come from one generator per row inside the batched step
+    (`hf_mdm.generation_random`): the default sampler's, the paper's sampler's and ReMDM's; not a reference
+    sampler's, speculative decoding's, ``no_repeat_ngram_size``'s or a compiled step's (their rows run alone)."""
+    return (
+        config.reference in (None, "none")
+        and config.transfer != "speculative"
+        and not config.no_repeat_ngram_size
+        and not config.compile_forward
+    )
+
+
+def plan_rows(
+    config: Any, seed: Seeds, generator: Optional[torch.Generator], rows: "RowLayout", device: Any, dtype: Any
+) -> Optional[list[list[int]]]:
+    """The groups of rows a call runs as (each a batch without padding), or None to run the batch as given:
+    ``batch_invariant``, or one seed per row for a call that draws, groups rows of one length and layout where
+    they batch invariantly (`batches_invariantly`, `draws_in_batch`), else runs every row alone. A ValueError for
+    ``batch_invariant`` with a draw that no seed makes a row's own."""
+    draws = draws_random_numbers(config)
+    if not config.batch_invariant and not (isinstance(seed, (list, tuple)) and draws):
+        return None
+    if config.batch_invariant and (generator is not None or seed is None) and draws:
         raise ValueError(
             "batch_invariant=True with a sampler that draws random numbers needs seed= (one integer for every row, "
             "or a list with one per row), so that each row's draws depend on its own seed only: "
             + ("a generator is shared by the rows" if generator is not None else "no seed was given")
         )
-    return True
+    together = batches_invariantly(device, dtype) and (not draws or draws_in_batch(config))
+    return rows.groups() if together else [[b] for b in range(rows.size)]
+
+
+class RowLayout:
+    """Each row's prompt without its padding (``keep``), and the groups of rows that share one length and one
+    layout of [MASK] tokens (so that batched together each has its own shapes: its canvas, blocks and steps)."""
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], mask_id: int):
+        self.input_ids = input_ids
+        self.keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+        self.keep = self.keep.to(input_ids.device)
+        self.size = input_ids.shape[0]
+        self.mask_id = mask_id
+
+    def prompt(self, b: int) -> torch.Tensor:
+        return self.input_ids[b][self.keep[b]]
+
+    def groups(self) -> list[list[int]]:
+        by_key: dict[tuple, list[int]] = {}
+        for b in range(self.size):
+            prompt = self.prompt(b)
+            key = (prompt.numel(), tuple((prompt == self.mask_id).nonzero().flatten().tolist()))
+            by_key.setdefault(key, []).append(b)
+        return list(by_key.values())
 
 
 def generate_rows(
     generate: Callable[..., Any],
-    input_ids: torch.Tensor,
-    attention_mask: Optional[torch.Tensor],
+    rows: RowLayout,
+    groups: list[list[int]],
     config: Any,
     new_tokens: int,
     seed: Seeds,
     stopping_criteria: Any = None,
 ) -> Union[torch.Tensor, MaskedDiffusionGenerateOutput]:
-    """``generate(row, generation_config=..., seed=..., stopping_criteria=...)`` for every row alone, without its
-    padding, with its own seed (the row's of a list, else ``seed``), and the outputs in the batch's layout: the
-    prompt columns as given (a prompt [MASK] the row infilled written at its column), the ``new_tokens`` generated
-    columns after the prompt. Stopping criteria see each row in the batch's layout (`_InBatchLayout`: a criterion
-    built for the batch, e.g. one that reads the columns after the batch's prompt, reads the same columns). With
-    ``return_dict_in_generate`` the costs are the rows' sums (they ran one after the other) and ``elapsed_s`` the
-    whole call's."""
+    """``generate(group, generation_config=..., seed=... | generator=..., stopping_criteria=...)`` for every group of
+    ``groups``, one after the other, each a batch of its rows' prompts without their padding, each row drawing from
+    its own seed (the row's of a list, else ``seed``: a `RowGenerators` for a group of several rows), and the
+    outputs in the batch's layout: the prompt columns as given (a prompt [MASK] the row infilled written at its
+    column), the ``new_tokens`` generated columns after the prompt. Stopping criteria see each row in the batch's
+    layout (`_InBatchLayout`: a criterion built for the batch, e.g. one that reads the columns after the batch's
+    prompt, reads the same columns). With ``return_dict_in_generate`` the costs are the groups' sums (they ran one
+    after the other) and ``elapsed_s`` the whole call's."""
     _reject_unmergeable(config)
-    bsz = input_ids.shape[0]
-    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * bsz
-    keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * rows.size
     row_config = config.__class__.from_any(config)
     row_config.batch_invariant, row_config.max_new_tokens = False, new_tokens
     deadline = None if config.max_time is None else time.monotonic() + float(config.max_time)
     outputs, start = [], time.perf_counter()
-    with _deterministic(input_ids.device):
-        for b in range(bsz):
+    with _deterministic(rows.input_ids.device):
+        for group in groups:
             if deadline is not None:
                 row_config.max_time = max(deadline - time.monotonic(), 0.0)
-            row = input_ids[b][keep[b].to(input_ids.device)][None]
+            ids = torch.stack([rows.prompt(b) for b in group])
+            draws = _draws(group, seeds, ids.device)
             criteria = (
                 None
                 if not stopping_criteria
-                else StoppingCriteriaList([_InBatchLayout(stopping_criteria, input_ids[b], keep[b])])
+                else StoppingCriteriaList([_InBatchLayout(stopping_criteria, rows, group)])
             )
-            outputs.append(generate(row, generation_config=row_config, seed=seeds[b], stopping_criteria=criteria))
-    sequences = _assemble(input_ids, keep, [_sequences(out) for out in outputs], new_tokens)
+            outputs.append(generate(ids, generation_config=row_config, stopping_criteria=criteria, **draws))
+    order = [b for group in groups for b in group]
+    sequences = _assemble(rows, order, [_sequences(out) for out in outputs], new_tokens)
     if not config.return_dict_in_generate:
         return sequences
-    return _merged_output(sequences, outputs, time.perf_counter() - start)
+    return _merged_output(sequences, outputs, order, time.perf_counter() - start)
+
+
+def _draws(group: list[int], seeds: list, device: Any) -> dict[str, Any]:
+    """The draws of a group: its one row's seed, or one generator per row (no seed: none)."""
+    if len(group) == 1 or seeds[group[0]] is None:
+        return {"seed": seeds[group[0]]}
+    return {"generator": RowGenerators([seeds[b] for b in group], device)}
 
 
 class _InBatchLayout(StoppingCriteria):
-    """Stopping criteria called on a row generated alone as if on its row of the batch: the prompt at the row's
-    columns of the batch (its padding ids kept), what follows the prompt after the batch's prompt width."""
+    """Stopping criteria called on a group of rows generated without their padding as if on their rows of the
+    batch: each prompt at its row's columns of the batch (its padding ids kept), what follows the prompt after the
+    batch's prompt width."""
 
-    def __init__(self, criteria: Any, batch_row: torch.Tensor, keep: torch.Tensor):
-        self.criteria, self.batch_row, self.keep = criteria, batch_row.long(), keep.bool()
+    def __init__(self, criteria: Any, rows: "RowLayout", group: list[int]):
+        self.criteria, self.batch_rows, self.keep = criteria, rows.input_ids[group].long(), rows.keep[group]
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any = None, **kwargs: Any) -> torch.BoolTensor:
-        n = int(self.keep.sum())
-        prompt = self.batch_row.to(input_ids.device).clone()
-        prompt[self.keep.to(input_ids.device)] = input_ids[0, :n]
-        laid_out = torch.cat([prompt, input_ids[0, n:]])[None]
-        return self.criteria(laid_out, scores, **kwargs)
+        n = int(self.keep[0].sum())
+        prompts = self.batch_rows.to(input_ids.device).clone()
+        prompts[self.keep.to(input_ids.device)] = input_ids[:, :n].flatten()
+        return self.criteria(torch.cat([prompts, input_ids[:, n:]], 1), scores, **kwargs)
 
 
 def _reject_unmergeable(config: Any) -> None:
@@ -171,46 +253,59 @@ def _sequences(output: Any) -> torch.Tensor:
     return output if isinstance(output, torch.Tensor) else output.sequences
 
 
-def _assemble(input_ids: torch.Tensor, keep: torch.Tensor, rows: list[torch.Tensor], new_tokens: int) -> torch.Tensor:
-    """(B, P + new_tokens): each row's output (1, n_b + new_tokens) at its prompt's kept columns and after the
-    prompt; padding columns keep the input's ids."""
+def _assemble(rows: RowLayout, order: list[int], outputs: list[torch.Tensor], new_tokens: int) -> torch.Tensor:
+    """(B, P + new_tokens): the groups' outputs (g, n + new_tokens), their rows ``order`` in the batch, each row at
+    its prompt's kept columns and after the prompt; padding columns keep the input's ids."""
+    input_ids, keep = rows.input_ids, rows.keep
     bsz, prompt_len = input_ids.shape
     out = torch.cat([input_ids.long(), input_ids.new_zeros((bsz, new_tokens), dtype=torch.long)], dim=1)
-    for b, row in enumerate(rows):
+    for b, row in zip(order, (row for group in outputs for row in group)):
         n = int(keep[b].sum())
-        out[b, :prompt_len][keep[b]] = row[0, :n].to(out.device)
-        out[b, prompt_len:] = row[0, n : n + new_tokens].to(out.device)
+        out[b, :prompt_len][keep[b]] = row[:n].to(out.device)
+        out[b, prompt_len:] = row[n : n + new_tokens].to(out.device)
     return out
 
 
-def _merged_output(sequences: torch.Tensor, outputs: list[Any], seconds: float) -> MaskedDiffusionGenerateOutput:
-    """One output for the rows' outputs: per-row fields concatenated, counts summed."""
+def _merged_output(
+    sequences: torch.Tensor, outputs: list[Any], order: list[int], seconds: float
+) -> MaskedDiffusionGenerateOutput:
+    """One output for the groups' outputs: per-row fields in the batch's order, counts summed, each row's forwards
+    those of its group (``row_nfe``)."""
     nfe = sum(int(o.nfe) for o in outputs)
-    num_generated = torch.cat([o.num_generated_tokens.reshape(1) for o in outputs])
+    back = torch.argsort(torch.tensor(order))  # the batch's row b is the back[b]-th row of the groups, in order
+    num_generated = torch.cat([o.num_generated_tokens.reshape(-1) for o in outputs])[back]
+    row_nfe = torch.cat([_row_nfe(o) for o in outputs])[back]
     return MaskedDiffusionGenerateOutput(
         sequences=sequences,
         steps=sum(int(o.steps) for o in outputs),
         nfe=nfe,
-        row_nfe=torch.tensor([int(o.nfe) for o in outputs]),
+        row_nfe=row_nfe,
         forward_rows=sum(int(o.forward_rows) for o in outputs),
         forward_tokens=sum(int(o.forward_tokens) for o in outputs),
         elapsed_s=seconds,
         num_generated_tokens=num_generated,
-        unfinished=torch.cat([o.unfinished.reshape(1) for o in outputs]),
+        unfinished=torch.cat([o.unfinished.reshape(-1) for o in outputs])[back],
         tokens_per_forward=float(num_generated.sum()) / max(nfe, 1),
-        accepted_per_round=_cat_rows([o.accepted_per_round for o in outputs]),
+        accepted_per_round=_cat_rows([o.accepted_per_round for o in outputs], back),
         history=None,
-        scores=_cat_columns([o.scores for o in outputs]),
-        logits=_cat_columns([o.logits for o in outputs]),
+        scores=_cat_columns([o.scores for o in outputs], back),
+        logits=_cat_columns([o.logits for o in outputs], back),
     )
 
 
-def _cat_rows(values: list[Optional[torch.Tensor]]) -> Optional[torch.Tensor]:
-    return None if any(v is None for v in values) else torch.cat([v.reshape(1, *v.shape[1:]) for v in values])
+def _row_nfe(output: Any) -> torch.Tensor:
+    rows = output.num_generated_tokens.reshape(-1).shape[0]
+    return output.row_nfe.reshape(-1).cpu() if output.row_nfe is not None else torch.full((rows,), int(output.nfe))
 
 
-def _cat_columns(values: list[Optional[tuple]]) -> Optional[tuple]:
-    """Per generated column, the rows' (1, V) tensors stacked into (B, V)."""
+def _cat_rows(values: list[Optional[torch.Tensor]], back: torch.Tensor) -> Optional[torch.Tensor]:
     if any(v is None for v in values):
         return None
-    return tuple(torch.cat(columns) for columns in zip(*values))
+    return torch.cat([v.reshape(-1) for v in values])[back.to(values[0].device)]
+
+
+def _cat_columns(values: list[Optional[tuple]], back: torch.Tensor) -> Optional[tuple]:
+    """Per generated column, the groups' (g, V) tensors stacked into (B, V), in the batch's row order."""
+    if any(v is None for v in values):
+        return None
+    return tuple(torch.cat(columns)[back.to(columns[0].device)] for columns in zip(*values))

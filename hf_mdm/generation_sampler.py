@@ -19,13 +19,15 @@ Exported with the model as remote code.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 
 from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
+from .generation_random import only_rows, select_rows
 from .generation_reveal import reveal_rows, reveal_top, reveal_where
 from .generation_stopping import Streamer, finished_rows
 from .generation_strategy import (
@@ -110,6 +112,20 @@ class Sampler:
         if index is None:
             index = torch.arange(rows.x.shape[0], device=rows.x.device)[:, None]
         self.recorder.record(rows.canvas_rows(index), cols, written, scores=proposals.scores, logits=proposals.logits)
+
+    @contextlib.contextmanager
+    def drawing_for(
+        self, index: Optional[torch.Tensor] = None, drawing: Optional[torch.Tensor] = None
+    ) -> Iterator[None]:
+        """For the duration, the draws of the rows ``index`` only (with one generator per row, theirs), or of the
+        rows where ``drawing`` (B,) is True (the others draw nothing)."""
+        saved = self.generator
+        draws = only_rows(saved, drawing) if index is None else select_rows(saved, index)
+        self.generator = self.proposer.generator = draws
+        try:
+            yield
+        finally:
+            self.generator = self.proposer.generator = saved
 
     @property
     def mask_id(self) -> int:
@@ -272,7 +288,8 @@ def _denoise_active_rows(
             canvas.x[active] = rows.x
         trace.step(canvas.x, final_before)
 
-    denoise(sampler, rows, region, num_steps, on_step)
+    with sampler.drawing_for(active):
+        denoise(sampler, rows, region, num_steps, on_step)
     if not all_rows:
         canvas.x[active] = rows.x
     trace.stream.update(canvas.x)
@@ -438,7 +455,13 @@ def _step(
     transfers, which decide from the proposals), ``most`` their largest when the host knows it (else it is read:
     the step-by-step loop of a transfer with its own `count_rule`), ``width`` the most positions a row still has
     masked when the host knows it: the model is then asked for logits, and proposals drawn, only at each row's
-    still-masked positions (`still_masked_positions`)."""
+    still-masked positions (`still_masked_positions`). A row whose count is 0 draws nothing (alone it skips the
+    step)."""
+    with sampler.drawing_for(drawing=None if counts is None else counts > 0):
+        _reveal_step(sampler, rows, block_mask, keep, counts, steps_left, most, width)
+
+
+def _reveal_step(sampler: Sampler, rows: Rows, block_mask, keep, counts, steps_left: int, most, width) -> None:
     remaining = block_mask.sum(1)
     if counts is not None and sampler.strategy.positional:
         # positions first, then logits only at their columns and proposals only where they are revealed
@@ -449,7 +472,7 @@ def _step(
         return reveal_rows(sampler, rows, choose(scores, block_mask, counts, most))
     gather = sampler.gather_still_masked and not sampler.denoiser.cuda_graphs  # CUDA graphs: one shape a block
     positions = still_masked_positions(block_mask, keep, width if gather else None)
-    proposals = _propose_at(sampler, rows, positions)
+    proposals = _propose_at(sampler, rows, positions, block_mask.gather(1, positions))
     scores = sampler.strategy.scores(proposals, positions, rows.x.shape[1], sampler.generator)
     if counts is None:
         masked = block_mask.gather(1, positions)
@@ -474,9 +497,10 @@ def still_masked_positions(block_mask: torch.Tensor, keep: torch.Tensor, width: 
     return keep[torch.topk(order, max(int(width), 1), dim=1).indices]
 
 
-def _propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> Proposals:
+def _propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor, drawing: torch.Tensor) -> Proposals:
     """Proposals (B, K) at the columns ``positions`` (K,) of every row, or at per-row columns (B, K) (distributions
-    (B, K, V) when the strategy needs them)."""
+    (B, K, V) when the strategy needs them); with one generator per row a row draws only where ``drawing`` (B, K)
+    is True (where it draws alone: `hf_mdm.generation_random.multinomial`)."""
     bsz = rows.x.shape[0]
     denoiser = sampler.denoiser
     logits = denoiser.logits(rows, positions) if positions.dim() == 1 else denoiser.logits_at(rows, positions)
@@ -484,5 +508,6 @@ def _propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> Propos
     flat_rows = torch.arange(bsz, device=rows.x.device).repeat_interleave(k)
     cols = positions.repeat(bsz) if positions.dim() == 1 else positions.reshape(-1)
     ids = sampler.proposer.processor_ids(rows.x, flat_rows, cols)
-    flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions)
+    drawn = (flat_rows, drawing.flatten())
+    flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions, drawn)
     return Proposals(*(None if v is None else v.view(bsz, k, *v.shape[1:]) for v in flat))

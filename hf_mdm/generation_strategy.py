@@ -29,6 +29,8 @@ from transformers.generation.logits_process import (
 
 from .generation_ngram import NoRepeatNGram
 from .generation_processors import left_context
+from .generation_random import multinomial as random_multinomial
+from .generation_random import rand as random_rand
 
 
 class Strategy(ABC):
@@ -100,7 +102,7 @@ class RandomStrategy(PositionalStrategy):
     name, aliases, draws = "random", ("origin",), True
 
     def positional_scores(self, shape: torch.Size, generator, device: Any) -> torch.Tensor:
-        return torch.rand(shape, generator=generator, device=device)
+        return random_rand(shape, generator, device)
 
 
 @register_strategy
@@ -227,13 +229,17 @@ class Proposer:
         options = None if self.compile_options is None else step_options(self.compile_options)
         self._proposals = self._propose if options is None else torch.compile(self._propose, **options)
 
-    def __call__(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool = False) -> Proposals:
-        """Proposals at N positions from their logits (N, V), with the recorded scores and logits when asked."""
+    def __call__(
+        self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool = False, drawn: Optional[tuple] = None
+    ) -> Proposals:
+        """Proposals at N positions from their logits (N, V), with the recorded scores and logits when asked.
+        ``drawn`` = (rows, valid) (N,): the row of each position and whether that row draws there alone (for one
+        generator per row: `hf_mdm.generation_random.multinomial`)."""
         raw = logits.clone() if self.record else None
-        proposals = self._proposals(logits, ids, need_probs)
+        proposals = self._proposals(logits, ids, need_probs, drawn)
         return proposals._replace(logits=raw) if self.record else proposals
 
-    def _propose(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool) -> Proposals:
+    def _propose(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool, drawn=None) -> Proposals:
         """Proposals at N positions from their logits (N, V); the distributions are returned when sampling or when
         ``need_probs`` (margin, entropy). At temperature 0 the probability of the argmax is exp(max - logsumexp):
         two read-only passes over the logits instead of writing a softmax. ``ids``: what the processors read."""
@@ -247,7 +253,7 @@ class Proposer:
             elif self.temperature:
                 sample_probs = probs.clone()
                 sample_probs[:, self.mask_id] = 0.0
-                tokens = torch.multinomial(sample_probs, 1, generator=self.generator).squeeze(1)
+                tokens = random_multinomial(sample_probs, self.generator, *(drawn or ()))
             else:
                 logits[:, self.mask_id] = -float("inf")
                 tokens = logits.argmax(-1)
@@ -288,7 +294,7 @@ class Proposer:
         temperature 0."""
         if not self.temperature:
             return probs.argmax(-1)
-        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+        return random_multinomial(probs, self.generator)
 
     def processor_ids(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> ProcessorIds:
         """What the processors read for the scored positions (``rows``, ``cols``) (N,) of the canvas ``x``."""

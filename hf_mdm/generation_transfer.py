@@ -36,6 +36,9 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from .generation_random import binomial as random_binomial
+from .generation_random import rand as random_rand
+
 # counts(step index, (B, L) masked positions of the block) -> (B,) tokens to reveal, or None (decided in the step)
 CountRule = Callable[[int, torch.Tensor], Optional[torch.Tensor]]
 
@@ -91,7 +94,7 @@ def normalised_alpha(schedule: Any, t: torch.Tensor) -> torch.Tensor:
 def draw_steps(cdf: torch.Tensor, shape: torch.Size, generator, device) -> torch.Tensor:
     """(shape) step indices drawn by inverse CDF from ``cdf`` (S,) (its last entry read as 1), one float64 uniform
     per element: the one draw of every sampler that decides a position's reveal step up front."""
-    u = torch.rand(shape, generator=generator, device=device, dtype=torch.float64)
+    u = random_rand(shape, generator, device, torch.float64)
     return torch.searchsorted(cdf.to(device), u, right=True).clamp_(max=cdf.numel() - 1)
 
 
@@ -266,7 +269,7 @@ def _binomial(remaining: torch.Tensor, p: float, generator) -> torch.Tensor:
     if p >= 1.0:
         return remaining
     probs = torch.full(remaining.shape, p, dtype=torch.float64, device=remaining.device)
-    return torch.binomial(remaining.double(), probs, generator=generator).long()
+    return random_binomial(remaining.double(), probs, generator).long()
 
 
 @register_transfer
