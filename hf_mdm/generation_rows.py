@@ -120,9 +120,11 @@ def plan_rows(
     config: Any, seed: Seeds, generator: Optional[torch.Generator], rows: "RowLayout", device: Any, dtype: Any
 ) -> Optional[list[list[int]]]:
     """The groups of rows a call runs as (each a batch without padding), or None to run the batch as given:
-    ``batch_invariant``, or one seed per row for a call that draws, groups rows of one length and layout where
-    they batch invariantly (`batches_invariantly`, `draws_in_batch`), else runs every row alone. A ValueError for
-    ``batch_invariant`` with a draw that no seed makes a row's own."""
+    ``batch_invariant`` groups rows of one length and layout where they batch invariantly (`batches_invariantly`,
+    `draws_in_batch`), else runs every row alone; one seed per row without it (a call that draws) groups them
+    wherever the draws allow: each row draws its own numbers, the forwards are the batch's (equal to the row's own
+    where the device batches invariantly). A ValueError for ``batch_invariant`` with a draw that no seed makes a
+    row's own."""
     draws = draws_random_numbers(config)
     if not config.batch_invariant and not (isinstance(seed, (list, tuple)) and draws):
         return None
@@ -132,7 +134,8 @@ def plan_rows(
             "or a list with one per row), so that each row's draws depend on its own seed only: "
             + ("a generator is shared by the rows" if generator is not None else "no seed was given")
         )
-    together = batches_invariantly(device, dtype) and (not draws or draws_in_batch(config))
+    invariant = batches_invariantly(device, dtype) or not config.batch_invariant  # seeds alone: own draws
+    together = invariant and (not draws or draws_in_batch(config))
     return rows.groups() if together else [[b] for b in range(rows.size)]
 
 

@@ -163,6 +163,9 @@ def test_where_rows_run_alone(monkeypatch):
     config = MaskedDiffusionGenerationConfig(**NEW, temperature=1.0, batch_invariant=True)
     assert plan_rows(config, 1, None, layout, "cpu", torch.float32) == [[0, 1, 2, 3]]
     assert plan_rows(config, 1, None, layout, "cuda", torch.float32) == [[0], [1], [2], [3]]
+    # one seed per row without the mode: its own draws in the batch's forwards, on any device
+    seeds = MaskedDiffusionGenerationConfig(**NEW, temperature=1.0)
+    assert plan_rows(seeds, [1, 2, 3, 4], None, layout, "cuda", torch.bfloat16) == [[0, 1, 2, 3]]
     reference = MaskedDiffusionGenerationConfig.llada(gen_length=16, steps=8, block_length=8, temperature=1.0)
     reference.batch_invariant = True
     assert plan_rows(reference, 1, None, layout, "cpu", torch.float32) == [[0], [1], [2], [3]]

@@ -39,6 +39,12 @@ def test_the_cpu_run_writes_every_row(tmp_path, capsys):
     assert "| LLaDA2.0-mini | 1 | llada2 preset, exact block cache |" in table
     assert table.startswith("# GPU check: tiny stand-ins, not the named models' shapes\n")
     assert payload["settings"]["tiny"] is True
+    # on the CPU in float32 rows of one length batch invariantly (hf_mdm.generation_rows.batches_invariantly)
+    invariance = payload["batch_invariance"]
+    assert [r["model"] for r in invariance] == [s.name for s in shapes(tiny=True) if s.kind == "diffusion"]
+    assert all(r["logits_equal_rows"] == r["token_equal_rows"] == r["rows"] == 8 for r in invariance)
+    assert all(r["max_logit_difference"] == 0.0 for r in invariance)
+    assert "| LLaDA-8B | float32 | 8 of 8 | 0 | 8 of 8 |" in table
 
 
 def test_a_time_budget_skips_rows_and_still_writes(tmp_path):

@@ -4,7 +4,9 @@
 2. The real-shape table with random weights (`hf_mdm.gpu_check.table`, models in `hf_mdm.gpu_check.shapes`):
    LLaDA-8B, Dream-7B, LLaDA2.0-mini and the autoregressive Qwen2.5-7B and Llama-3-8B, batch 1 and 32, in passes
    (``measure_in_passes``) so that the time budget skips the costly rows (CUDA graphs) rather than whole models.
-3. ``results/gpu/gpu_check.json`` and ``gpu_check.md``, naming the device and the torch and CUDA versions, printed.
+3. Batch invariance (`hf_mdm.gpu_check.invariance`): whether rows of one length batched together get the bits each
+   gets alone on this device, for each diffusion model, while the budget lasts.
+4. ``results/gpu/gpu_check.json`` and ``gpu_check.md``, naming the device and the torch and CUDA versions, printed.
 
 The same command runs on the CPU with tiny shapes (``--device cpu --tiny``), as part of ``make test``.
 """
@@ -20,6 +22,7 @@ from typing import Any, Optional
 
 import torch
 
+from .invariance import measure_invariance
 from .report import environment, write_report
 from .shapes import shapes
 from .table import Row, Settings, measure_shape
@@ -74,7 +77,7 @@ def run(
     tests_timeout_s: float = 240.0,
     models: Optional[list[str]] = None,
 ) -> tuple[dict[str, Path], list[Row]]:
-    """The three steps (see the module docstring); returns the written paths and the table's rows."""
+    """The four steps (see the module docstring); returns the written paths and the table's rows."""
     start = time.monotonic()
     tests = run_cuda_tests(tests_timeout_s)
     print(f"gpu-check: CUDA tests: {tests['summary']}", flush=True)
@@ -86,9 +89,14 @@ def run(
     if quick:
         settings.batches = settings.batches[:1]
     rows = measure_in_passes(shapes(tiny=tiny, names=models), settings)
+    invariance = [
+        measure_invariance(shape, device, dtype, settings.prompt, settings.new_tokens)
+        for shape in shapes(tiny=tiny, names=models)
+        if shape.kind == "diffusion" and time.monotonic() < settings.deadline
+    ]
     recorded = {k: str(v) if k == "dtype" else v for k, v in vars(settings).items() if k != "deadline"}
     recorded["tiny"] = tiny  # the table then says its rows are tiny stand-ins of the named shapes
-    paths = write_report(Path(output_dir), environment(device), tests, rows, recorded)
+    paths = write_report(Path(output_dir), environment(device), tests, rows, recorded, invariance)
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(f"gpu-check: wrote {paths['json']} and {paths['markdown']} in {time.monotonic() - start:.0f} s")
     return paths, rows

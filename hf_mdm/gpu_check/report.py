@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from ..fileio import write_atomic
+from .invariance import Invariance
 from .table import Row
 
 __all__ = ["environment", "write_report"]
@@ -42,7 +43,9 @@ def _cell(value: Optional[float], digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(env: dict[str, Any], tests: dict[str, Any], rows: list[Row], settings: dict[str, Any]) -> str:
+def markdown(
+    env: dict[str, Any], tests: dict[str, Any], rows: list[Row], settings: dict[str, Any], invariance: list = ()
+) -> str:
     lines = [
         "# GPU check" + (": tiny stand-ins, not the named models' shapes" if settings.get("tiny") else ""),
         "",
@@ -63,14 +66,37 @@ def markdown(env: dict[str, Any], tests: dict[str, Any], rows: list[Row], settin
             f"| {r.model} | {r.batch} | {r.sampler} | {_cell(r.tokens_per_s, 1)} | {_cell(r.ms_per_forward, 2)} | "
             f"{r.nfe if r.nfe is not None else '-'} | {_cell(r.peak_memory_gib, 2)} | {equal} | {r.note} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + invariance_lines(invariance)) + "\n"
 
 
-def write_report(output_dir: Path, env: dict, tests: dict, rows: list[Row], settings: dict) -> dict[str, Path]:
+def invariance_lines(invariance: list[Invariance]) -> list[str]:
+    """The batch-invariance table: rows of one length batched against each alone (`hf_mdm.gpu_check.invariance`)."""
+    if not invariance:
+        return []
+    lines = [
+        "",
+        "Batch invariance: 8 prompts of one length batched without padding against each alone (one forward's logits; "
+        "the default sampler at temperature 0). Where every row is equal, equal-length batches are invariant here.",
+        "",
+        "| model | dtype | logits bitwise equal | largest logit difference | tokens equal |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in invariance:
+        lines.append(
+            f"| {r.model} | {r.dtype} | {r.logits_equal_rows} of {r.rows} | {r.max_logit_difference:.3g} | "
+            f"{r.token_equal_rows} of {r.rows} |"
+        )
+    return lines
+
+
+def write_report(
+    output_dir: Path, env: dict, tests: dict, rows: list[Row], settings: dict, invariance: list = ()
+) -> dict[str, Path]:
     """Both files under ``output_dir``; returns their paths."""
     records = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} for r in rows]
     payload = {"environment": env, "cuda_tests": tests, "settings": settings, "rows": records}
+    payload["batch_invariance"] = [dataclasses.asdict(r) for r in invariance]
     paths = {"json": output_dir / "gpu_check.json", "markdown": output_dir / "gpu_check.md"}
     write_atomic(paths["json"], json.dumps(payload, indent=2, default=str))
-    write_atomic(paths["markdown"], markdown(env, tests, rows, settings))
+    write_atomic(paths["markdown"], markdown(env, tests, rows, settings, invariance))
     return paths
