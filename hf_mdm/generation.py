@@ -51,7 +51,7 @@ from .generation_reference import (
 )
 from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
-from .generation_rows import RowLayout, Seeds, check_seed, generate_rows, plan_rows
+from .generation_rows import RowLayout, Seeds, check_seed, generate_rows, plan_rows, require_own_draws
 from .generation_sampler import Canvas, Sampler, Trace, fill_last_blocks, prepare_canvas, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
 from .generation_stopping import (
@@ -164,10 +164,8 @@ def diffusion_generate(
     config = resolve_config(model, generation_config, kwargs)
     reject_inert_reference_args(config, kwargs)
     if uses_uniform_corruption(model, config, seed):  # random-token noise (DiffusionGemma): hf_mdm.generation_uniform
-        check_seed(seed, input_ids.shape[0], generator)
-        generator = _generator(generator, seed, input_ids)
-        return uniform_generate(
-            model, input_ids, attention_mask, config, generator, logits_processor, stopping_criteria, streamer
+        return _generate_uniform(
+            model, input_ids, attention_mask, config, generator, seed, logits_processor, stopping_criteria, streamer
         )
     # 2. the canvas: the prompt, then max_new_tokens [MASK] tokens; padding never attended to nor generated
     mask_id, new_tokens = int(config.mask_token_id), _new_tokens(config, input_ids)
@@ -221,13 +219,31 @@ def diffusion_generate(
     return _output(canvas, sampler, trace, num_generated, missing.any(1), watch.seconds, bool(config.output_history))
 
 
+def _generate_uniform(
+    model, input_ids, attention_mask, config, generator, seed, logits_processor, stopping_criteria, streamer
+):
+    """The uniform-corruption sampler on the batch; with ``batch_invariant`` every row alone (its rows share the
+    canvas draws), its padding dropped."""
+    check_seed(seed, input_ids.shape[0], generator)
+    if config.batch_invariant and _row_groups(model, config, seed, generator, input_ids, attention_mask):
+        require_own_draws(seed, generator)  # the canvas is drawn
+        layout = RowLayout(input_ids.long(), attention_mask, -1)
+        again = functools.partial(diffusion_generate, model, logits_processor=logits_processor)
+        return generate_rows(again, layout, layout.alone(), config, None, seed, stopping_criteria)
+    generator = _generator(generator, seed, input_ids)
+    return uniform_generate(
+        model, input_ids, attention_mask, config, generator, logits_processor, stopping_criteria, streamer
+    )
+
+
 def _row_groups(model, config, seed: Seeds, generator, input_ids, attention_mask) -> Optional[list[list[int]]]:
     """The groups of rows the call runs as (`hf_mdm.generation_rows.plan_rows`), or None: the batch as given (so
     too a batch of one row without padding)."""
     if input_ids.shape[0] == 1 and (attention_mask is None or bool(attention_mask.all())):
         return None
     dtype = next(iter(model.parameters()), torch.empty(0)).dtype if hasattr(model, "parameters") else torch.float32
-    layout = RowLayout(input_ids.long(), attention_mask, int(config.mask_token_id))
+    mask_id = -1 if config.mask_token_id is None else int(config.mask_token_id)  # uniform corruption: no [MASK]
+    layout = RowLayout(input_ids.long(), attention_mask, mask_id)
     return plan_rows(config, seed, generator, layout, input_ids.device, dtype)
 
 

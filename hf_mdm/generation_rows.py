@@ -41,6 +41,7 @@ __all__ = [
     "draws_in_batch",
     "plan_rows",
     "RowLayout",
+    "require_own_draws",
     "generate_rows",
 ]
 
@@ -128,15 +129,21 @@ def plan_rows(
     draws = draws_random_numbers(config)
     if not config.batch_invariant and not (isinstance(seed, (list, tuple)) and draws):
         return None
-    if config.batch_invariant and (generator is not None or seed is None) and draws:
+    if config.batch_invariant and draws:
+        require_own_draws(seed, generator)
+    invariant = batches_invariantly(device, dtype) or not config.batch_invariant  # seeds alone: own draws
+    together = invariant and (not draws or draws_in_batch(config))
+    return rows.groups() if together else rows.alone()
+
+
+def require_own_draws(seed: Seeds, generator: Optional[torch.Generator]) -> None:
+    """A ValueError for ``batch_invariant`` with draws that no seed makes a row's own (a generator, or no seed)."""
+    if generator is not None or seed is None:
         raise ValueError(
             "batch_invariant=True with a sampler that draws random numbers needs seed= (one integer for every row, "
             "or a list with one per row), so that each row's draws depend on its own seed only: "
             + ("a generator is shared by the rows" if generator is not None else "no seed was given")
         )
-    invariant = batches_invariantly(device, dtype) or not config.batch_invariant  # seeds alone: own draws
-    together = invariant and (not draws or draws_in_batch(config))
-    return rows.groups() if together else [[b] for b in range(rows.size)]
 
 
 class RowLayout:
@@ -153,6 +160,9 @@ class RowLayout:
     def prompt(self, b: int) -> torch.Tensor:
         return self.input_ids[b][self.keep[b]]
 
+    def alone(self) -> list[list[int]]:
+        return [[b] for b in range(self.size)]
+
     def groups(self) -> list[list[int]]:
         by_key: dict[tuple, list[int]] = {}
         for b in range(self.size):
@@ -167,7 +177,7 @@ def generate_rows(
     rows: RowLayout,
     groups: list[list[int]],
     config: Any,
-    new_tokens: int,
+    new_tokens: Optional[int],
     seed: Seeds,
     stopping_criteria: Any = None,
 ) -> Union[torch.Tensor, MaskedDiffusionGenerateOutput]:
@@ -182,7 +192,9 @@ def generate_rows(
     _reject_unmergeable(config)
     seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * rows.size
     row_config = config.__class__.from_any(config)
-    row_config.batch_invariant, row_config.max_new_tokens = False, new_tokens
+    row_config.batch_invariant = False
+    if new_tokens is not None:  # None: as many as the sampler writes (whole canvases: the outputs say)
+        row_config.max_new_tokens = new_tokens
     deadline = None if config.max_time is None else time.monotonic() + float(config.max_time)
     outputs, start = [], time.perf_counter()
     with _deterministic(rows.input_ids.device):
@@ -198,6 +210,8 @@ def generate_rows(
             )
             outputs.append(generate(ids, generation_config=row_config, stopping_criteria=criteria, **draws))
     order = [b for group in groups for b in group]
+    if new_tokens is None:
+        new_tokens = _sequences(outputs[0]).shape[1] - int(rows.keep[groups[0][0]].sum())
     sequences = _assemble(rows, order, [_sequences(out) for out in outputs], new_tokens)
     if not config.return_dict_in_generate:
         return sequences

@@ -172,3 +172,25 @@ def test_where_rows_run_alone(monkeypatch):
     # a prompt [MASK] at another column is another layout: its own group
     ids[1, attention[1].bool().nonzero()[0]] = MASK
     assert plan_rows(config, 1, None, RowLayout(ids, attention, MASK), "cpu", torch.float32) == [[0, 2, 3], [1]]
+
+
+def test_diffusion_gemma_rows_alone():
+    """DiffusionGemma's rows share the canvas draws, so with batch_invariant=True every row runs alone, its padding
+    dropped: each row's tokens those it gets alone with the seed."""
+    from test_diffusion_gemma_sampler import SETTINGS, prompts, tiny_diffusion_gemma
+
+    from hf_mdm.generation import diffusion_generate
+
+    model = tiny_diffusion_gemma()
+    ids, mask = prompts(4)
+    config = MaskedDiffusionGenerationConfig.diffusion_gemma(**SETTINGS)
+    out = diffusion_generate(model, ids, attention_mask=mask, generation_config=config, seed=3, batch_invariant=True)
+    batched = diffusion_generate(model, ids, attention_mask=mask, generation_config=config, seed=3)
+    assert out.sequences.shape == batched.sequences.shape
+    for b in range(4):
+        row = ids[b][mask[b].bool()][None]
+        own = diffusion_generate(model, row, generation_config=config, seed=3).sequences[0, row.shape[1] :]
+        assert out.sequences[b, ids.shape[1] :].tolist() == own.tolist()
+    assert batched.sequences[1:, ids.shape[1] :].tolist() != out.sequences[1:, ids.shape[1] :].tolist()
+    with pytest.raises(ValueError, match="needs seed="):
+        diffusion_generate(model, ids, attention_mask=mask, generation_config=config, batch_invariant=True)
