@@ -155,9 +155,11 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             (one graph a block). ``disable_compile=True`` turns it off
             (`hf_mdm.generation_denoiser.compile_options`).
         batch_invariant (`bool`, defaults to `False`): every row's tokens are those it gets alone, whatever the batch
-            size, padding and neighbours, in every dtype and under every sampler and cache: rows run one at a time
-            without their padding, each with its own seed (`hf_mdm.generation_rows`; a sampler that draws random
-            numbers needs ``seed=``, an integer for every row or a list with one per row). Costs the batching.
+            size, padding and neighbours, in every dtype and under every sampler and cache: rows of one prompt length
+            run as one batch without padding, each drawing from its own seed, where the device's kernels give a row
+            the same bits at any number of rows (the CPU in float32, bfloat16 without AMX); elsewhere rows run one
+            at a time (`hf_mdm.generation_rows`; a sampler that draws random numbers needs ``seed=``, an integer for
+            every row or a list with one per row).
         remdm (`str`, *optional*): ReMDM remasking, ``"cap"``, ``"rescale"``, ``"conf"`` or ``"loop"``
             (`hf_mdm.generation_remask`): the paper's sampler (``transfer="stochastic"``, ``strategy="random"``, which
             may be left unset) where a step may also remask revealed tokens of the current block. Combines with

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import torch
 
 from .generation_denoiser import Rows
-from .generation_sampler import Sampler, _propose_at, stops_inside_block
+from .generation_sampler import Sampler, _propose_at
+from .generation_stopping import stops_inside_block
 from .generation_strategy import choose
 from .generation_transfer import Transfer, even_split, register_transfer
 

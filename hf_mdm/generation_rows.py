@@ -1,17 +1,27 @@
-"""Rows generated alone: batch-invariant generation and per-row seeds.
+"""Batch-invariant generation and per-row seeds, keeping the batch where the kernels allow.
 
 A row of a batch is not computed as it is alone: its padding changes the length every attention and matrix product
 reduces over, so in bfloat16 its logits round differently and a near tie breaks the other way (see the README's
-"Reproducible at any batch size"), and the rows of a batch share one random stream. `generate_rows` is the cure
-that holds on every device: each row runs as a call of its own, without its padding, with its own generator, and the
-outputs are put back in the batch's layout. So a row's tokens are those it gets alone, whatever the batch size,
-padding side and length, and its neighbours, under every sampler and cache, in every dtype: the only assumption is
-that a kernel gives the same bits for the same shapes (on CUDA the call runs under
-``torch.use_deterministic_algorithms``, so that atomic-add kernels are replaced by deterministic ones).
+"Reproducible at any batch size"), and the rows of a batch share one random stream. `generate_rows` is the cure:
+
+1. rows are grouped (`RowLayout.groups`) so that no row is padded: rows whose prompts have one length and one layout
+   of [MASK] tokens run as one batch, each without its padding, so each has its own shapes (canvas, blocks, steps);
+2. every row draws from its own generator inside the batched step (`hf_mdm.generation_random.RowGenerators`: a row
+   draws exactly the numbers it draws alone, and none at a step it would skip alone);
+3. the outputs are put back in the batch's layout.
+
+A group's rows get the bits they get alone where the kernels do not choose their reduction order by the number of
+rows (`batches_invariantly`): on the CPU in float32 (MKL's products, torch's attention; every family tested), and in
+bfloat16 without AMX. oneDNN's AMX bfloat16 products change a row's bits with the number of rows (measured), and
+cuBLAS picks kernels by size (split-K), so there ``batch_invariant`` runs every row alone, the guarantee that holds on
+every device (``make gpu-check`` measures whether equal-length batches are invariant on a GPU). Samplers whose draws
+are not per row (a reference sampler's, speculative decoding's, ``no_repeat_ngram_size``'s, a compiled step's) run
+their rows alone when they draw.
 
 It runs when ``batch_invariant=True``, and when ``seed`` is a list (one per row) and the call draws random numbers
-(`draws_random_numbers`); a call that draws none gives the same tokens under any seed and runs as one batch. The cost
-is the batching: rows run one after the other (``make bench`` prints it).
+(`draws_random_numbers`): then each row draws its own numbers in its group's batched forwards on any device (the
+forwards equal the row's own where the device batches invariantly). A call that draws none gives the same tokens
+under any seed and runs as one batch.
 
 Exported with the model as remote code.
 """

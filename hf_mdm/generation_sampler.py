@@ -29,7 +29,7 @@ from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
 from .generation_random import only_rows, select_rows
 from .generation_reveal import reveal_rows, reveal_top, reveal_where
-from .generation_stopping import Streamer, finished_rows
+from .generation_stopping import Streamer, finished_rows, stops_inside_block
 from .generation_strategy import (
     Proposals,
     Proposer,
@@ -387,18 +387,6 @@ def _denoise_block_adaptively(
         width = int(block_mask.sum(1).max())  # the step's one read: whether the block is done, and its width
         if width == 0:
             break
-
-
-def stops_inside_block(rows: Rows, block_mask: torch.Tensor, eos_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
-    """(B,) rows that stop at this step (LLaDA2's ``eos_early_stop``): the step revealed an EOS (at a position of
-    ``block_mask``, the block's masked positions before it) and nothing generated before the row's first EOS is
-    still masked."""
-    x, generated = rows.x, ~rows.prompt_mask
-    revealed_eos = (torch.isin(x, eos_ids) & block_mask).any(1)
-    is_eos = torch.isin(x, eos_ids) & generated
-    first = torch.where(is_eos.any(1), is_eos.long().argmax(1), x.shape[1])
-    before_first = torch.arange(x.shape[1], device=x.device)[None, :] < first[:, None]
-    return revealed_eos & ~((x == mask_id) & generated & before_first).any(1)
 
 
 def fill_last_blocks(canvas: Canvas, block_length: int, mask_id: int) -> Canvas:

@@ -2,7 +2,8 @@
 
 Between semi-autoregressive blocks a row whose revealed prefix holds an EOS (with nothing masked before it) or
 meets a user stopping criterion is finished and skips the remaining blocks (`finished_rows`). At the end, tokens
-after the first generated EOS become padding when ``stop_at_eos`` (`finalize_eos`). `Streamer` feeds a
+after the first generated EOS become padding when ``stop_at_eos`` (`finalize_eos`). With ``eos_early_stop`` a row
+also stops inside a block, at the step that writes its EOS (`stops_inside_block`). `Streamer` feeds a
 transformers streamer with the leftmost generated prefix as it becomes final. ``max_time`` is transformers'
 `MaxTimeCriteria` among the stopping criteria (`with_max_time`).
 
@@ -123,3 +124,15 @@ class Streamer:
         if self.streamer is not None:
             self.update(x)
             self.streamer.end()
+
+
+def stops_inside_block(rows: Any, block_mask: torch.Tensor, eos_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
+    """(B,) rows that stop at this step (LLaDA2's ``eos_early_stop``): the step revealed an EOS (at a position of
+    ``block_mask``, the block's masked positions before it) and nothing generated before the row's first EOS is
+    still masked."""
+    x, generated = rows.x, ~rows.prompt_mask
+    revealed_eos = (torch.isin(x, eos_ids) & block_mask).any(1)
+    is_eos = torch.isin(x, eos_ids) & generated
+    first = torch.where(is_eos.any(1), is_eos.long().argmax(1), x.shape[1])
+    before_first = torch.arange(x.shape[1], device=x.device)[None, :] < first[:, None]
+    return revealed_eos & ~((x == mask_id) & generated & before_first).any(1)

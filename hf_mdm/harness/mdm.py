@@ -75,10 +75,11 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
             lm-eval's ``--seed`` set (1234 by default).
         per_request_seeds: every request draws from a seed of its own, derived from the run's seed and the request
             (`hf_mdm.harness.reproducible`), so a sampled answer is the same at any ``batch_size`` and process count;
-            a batch whose sampler draws random numbers then runs its rows one at a time. ``False``: one random stream
-            for the run, shared by a batch's rows (batched, reproducible only at the same batch size). Together
-            with the sampler argument ``batch_invariant=True`` (each row also computed alone, so in bfloat16 too) a
-            run's every answer is the same at any batch size and process count.
+            each row of a batch draws from its own generator (`hf_mdm.generation_rows`: rows of one length batched).
+            ``False``: one random stream for the run, shared by a batch's rows (reproducible only at the same batch
+            size). Together with the sampler argument ``batch_invariant=True`` (each row's forwards also its own:
+            rows of one length batched where the device allows, else alone, so in bfloat16 too) a run's every
+            answer is the same at any batch size and process count.
         **kwargs: sampler settings, then everything else to lm-eval's HFLM (``dtype``, ``device``, ``batch_size``,
             ``trust_remote_code``, ...) and from there to ``from_pretrained``. The sampler settings depend on the
             reference:

@@ -4,8 +4,9 @@ A sampled answer should not depend on which requests share its batch nor on how 
 Each request gets a seed of its own, `request_seed`: a hash of the run's seed (the model's ``seed`` argument, else
 the torch seed lm-eval's ``--seed`` set before the model was built), the request's task, document, repeat,
 context and generation kwargs. ``hf_mdm`` draws every row from its request's seed (``seed=[...]`` of
-`hf_mdm.generation.diffusion_generate`); with ``batch_invariant=True`` each row is also computed alone, so its
-tokens do not depend on the batch even in bfloat16. ``hf_timed`` (transformers' ``generate``, which has one random
+`hf_mdm.generation.diffusion_generate`); with ``batch_invariant=True`` each row's forwards are also its own (rows of
+one length batched where the device's kernels allow, else alone: `hf_mdm.generation_rows`), so its tokens do not
+depend on the batch even in bfloat16. ``hf_timed`` (transformers' ``generate``, which has one random
 stream for the batch) takes ``batch_invariant=True`` the same way: each request generated alone, as a batch of one
 without padding, its draws from its own seed (`generate_alone`).
 """
