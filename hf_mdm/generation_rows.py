@@ -48,6 +48,7 @@ __all__ = [
     "check_seed",
     "draws_random_numbers",
     "batches_invariantly",
+    "invariance_guarantee",
     "draws_in_batch",
     "plan_rows",
     "RowLayout",
@@ -105,6 +106,13 @@ def batches_invariantly(device: Any, dtype: torch.dtype) -> bool:
     if dtype in (torch.float32, torch.float64):
         return True
     return not _amx_in_use()
+
+
+def invariance_guarantee(device: Any, dtype: torch.dtype) -> str:
+    """What ``batch_invariant=True`` does and guarantees on ``device`` in ``dtype``, in words (a run records it)."""
+    if batches_invariantly(device, dtype):
+        return "rows of one length batched without padding, each its own draws: bitwise as alone on this device"
+    return "every row alone, without its padding, with its own draws: bitwise as alone on any device"
 
 
 def _amx_in_use() -> bool:

@@ -169,7 +169,9 @@ def test_batch_invariance_counts_differences_and_quick_run_writes_its_tables(tmp
     rows = [line.split(" | ") for line in variance.splitlines() if line.startswith(("| MDM |", "| AR ("))]
     assert len(rows) == 2 * (len(bench_invariance.SAMPLERS) + 1)
     assert all(row[-1].startswith("0 of 3") for row in rows)  # batch_invariant: every row as alone
-    cost = [line.split(" | ") for line in text.split("Cost of")[1].splitlines() if line.startswith(("| equal", "| mixed"))]
+    cost = [
+        line.split(" | ") for line in text.split("Cost of")[1].splitlines() if line.startswith(("| equal", "| mixed"))
+    ]
     assert len(cost) == 2 * len(bench_invariance.TARGETS)  # each case, float32 and bfloat16
     assert all(row[5].startswith("<= ") and row[5].endswith(("(met)", "(not met)")) for row in cost)
 

@@ -11,7 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
+from hf_mdm.generation_rows import invariance_guarantee
 from hf_mdm.harness import simple_evaluate
 from hf_mdm.harness.evaluator import build_task_manager
 from hf_mdm.harness.tiny import build_tiny_models
@@ -61,7 +63,10 @@ def test_hf_mdm_samples_equal_at_batch_sizes_1_4_8(tiny, dtype):
     assert scores(runs[0]) == scores(runs[1]) == scores(runs[2])
     assert len({str(a[2]) for a in answers(runs[0])}) > 2  # sampled answers, not one repeated string
     mode = runs[0]["config"]["reproducibility"]
-    assert mode == {"batch_invariant": True, "seeds": "per request", "seed": 1234}
+    batching = invariance_guarantee(
+        "cpu", getattr(torch, dtype)
+    )  # float32: batched by length; bfloat16 under AMX: alone
+    assert mode == {"batch_invariant": True, "seeds": "per request", "seed": 1234, "batching": batching}
 
 
 @pytest.mark.slow

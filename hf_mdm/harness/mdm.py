@@ -30,6 +30,7 @@ from ..generation import (
 )
 from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
+from ..generation_rows import invariance_guarantee
 from ..likelihood import ELBOEstimator, greedy_matches
 from .model_args import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
 from .reproducible import reproducibility_info
@@ -360,7 +361,10 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         info["reference"] = self.reference
         info.update(mc_num=self.mc_num, greedy_check=self.greedy_check, seed=self.seed, max_gen_toks=self.max_gen_toks)
         seeds = "per request" if self.per_request_seeds else "one stream for the run, shared by a batch"
-        info["reproducibility"] = reproducibility_info(self.generation_config.batch_invariant, seeds, self.seed)
+        guarantee = invariance_guarantee(self.model.device, self.model.dtype)
+        info["reproducibility"] = reproducibility_info(
+            self.generation_config.batch_invariant, seeds, self.seed, guarantee
+        )
         return info
 
 

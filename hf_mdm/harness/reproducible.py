@@ -59,6 +59,11 @@ def generate_alone(
     return tokens, steps
 
 
-def reproducibility_info(batch_invariant: bool, seeds: str, base: int) -> dict[str, Any]:
-    """What a run's results JSON records of its mode (``config.reproducibility``)."""
-    return {"batch_invariant": bool(batch_invariant), "seeds": seeds, "seed": base}
+def reproducibility_info(batch_invariant: bool, seeds: str, base: int, batching: Optional[str] = None) -> dict:
+    """What a run's results JSON records of its mode (``config.reproducibility``); with ``batch_invariant``,
+    ``batching`` says how rows ran and what that guarantees on the run's device
+    (`hf_mdm.generation_rows.invariance_guarantee`)."""
+    info: dict[str, Any] = {"batch_invariant": bool(batch_invariant), "seeds": seeds, "seed": base}
+    if batch_invariant and batching is not None:
+        info["batching"] = batching
+    return info
