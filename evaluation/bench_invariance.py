@@ -167,13 +167,13 @@ def batch_of(args: argparse.Namespace, lengths: list[int]) -> tuple[torch.Tensor
 
 @contextlib.contextmanager
 def rows_alone() -> Iterator[None]:
-    """The previous mode, for comparison: every row of an invariant call alone (no device batches invariantly)."""
-    saved = generation_rows.batches_invariantly
-    generation_rows.batches_invariantly = lambda device, dtype: False
+    """The previous mode, for comparison: every row of an invariant or per-row-seed call alone."""
+    saved = generation_rows.RowLayout.groups
+    generation_rows.RowLayout.groups = generation_rows.RowLayout.alone
     try:
         yield
     finally:
-        generation_rows.batches_invariantly = saved
+        generation_rows.RowLayout.groups = saved
 
 
 def cost_cases(args: argparse.Namespace, mdm) -> dict[str, dict[str, Callable[[], Any]]]:
