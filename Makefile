@@ -76,7 +76,7 @@ lock: test-newest
 # and its cost, written to evaluation/BATCH_INVARIANCE.md (a few minutes); the LM head only at the still-masked
 # positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md); hf_mdm beside
 # diffusers' LLaDA2Pipeline and transformers' DiffusionGemma generate, same tokens (evaluation/bench_peers.py ->
-# evaluation/PEERS.md, a few minutes); SFT memory and time against AR, with and without LoRA and checkpointing
+# evaluation/PEERS.md, about 11 minutes: the pipeline at 256 + 512 tokens, batch 8); SFT memory and time against AR, with and without LoRA and checkpointing
 # (evaluation/bench_sft_memory.py -> evaluation/SFT_MEMORY.md).
 BENCH_ARGS ?=
 bench: $(STAMP)

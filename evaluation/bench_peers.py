@@ -5,23 +5,31 @@
   canvas up to the current block) against hf_mdm's reproduction of it,
   `MaskedDiffusionGenerationConfig.llada2_pipeline`, without a cache and with the exact block cache (hf_mdm's
   default for a block-causal model: a forward computes the current block only). A random LLaDA2.0 MoE (sizes
-  below; its LM head scaled up so that confidences spread and the thresholds matter), float32, a prompt that does
-  not end on a block boundary; the pipeline's defaults (blocks of 32, 32 steps, threshold 0.7, editing 0.5) at
-  batch 1, and editing off at batch 4 (the pipeline's rows of a batch depend on each other when editing is on).
+  below; its LM head scaled up so that confidences spread and the thresholds matter), float32, blocks of 32 and
+  the pipeline's other defaults (32 steps, threshold 0.7, editing 0.5), at two sizes:
+
+  - small: a prompt of 40 tokens (not ending on a block boundary), 128 new tokens, where the cache has little to
+    save; the pipeline's defaults at batch 1, editing off at batch 4 (the pipeline's rows of a batch depend on each
+    other when editing is on); ``--repeats`` rounds after a warm-up round;
+  - large, the size users run (``LARGE``): a prompt of 256 tokens, 512 new tokens, the same model; editing 0.5 at
+    batch 1 and off at batch 8; the pipeline and the exact block cache only (hf_mdm without a cache computes the
+    whole 768-column canvas at every forward, longer than the pipeline), ``--large-repeats`` rounds (default 2)
+    and no warm-up round (the small size's rounds ran the same model). Left out by ``--quick``.
 - DiffusionGemma: transformers' own ``DiffusionGemmaForBlockDiffusion.generate`` against hf_mdm's
   `MaskedDiffusionGenerationConfig.diffusion_gemma` (`hf_mdm.generation_uniform`) on the same random model (the
   harness's layout at the sizes below, canvases of 32, LM head scaled up), same seed, 16 denoising steps at most,
-  transformers' other defaults, batch 1 and a left-padded batch of 4; forwards and positions are the decoder's
-  (the encoder's passes are not counted, as DiffusionGemma does not count them). diffusers'
-  ``DiffusionGemmaPipeline`` is not timed: with transformers 5.24 it fails at its first call (it passes the
-  cache as ``past_key_values`` where transformers names it ``cache``), and patched it appends the scheduler's
+  transformers' other defaults, prompt 40 and 128 new tokens, batch 1 and a left-padded batch of 4; forwards and
+  positions are the decoder's (the encoder's passes are not counted, as DiffusionGemma does not count them).
+  diffusers' ``DiffusionGemmaPipeline`` is not timed: with transformers 5.24 it fails at its first call (it passes
+  the cache as ``past_key_values`` where transformers names it ``cache``), and patched it appends the scheduler's
   canvas instead of the argmax, so its tokens are not DiffusionGemma's (`tests/test_diffusion_gemma_sampler.py`).
 
-Each row: median seconds over ``--repeats`` interleaved rounds after a warm-up round, model forwards, positions
-the forwards computed (rows x input length, summed), the time ratio to the peer, and whether the tokens equal the
-peer's (checked on every round).
+Each row: median seconds over the interleaved rounds, model forwards, positions the forwards computed (rows x input
+length, summed), the time ratio to the peer, and whether the tokens equal the peer's (checked on every round).
+About 11 minutes on 2 CPU cores with the defaults (most of it the large size's batch of 8 through the
+pipeline: three to four minutes a call).
 
-    python evaluation/bench_peers.py [--repeats 3] [--threads 1] [--output FILE.md] [--quick]
+    python evaluation/bench_peers.py [--repeats 3] [--large-repeats 2] [--threads 1] [--output FILE.md] [--quick]
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from hf_mdm.models import LLaDA2MoeConfig, LLaDA2MoeModelLM  # noqa: E402
 
 SIZES = dict(hidden=256, layers=4, vocab=2048, prompt=40, new=128, head_scale=8.0)
 QUICK = dict(hidden=64, layers=2, vocab=256, prompt=12, new=32)
+LARGE = dict(prompt=256, new=512)  # LLaDA2 at the size users run (blocks of 32, the pipeline's default)
 MASK_OFFSET, EOS_OFFSET = 1, 2  # [MASK] is the last id, EOS the one before
 
 
@@ -103,24 +112,38 @@ LLADA2_RUNS = {
 
 
 def llada2_rows(args: argparse.Namespace) -> list[dict]:
+    """The small size's rows (every run; batch 1 and 4), then unless ``--quick`` the large size's (the pipeline and
+    the exact block cache; batch 1 and 8), on one model."""
     model, rows = llada2(args), []
-    for batch, editing in ((1, 0.5), (4, None)):
-        checks: list[bool] = []
-        series = interleave(llada2_runs(args, model, batch, editing, checks), args.repeats, warmup=1)
-        rows += timed_rows("LLaDA2Pipeline", series, "pipeline", LLADA2_RUNS, batch, editing, all(checks))
+    sizes = [(args.prompt, args.new, ((1, 0.5), (4, None)), tuple(LLADA2_RUNS), args.repeats, 1)]
+    if not args.quick:
+        large = ((1, 0.5), (8, None)), ("pipeline", "prefix"), args.large_repeats, 0
+        sizes.append((LARGE["prompt"], LARGE["new"], *large))
+    for prompt, new, batches, keys, repeats, warmup in sizes:
+        sized = argparse.Namespace(**{**vars(args), "prompt": prompt, "new": new})
+        for batch, editing in batches:
+            checks: list[bool] = []
+            runs = llada2_runs(sized, model, batch, editing, checks)
+            series = interleave({key: runs[key] for key in keys}, repeats, warmup=warmup)
+            names = {key: LLADA2_RUNS[key] for key in keys}
+            size = (prompt, new)
+            rows += timed_rows("LLaDA2Pipeline", series, "pipeline", names, batch, editing, all(checks), size)
     return rows
 
 
-def timed_rows(peer: str, series: dict, peer_key: str, names: dict, batch: int, editing: Any, equal: bool) -> list:
-    """One row per run of ``series`` (named by ``names``): median seconds, forwards, positions, the peer's time over
-    the run's, whether the tokens equal the peer's."""
+def timed_rows(
+    peer: str, series: dict, peer_key: str, names: dict, batch: int, editing: Any, equal: bool, size: tuple
+) -> list:
+    """One row per run of ``series`` (named by ``names``): the (prompt, new tokens) ``size``, median seconds,
+    forwards, positions, the peer's time over the run's, whether the tokens equal the peer's."""
     rows = []
     for key, name in names.items():
         s = series[key]
         rows.append(
             dict(
-                peer=peer, run=name, batch=batch, editing=editing, seconds=s.median, forwards=s.calls[0].forwards,
-                positions=s.calls[0].positions, ratio=series[peer_key].median / s.median, equal=equal,
+                peer=peer, run=name, size=size, batch=batch, editing=editing, seconds=s.median,
+                forwards=s.calls[0].forwards, positions=s.calls[0].positions,
+                ratio=series[peer_key].median / s.median, equal=equal,
             )
         )  # fmt: skip
     return rows
@@ -174,34 +197,39 @@ def diffusion_gemma_rows(args: argparse.Namespace) -> list[dict]:
         runs = {"transformers": (decoder, transformers_generate), "hf_mdm": (decoder, hf_mdm)}
         series = interleave(runs, args.repeats, warmup=1)
         names = {"transformers": "transformers DiffusionGemma generate", "hf_mdm": "hf_mdm diffusion_gemma preset"}
-        rows += timed_rows("DiffusionGemma generate", series, "transformers", names, batch, None, all(checks))
+        size = (args.prompt, args.new)
+        rows += timed_rows("DiffusionGemma generate", series, "transformers", names, batch, None, all(checks), size)
     return rows
 
 
 def markdown(args: argparse.Namespace, rows: list[dict]) -> str:
+    large = f"; {args.large_repeats} without one at {LARGE['prompt']} + {LARGE['new']}"
+    large = "" if args.quick else large
     lines = [
-        f"# hf_mdm beside its peers, same model, same tokens ({args.repeats} interleaved rounds after a warm-up, "
-        f"{args.threads} thread{'s' if args.threads > 1 else ''}, CPU)",
+        f"# hf_mdm beside its peers, same model, same tokens ({args.repeats} interleaved rounds after a warm-up"
+        f"{large}, {args.threads} thread{'s' if args.threads > 1 else ''}, CPU)",
         "",
         f"LLaDA2: random LLaDA2.0 MoE (hidden {args.hidden}, {args.layers} layers, vocabulary {args.vocab}, 8 experts, "
-        f"LM head x{args.head_scale}), float32, prompt {args.prompt} tokens, gen_length {args.new}, blocks of 32, "
-        "32 steps, threshold 0.7, the pipeline's defaults.",
+        f"LM head x{args.head_scale}), float32, blocks of 32, 32 steps, threshold 0.7, the pipeline's defaults. "
+        "DiffusionGemma: canvases of 32, 16 denoising steps at most.",
         "",
-        "| peer | run | batch | editing | median s | forwards | positions computed | peer's time / this time | "
-        "tokens equal the peer's |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| peer | run | prompt + new | batch | editing | median s | forwards | positions computed | "
+        "peer's time / this time | tokens equal the peer's |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         editing = "off" if row["editing"] is None else str(row["editing"])
+        size = f"{row['size'][0]} + {row['size'][1]}"
         lines.append(
-            f"| {row['peer']} | {row['run']} | {row['batch']} | {editing} | {row['seconds']:.3f} | {row['forwards']} "
-            f"| {row['positions']} | {row['ratio']:.2f}x | {'yes' if row['equal'] else 'NO'} |"
+            f"| {row['peer']} | {row['run']} | {size} | {row['batch']} | {editing} | {row['seconds']:.3f} "
+            f"| {row['forwards']} | {row['positions']} | {row['ratio']:.2f}x | {'yes' if row['equal'] else 'NO'} |"
         )
     return "\n".join(lines) + "\n"
 
 
 def parse(argv: Any = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--large-repeats", type=int, default=2, help="timed rounds of LLaDA2 at the large size")
     return parse_table_arguments(parser, argv, repeats=3, sizes=SIZES, quick=QUICK)
 
 

@@ -29,6 +29,7 @@ from transformers.generation.logits_process import (
 
 from .generation_ngram import NoRepeatNGram
 from .generation_processors import left_context
+from .generation_random import RowGenerators
 from .generation_random import multinomial as random_multinomial
 from .generation_random import rand as random_rand
 
@@ -236,6 +237,7 @@ class Proposer:
         ``drawn`` = (rows, valid) (N,): the row of each position and whether that row draws there alone (for one
         generator per row: `hf_mdm.generation_random.multinomial`)."""
         raw = logits.clone() if self.record else None
+        drawn = drawn if isinstance(self.generator, RowGenerators) else None  # a compiled step sees no extra input
         proposals = self._proposals(logits, ids, need_probs, drawn)
         return proposals._replace(logits=raw) if self.record else proposals
 
@@ -253,7 +255,11 @@ class Proposer:
             elif self.temperature:
                 sample_probs = probs.clone()
                 sample_probs[:, self.mask_id] = 0.0
-                tokens = random_multinomial(sample_probs, self.generator, *(drawn or ()))
+                tokens = (
+                    torch.multinomial(sample_probs, 1, generator=self.generator).squeeze(1)
+                    if drawn is None  # one stream (and a compiled step: torch's own call, one graph break)
+                    else random_multinomial(sample_probs, self.generator, *drawn)
+                )
             else:
                 logits[:, self.mask_id] = -float("inf")
                 tokens = logits.argmax(-1)

@@ -22,6 +22,7 @@ from transformers import (
 )
 from transformers.models.diffusion_gemma import generation_diffusion_gemma as dg
 
+from hf_mdm import generation_uniform as uniform
 from hf_mdm.families import facts_of
 from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
 from hf_mdm.harness.tiny import TINY_DIFFUSION_GEMMA_TEXT, TINY_VISION
@@ -121,6 +122,7 @@ CASES = {
     ),
     "cold-schedule": dict(batch=2, confidence_threshold=0.2, t_min=0.0, t_max=0.5, max_denoising_steps=12),
     "transformers-defaults": dict(batch=3, entropy_bound=0.1, confidence_threshold=0.005, max_new_tokens=12),
+    "padded-batch4": dict(batch=4, confidence_threshold=0.5),
 }
 
 
@@ -141,6 +143,54 @@ def test_token_exact_against_transformers(model, case):
         assert early == 0
     elif case != "transformers-defaults":  # 0.005 rarely fires on this model
         assert early > 0, "the adaptive stop never fired: the case would not test it"
+
+
+def test_step_helpers_are_torchs_operations_to_the_bit():
+    """The sampler's step helpers give the bits of the torch calls transformers makes: `draw_one` the indices of
+    ``torch.multinomial(probs, 1)`` and leaves the generator where it does, `token_entropy` the entropies of
+    ``Categorical(logits=...).entropy()``, `first_argmax` the indices of ``torch.argmax`` (ties to the first, NaN
+    as the largest, -inf rows)."""
+    logits = torch.randn(6, 32, 50, generator=torch.Generator().manual_seed(0)) * 6
+    logits[0, :, 10:40] = float("-inf")  # suppressed tokens: zero probabilities
+    probs = torch.softmax(logits, dim=-1).view(-1, 50)
+    for seed in range(3):
+        ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        drawn = uniform.draw_one(probs, ours)
+        assert torch.equal(drawn, torch.multinomial(probs, 1, generator=theirs).squeeze(-1))
+        assert torch.equal(torch.rand(4, generator=ours), torch.rand(4, generator=theirs))
+    expected = torch.distributions.Categorical(logits=logits).entropy()
+    assert torch.equal(uniform.token_entropy(logits.clone()), expected)
+    ties = torch.randint(-2, 2, (64, 300), generator=torch.Generator().manual_seed(1)).float()
+    ties[0, 7], ties[1, 3], ties[2] = float("nan"), float("nan"), float("-inf")
+    assert torch.equal(uniform.first_argmax(ties), torch.argmax(ties, dim=-1))
+
+
+def test_the_decoder_is_called_as_the_models_forward_calls_it(model):
+    """`CanvasModel.decode` calls the decoder and the LM head of a plain DiffusionGemmaForBlockDiffusion itself (the
+    same logits as the model's forward), and the model's forward when it is hooked or patched; the tokens equal
+    transformers' either way, at batch 1 and on a left-padded batch of 4."""
+    ids, mask = prompts(4)
+    calls = uniform.CanvasModel(model)
+    assert calls._decoder is model.model.decoder
+    calls.encode(ids, mask.bool())
+    canvas = calls.random_canvas(4, ids.device, torch.Generator().manual_seed(0))
+    conditioning = calls.decode(canvas, None)
+    inputs = dict(decoder_attention_mask=calls._mask, decoder_position_ids=calls._positions, cache=calls.cache)
+    expected = model(decoder_input_ids=canvas, self_conditioning_logits=conditioning, **inputs).logits
+    assert torch.equal(calls.decode(canvas, conditioning), expected)
+    handle = model.register_forward_pre_hook(lambda module, args: None)
+    try:
+        assert uniform.CanvasModel(model)._decoder is None
+        with patched(model, "forward", model.forward):
+            assert uniform.CanvasModel(model)._decoder is None
+        for batch in (1, 4):
+            hooked = hf_mdm_generate(model, ids[:batch], mask[:batch], 3, **SETTINGS).sequences
+            assert torch.equal(hooked, transformers_generate(model, ids[:batch], mask[:batch], 3, **SETTINGS)[0])
+    finally:
+        handle.remove()
+    for batch in (1, 4):
+        plain = hf_mdm_generate(model, ids[:batch], mask[:batch], 3, **SETTINGS).sequences
+        assert torch.equal(plain, transformers_generate(model, ids[:batch], mask[:batch], 3, **SETTINGS)[0])
 
 
 def test_max_length_counts_the_prompt(model):
