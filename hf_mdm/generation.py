@@ -137,7 +137,8 @@ def diffusion_generate(
         logits_processor, stopping_criteria: as in transformers; processors see ``input_ids`` = the canvas row
             repeated for every scored position and ``scores`` (B*K, V); stopping criteria are checked between blocks
             on the revealed prefix.
-        streamer: a transformers streamer (batch size 1): receives the prompt, then tokens as the leftmost
+        streamer: a transformers streamer (batch size 1), or a list with one per row (None where a row is not
+            streamed): receives the prompt, then tokens as the leftmost
             generated prefix becomes final.
         generator / seed: randomness for sampling, stochastic transfer and the random strategy. ``seed`` may be a
             list with one seed per row: each row then draws from its own generator, as it does alone
@@ -177,7 +178,7 @@ def diffusion_generate(
         # batch_invariant, or one seed per row: rows of one length batched without padding, each its own draws
         again = functools.partial(diffusion_generate, model, logits_processor=logits_processor)
         layout = RowLayout(input_ids.long(), attention_mask, mask_id)
-        return generate_rows(again, layout, groups, config, new_tokens, seed, stopping_criteria)
+        return generate_rows(again, layout, groups, config, new_tokens, seed, stopping_criteria, streamer)
     generator = _generator(generator, seed[0] if isinstance(seed, (list, tuple)) else seed, input_ids)
     output_width = canvas.x.shape[1]
     if config.whole_blocks:

@@ -198,6 +198,7 @@ def generate_rows(
     new_tokens: Optional[int],
     seed: Seeds,
     stopping_criteria: Any = None,
+    streamer: Any = None,
 ) -> Union[torch.Tensor, MaskedDiffusionGenerateOutput]:
     """``generate(group, generation_config=..., seed=... | generator=..., stopping_criteria=...)`` for every group of
     ``groups``, one after the other, each a batch of its rows' prompts without their padding, each row drawing from
@@ -226,7 +227,10 @@ def generate_rows(
                 if not stopping_criteria
                 else StoppingCriteriaList([_InBatchLayout(stopping_criteria, rows, group)])
             )
-            outputs.append(generate(ids, generation_config=row_config, stopping_criteria=criteria, **draws))
+            streamers = _streamers_of(streamer, group, rows.size)
+            outputs.append(
+                generate(ids, generation_config=row_config, stopping_criteria=criteria, streamer=streamers, **draws)
+            )
     order = [b for group in groups for b in group]
     if new_tokens is None:
         new_tokens = _sequences(outputs[0]).shape[1] - int(rows.keep[groups[0][0]].sum())
@@ -234,6 +238,18 @@ def generate_rows(
     if not config.return_dict_in_generate:
         return sequences
     return _merged_output(sequences, outputs, order, time.perf_counter() - start)
+
+
+def _streamers_of(streamer: Any, group: list[int], batch: int) -> Any:
+    """A group's streamers: its rows' of a list (None when none of them streams), a batch of one's own streamer."""
+    if streamer is None:
+        return None
+    if not isinstance(streamer, (list, tuple)):
+        if batch != 1:
+            raise ValueError("streamer supports batch size 1 only, as in transformers (or pass a list, one per row)")
+        return streamer
+    mine = [streamer[b] for b in group]
+    return None if all(s is None for s in mine) else mine
 
 
 def _draws(group: list[int], seeds: list, device: Any) -> dict[str, Any]:

@@ -91,39 +91,49 @@ def finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled) -> torch.Tensor:
 
 
 class Streamer:
-    """Feeds a transformers streamer with tokens as the leftmost generated prefix of row 0 becomes final."""
+    """Feeds streamers with tokens as the leftmost generated prefix of a row becomes final: a transformers streamer
+    (batch size 1, as in transformers), or a list with one per row (None for a row nobody streams), each receiving
+    its row's prompt, then its final tokens."""
 
     def __init__(self, streamer, x, gen_mask0, mask_id, width: Optional[int] = None):
-        self.streamer, self.mask_id = streamer, mask_id
+        self.mask_id = mask_id
         self.width = width  # columns of the output (the canvas may run further: ``whole_blocks``)
-        if streamer is not None and x.shape[0] != 1:
-            raise ValueError("streamer supports batch size 1 only, as in transformers")
-        cols = gen_mask0[0].nonzero().flatten() if streamer is not None else None
-        self.pos = int(cols[0]) if cols is not None and cols.numel() else x.shape[1]
-        if streamer is not None:
-            streamer.put(x[0, : self.pos].cpu())
+        per_row = isinstance(streamer, (list, tuple))
+        if streamer is not None and not per_row and x.shape[0] != 1:
+            raise ValueError("streamer supports batch size 1 only, as in transformers (or pass a list, one per row)")
+        if per_row and len(streamer) != x.shape[0]:
+            raise ValueError(f"a list of {len(streamer)} streamers for {x.shape[0]} rows: pass one per row (or None)")
+        self.streamers = list(streamer) if per_row else [streamer] + [None] * (x.shape[0] - 1)
+        self.pos = [x.shape[1]] * x.shape[0]
+        for b, row_streamer in enumerate(self.streamers):
+            if row_streamer is not None:
+                cols = gen_mask0[b].nonzero().flatten()
+                self.pos[b] = int(cols[0]) if cols.numel() else x.shape[1]
+                row_streamer.put(x[b, : self.pos[b]].cpu())
 
     @property
     def active(self) -> bool:
-        return self.streamer is not None
+        return any(s is not None for s in self.streamers)
 
     def update(self, x, upto: Optional[int] = None):
-        """Send the tokens from the last one sent to the first still masked (or to column ``upto``, before which
-        tokens are final while a transfer that edits runs its block)."""
-        if self.streamer is None:
-            return
+        """Send each streamed row the tokens from the last one sent to the first still masked (or to column
+        ``upto``, before which tokens are final while a transfer that edits runs its block)."""
         ends = [end for end in (upto, self.width) if end is not None]
-        row = x[0, self.pos : min(ends, default=None)]
-        masked = (row == self.mask_id).nonzero()
-        stop = int(masked[0]) if masked.numel() else row.shape[0]
-        if stop > 0:
-            self.streamer.put(row[:stop].cpu())
-            self.pos += stop
+        for b, row_streamer in enumerate(self.streamers):
+            if row_streamer is None:
+                continue
+            row = x[b, self.pos[b] : min(ends, default=None)]
+            masked = (row == self.mask_id).nonzero()
+            stop = int(masked[0]) if masked.numel() else row.shape[0]
+            if stop > 0:
+                row_streamer.put(row[:stop].cpu())
+                self.pos[b] += stop
 
     def end(self, x):
-        if self.streamer is not None:
-            self.update(x)
-            self.streamer.end()
+        self.update(x)
+        for row_streamer in self.streamers:
+            if row_streamer is not None:
+                row_streamer.end()
 
 
 def stops_inside_block(rows: Any, block_mask: torch.Tensor, eos_ids: torch.Tensor, mask_id: int) -> torch.Tensor:
