@@ -18,9 +18,11 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from .cli_export import add_export_command
 from .cli_finetune import add_finetune_commands
 from .cli_reproduce import CONFIG_DIR, EXPERIMENT_CONFIGS, add_experiment_commands  # noqa: F401  (re-exported)
 from .cli_sample import add_sample_and_score_commands
+from .cli_serve import add_serve_command
 from .cli_tune import add_tune_command
 
 
@@ -220,7 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_experiment_commands(commands, at_least)
     add_tune_command(commands, at_least)
     add_finetune_commands(commands, at_least, positive_float)
+    add_export_command(commands)
     _add_hub_and_compare_commands(commands)
+    add_serve_command(commands)
     _add_threads_option(commands)
     return parser
 

@@ -1,0 +1,117 @@
+"""The micro-batcher: requests with one generation config run as one batch.
+
+A request waits in the queue (at most ``max_queue``: the next is refused with 429); the worker takes the oldest
+waiting request and, after waiting at most ``max_wait_ms`` from its arrival for more, up to ``max_batch`` waiting
+requests with the same config (`Job.key`), and runs them as one call in its own thread, so the server keeps
+answering meanwhile. A request whose client left before its batch started is dropped; one that leaves during its
+batch stops at the next block boundary (`hf_mdm.serve.engine`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from .engine import Answer, Engine, Job
+from .requests import ApiError
+
+__all__ = ["MicroBatcher"]
+
+
+@dataclass
+class _Waiting:
+    job: Job
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class MicroBatcher:
+    """Batches jobs for an `Engine` (see the module docstring); ``on_batch(size, seconds)`` observes each batch."""
+
+    def __init__(
+        self, engine: Engine, max_batch: int, max_wait_ms: float, max_queue: int, on_batch: Optional[Callable] = None
+    ):
+        self.engine, self.max_batch, self.max_wait = engine, max_batch, max_wait_ms / 1000.0
+        self.max_queue, self.on_batch = max_queue, on_batch
+        self.waiting: list[_Waiting] = []
+        self.running = 0  # jobs in the batch now running
+        self._wake = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-mdm-generate")
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._work())
+
+    async def submit(self, job: Job) -> Answer:
+        """The job's answer once its batch ran; `ApiError` 429 when the queue is full."""
+        if len(self.waiting) >= self.max_queue:
+            raise ApiError(
+                429, f"the queue is full ({self.max_queue} requests waiting): retry later", kind="rate_limit_error"
+            )
+        waiting = _Waiting(job, asyncio.get_running_loop().create_future())
+        self.waiting.append(waiting)
+        self._wake.set()
+        return await waiting.future
+
+    @property
+    def busy(self) -> int:
+        return len(self.waiting) + self.running
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait (at most ``timeout_s``) until every submitted job has its answer."""
+        deadline = time.monotonic() + timeout_s
+        while self.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.waiting:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = await self._gather()
+            if not batch:
+                continue
+            self.running, start = len(batch), time.monotonic()
+            try:
+                answers = await loop.run_in_executor(self._executor, self.engine.run, [w.job for w in batch])
+                for waiting, answer in zip(batch, answers):
+                    if not waiting.future.done():
+                        waiting.future.set_result(answer)
+            except Exception as err:  # a failure of the batch is every request's
+                for waiting in batch:
+                    if not waiting.future.done():
+                        waiting.future.set_exception(err)
+            finally:
+                self.running = 0
+            if self.on_batch is not None:
+                self.on_batch(len(batch), time.monotonic() - start)
+
+    async def _gather(self) -> list[_Waiting]:
+        """The next batch: the oldest job's config, up to ``max_batch`` jobs, after waiting out ``max_wait``."""
+        first = self.waiting[0]
+        while True:
+            same = [w for w in self.waiting if w.job.key == first.job.key]
+            left = first.arrived + self.max_wait - time.monotonic()
+            if len(same) >= self.max_batch or left <= 0:
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass
+        batch = same[: self.max_batch]
+        for waiting in batch:
+            self.waiting.remove(waiting)
+            if waiting.job.cancelled.is_set() and not waiting.future.done():
+                waiting.future.cancel()  # its client left before the batch started: dropped
+        return [w for w in batch if not w.future.done()]
