@@ -1,0 +1,1 @@
+"""Configuration files shipped with hf_mdm (read as data, not imported)."""

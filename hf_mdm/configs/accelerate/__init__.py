@@ -1,0 +1,1 @@
+"""accelerate configuration files for multi-process runs: see `hf_mdm.scaling`."""
