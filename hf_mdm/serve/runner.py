@@ -4,6 +4,7 @@ loopback port for tests and benchmarks (`running`), which stops by itself when i
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 import threading
 import time
@@ -14,9 +15,27 @@ import uvicorn
 __all__ = ["serve", "running", "free_port"]
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose SIGTERM / SIGINT shut it down gracefully and then let the process exit with 0 (uvicorn
+    re-raises the signal once it has shut down, which ends the process as killed by it)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+
 def serve(app: Any, host: str, port: int) -> None:
-    """uvicorn in the foreground; SIGTERM / Ctrl-C drain in-flight requests, then exit."""
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=60)
+    """uvicorn in the foreground; SIGTERM / Ctrl-C drain in-flight requests, then the process exits with 0."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=60)
+    _Server(config).run()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
