@@ -77,7 +77,9 @@ lock: test-newest
 # positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md); hf_mdm beside
 # diffusers' LLaDA2Pipeline and transformers' DiffusionGemma generate, same tokens (evaluation/bench_peers.py ->
 # evaluation/PEERS.md, about 11 minutes: the pipeline at 256 + 512 tokens, batch 8); SFT memory and time against AR, with and without LoRA and checkpointing
-# (evaluation/bench_sft_memory.py -> evaluation/SFT_MEMORY.md).
+# (evaluation/bench_sft_memory.py -> evaluation/SFT_MEMORY.md); hf-mdm serve against generate called directly:
+# throughput at 16 clients, one-request latency, p50/p99 and first-chunk times (evaluation/bench_serve.py ->
+# evaluation/SERVE.md, loopback only).
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
@@ -85,6 +87,7 @@ bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench_lm_head.py --output evaluation/LM_HEAD.md
 	$(OFFLINE) $(PY) evaluation/bench_peers.py --output evaluation/PEERS.md
 	$(OFFLINE) $(PY) evaluation/bench_sft_memory.py --output evaluation/SFT_MEMORY.md
+	$(OFFLINE) $(PY) evaluation/bench_serve.py --output evaluation/SERVE.md
 
 # Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
 # table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.

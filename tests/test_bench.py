@@ -234,3 +234,24 @@ def test_sft_memory_bench_runs_each_kind_and_its_losses_agree():
     assert table.count("| AR (Llama, LM head at the scored positions) |") == 2
     assert table.count("| MDM, hf_mdm (LM head at the masked positions) |") == 2
     assert all(line.count("|") == 10 for line in table.splitlines() if line.startswith("| MDM"))  # both AR ratios
+
+
+def test_serve_bench_quick_run_writes_its_targets_and_trace(tmp_path):
+    """The serving benchmark's smoke run (loopback, a tiny model): both target rows with a verdict, both schedulers'
+    latencies ordered p50 <= p99, and the continuous-batching row saying it is not built."""
+    import bench_serve
+
+    text = bench_serve.main(["--quick", "--output", str(tmp_path / "serve.md")])
+    targets = [
+        line.split(" | ")
+        for line in text.splitlines()
+        if line.startswith(("| throughput", "| one request at a time, latency"))
+    ]
+    assert len(targets) == 2 and all(row[-1].endswith(("(met) |", "(not met) |")) for row in targets)
+    trace = [
+        line.split(" | ")
+        for line in text.splitlines()
+        if line.startswith(("| one request at a time |", "| micro-batcher |"))
+    ]
+    assert len(trace) == 2 and all(float(row[1]) <= float(row[2]) for row in trace)
+    assert "| joining a running batch at block boundaries | not built |" in text

@@ -85,6 +85,7 @@ class Engine:
         self.forwards = 0  # forward passes so far (the model's forward hook)
         model.register_forward_pre_hook(self._count)
         self.lock = threading.Lock()  # one call on the model at a time
+        self.batches: Optional[list[list[Job]]] = None  # a list: every batch run is recorded (benchmarks replay them)
 
     def _count(self, *args: Any) -> None:
         self.forwards += 1
@@ -148,6 +149,8 @@ class Engine:
 
     def run(self, jobs: list[Job]) -> list[Answer]:
         """Generate a batch of jobs with one config (in the calling thread; one call on the model at a time)."""
+        if self.batches is not None:
+            self.batches.append(list(jobs))
         width = max(len(job.ids) for job in jobs)
         ids = torch.full((len(jobs), width), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(ids)

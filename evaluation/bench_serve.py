@@ -1,0 +1,204 @@
+"""``hf-mdm serve`` against calling ``generate`` directly: what the server itself costs, and what batching gives.
+Part of ``make bench`` (-> ``evaluation/SERVE.md``).
+
+Setting: a random MDM (hidden 256, 4 layers, the tiny byte-level tokenizer's vocabulary of 259), float32, on the CPU;
+prompts of 20-60 characters, 32 new tokens in blocks of 8, 32 steps, temperature 0. The server runs in this process
+on a free loopback port (`hf_mdm.serve.running`); clients are threads with the standard library's HTTP.
+
+- Throughput at 16 concurrent clients (each sends ``--requests-per-client`` requests one after the other): the
+  micro-batcher's requests per second, against the same requests in the same batches (the batches the server
+  formed, recorded and replayed) through `Engine.run`, the call ``generate`` plus padding and decoding, in one
+  process with no HTTP. Target: the server >= 0.9x (its own cost under 10%).
+- Latency of one request at a time (one client): median over ``--repeats`` requests, against the same request's
+  direct call. Target: <= 1.1x.
+- p50 / p99 latency and time to the first streamed chunk, one request at a time (``max_batch=1``) against the
+  micro-batcher, on one arrival trace: 16 clients at once.
+- Joining a running batch at a block boundary (continuous batching) is not built: its row says so.
+
+Rounds interleave the server and the direct replay; medians over ``--repeats``.
+
+    python evaluation/bench_serve.py [--repeats 3] [--threads 1] [--output FILE.md] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_measure import parse_table_arguments, print_and_write  # noqa: E402
+
+from hf_mdm import MDMConfig, MDMForMaskedDiffusion  # noqa: E402
+from hf_mdm.harness.tiny import build_tokenizer  # noqa: E402
+from hf_mdm.serve import Engine, ServeSettings, build_app, running  # noqa: E402
+from hf_mdm.serve.requests import parse_request  # noqa: E402
+
+CLIENTS = 16
+
+
+def engine_of(args: argparse.Namespace, max_batch: int) -> Engine:
+    tokenizer = build_tokenizer()
+    torch.manual_seed(0)
+    sizes = dict(hidden_size=args.hidden, num_hidden_layers=args.layers, num_attention_heads=4)
+    config = MDMConfig(vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id, intermediate_size=4 * args.hidden,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **sizes)  # fmt: skip
+    settings = ServeSettings(max_batch=max_batch, max_wait_ms=args.wait_ms, max_queue=1024)
+    return Engine(MDMForMaskedDiffusion(config).eval(), tokenizer, settings)
+
+
+def prompts(args: argparse.Namespace, count: int) -> list[str]:
+    generator = torch.Generator().manual_seed(1)
+    words = "the of and a to in is you that it he was for on are as with his they at be this have from".split()
+    out = []
+    for _ in range(count):
+        n = int(torch.randint(4, 12, (), generator=generator))
+        out.append(" ".join(words[int(i)] for i in torch.randint(0, len(words), (n,), generator=generator)))
+    return out
+
+
+def body(args: argparse.Namespace, prompt: str, stream: bool = False) -> dict:
+    return {"prompt": prompt, "max_tokens": args.new, "steps": args.new, "block_length": args.block, "temperature": 0,
+            "stream": stream}  # fmt: skip
+
+
+def post(url: str, payload: dict) -> tuple[float, float]:
+    """(seconds to the answer, seconds to the first streamed chunk or the answer)."""
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(payload).encode(), {"Content-Type": "application/json"}
+    )
+    start, first = time.perf_counter(), None
+    with urllib.request.urlopen(request, timeout=600) as answer:
+        for line in answer:
+            if first is None and line.startswith(b"data:"):
+                first = time.perf_counter() - start
+    total = time.perf_counter() - start
+    return total, first if first is not None else total
+
+
+def burst(url: str, payloads: list[list[dict]]) -> tuple[float, list[tuple[float, float]]]:
+    """Each client's payloads one after the other, the clients at once: (wall seconds, every request's timings)."""
+    start = time.perf_counter()
+    with ThreadPoolExecutor(len(payloads)) as pool:
+        per_client = list(pool.map(lambda mine: [post(url, p) for p in mine], payloads))
+    return time.perf_counter() - start, [t for client in per_client for t in client]
+
+
+def replay(engine: Engine, batches: list[list[Any]]) -> float:
+    """The recorded batches through `Engine.run` directly (fresh jobs, same prompts and configs): seconds."""
+    start = time.perf_counter()
+    for jobs in batches:
+        engine.run([type(job)(job.ids, job.config, job.key, job.seed, job.stops, job.max_tokens) for job in jobs])
+    return time.perf_counter() - start
+
+
+def throughput(args: argparse.Namespace) -> dict:
+    engine = engine_of(args, max_batch=CLIENTS)
+    texts = prompts(args, CLIENTS * args.requests_per_client)
+    payloads = [[body(args, texts[c * args.requests_per_client + i]) for i in range(args.requests_per_client)]
+                for c in range(CLIENTS)]  # fmt: skip
+    served, direct, sizes = [], [], []
+    with running(build_app(engine, engine.settings, "bench")) as url:
+        burst(url, payloads[:2])  # warm-up
+        for _ in range(args.repeats):
+            engine.batches = []
+            seconds, _ = burst(url, payloads)
+            batches, engine.batches = engine.batches, None
+            served.append(seconds)
+            direct.append(replay(engine, batches))
+            sizes += [len(b) for b in batches]
+    n = CLIENTS * args.requests_per_client
+    s, d = statistics.median(served), statistics.median(direct)
+    return dict(served_rps=n / s, direct_rps=n / d, ratio=d / s, mean_batch=statistics.mean(sizes))
+
+
+def single_latency(args: argparse.Namespace) -> dict:
+    engine = engine_of(args, max_batch=1)
+    text = prompts(args, 1)[0]
+    job = engine.prepare(
+        parse_request({"prompt": text, **{k: v for k, v in body(args, text).items() if k != "prompt"}}, chat=False)
+    )
+    served, direct = [], []
+    with running(build_app(engine, engine.settings, "bench")) as url:
+        post(url, body(args, text))  # warm-up
+        engine.run([job])
+        for _ in range(args.repeats):
+            served.append(post(url, body(args, text))[0])
+            start = time.perf_counter()
+            engine.run([type(job)(job.ids, job.config, job.key, job.seed, job.stops, job.max_tokens)])
+            direct.append(time.perf_counter() - start)
+    s, d = statistics.median(served), statistics.median(direct)
+    return dict(served_s=s, direct_s=d, ratio=s / d)
+
+
+def trace_rows(args: argparse.Namespace) -> list[dict]:
+    """16 clients at once, one streamed request each, one request at a time against the micro-batcher."""
+    texts = prompts(args, CLIENTS)
+    rows = []
+    for name, max_batch in (("one request at a time", 1), ("micro-batcher", CLIENTS)):
+        engine = engine_of(args, max_batch=max_batch)
+        latencies, firsts = [], []
+        with running(build_app(engine, engine.settings, "bench")) as url:
+            burst(url, [[body(args, texts[0], stream=True)]])  # warm-up
+            for _ in range(args.repeats):
+                _, timings = burst(url, [[body(args, t, stream=True)] for t in texts])
+                latencies += [t[0] for t in timings]
+                firsts += [t[1] for t in timings]
+        latencies.sort()
+        p99 = latencies[min(len(latencies) - 1, int(round(0.99 * (len(latencies) - 1))))]
+        rows.append(dict(name=name, p50=statistics.median(latencies), p99=p99, first=statistics.median(firsts)))
+    return rows
+
+
+def markdown(args: argparse.Namespace, tp: dict, single: dict, trace: list[dict]) -> str:
+    verdict = lambda ok: "met" if ok else "not met"  # noqa: E731
+    lines = [
+        "# hf-mdm serve against generate called directly",
+        "",
+        f"Written by `evaluation/bench_serve.py` (`make bench`): random MDM of hidden {args.hidden}, {args.layers} "
+        f"layers, float32, CPU, {torch.get_num_threads()} thread(s); {args.new} new tokens in blocks of {args.block}, "
+        f"{args.new} steps, temperature 0; loopback HTTP; medians over {args.repeats} rounds.",
+        "",
+        "| measure | served | direct | ratio | target |",
+        "| --- | --- | --- | --- | --- |",
+        f"| throughput, {CLIENTS} concurrent clients x {args.requests_per_client} requests, same batches "
+        f"(mean batch {tp['mean_batch']:.1f}), requests/s | {tp['served_rps']:.2f} | {tp['direct_rps']:.2f} | "
+        f"{tp['ratio']:.2f}x | >= 0.9x ({verdict(tp['ratio'] >= 0.9)}) |",
+        f"| one request at a time, latency s | {single['served_s']:.3f} | {single['direct_s']:.3f} | "
+        f"{single['ratio']:.2f}x | <= 1.1x ({verdict(single['ratio'] <= 1.1)}) |",
+        "",
+        f"One arrival trace: {CLIENTS} clients at once, one streamed request each.",
+        "",
+        "| scheduler | p50 latency s | p99 latency s | median time to first chunk s |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [f"| {r['name']} | {r['p50']:.3f} | {r['p99']:.3f} | {r['first']:.3f} |" for r in trace]
+    lines.append("| joining a running batch at block boundaries | not built | - | - |")
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: Any = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--requests-per-client", type=int, default=2)
+    p.add_argument("--wait-ms", type=float, default=20.0)
+    sizes = dict(hidden=256, layers=4, new=32, block=8)
+    quick = dict(hidden=32, layers=1, new=8, block=4)
+    return parse_table_arguments(p, argv, 3, sizes, quick)
+
+
+def main(argv: Any = None) -> str:
+    args = parse(argv)
+    tp, single, trace = throughput(args), single_latency(args), trace_rows(args)
+    return print_and_write(markdown(args, tp, single, trace), args.output)
+
+
+if __name__ == "__main__":
+    main()
