@@ -44,8 +44,10 @@ def _sft(args: argparse.Namespace) -> int:
     from transformers import set_seed
 
     from .finetune import train_sft
+    from .harness.launch import check_launch
 
     _check_bf16(args.bf16)
+    check_launch()  # several processes on CPUs without ACCELERATE_USE_CPU=1 would each train on everything
     set_seed(args.seed)  # before the model and its LoRA adapters are built: --seed decides their initial weights
     trainer = None
     try:

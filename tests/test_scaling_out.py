@@ -160,3 +160,23 @@ def test_evaluation_on_two_cpu_processes(tiny_checkpoint, tmp_path):
     samples = [json.loads(line) for line in next(tmp_path.rglob("samples_mdm_gsm8k_*.jsonl")).read_text().splitlines()]
     logged = sorted((sample["doc_id"], sample["filter"]) for sample in samples)  # each request once, per filter
     assert logged == sorted({*logged}) and {doc for doc, _ in logged} == {0, 1, 2}
+
+
+@pytest.mark.parametrize(
+    "environ, accelerator, refused",
+    [
+        ({"WORLD_SIZE": "2"}, False, True),  # CPU processes without ACCELERATE_USE_CPU: each would run alone
+        ({"WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "1"}, False, False),
+        ({"WORLD_SIZE": "2"}, True, False),  # on GPUs accelerate shards them
+        ({"WORLD_SIZE": "1"}, False, False),
+        ({}, False, False),
+    ],
+)
+def test_cpu_processes_without_accelerate_use_cpu_are_refused(environ, accelerator, refused):
+    from hf_mdm.harness.launch import check_launch
+
+    if refused:
+        with pytest.raises(ValueError, match="ACCELERATE_USE_CPU=1"):
+            check_launch(environ, accelerator)
+    else:
+        check_launch(environ, accelerator)
