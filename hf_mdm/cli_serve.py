@@ -22,6 +22,10 @@ def add_serve_command(commands: Any) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--batch-invariant", action="store_true", help="every answer exactly what its request gets alone")
+    p.add_argument(
+        "--no-join-at-blocks", dest="join_at_blocks", action="store_false",
+        help="block-causal models: micro-batch whole requests instead of joining running batches between blocks",
+    )  # fmt: skip
     for name in ("max_batch", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "default_max_tokens"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
     p.add_argument("--max-wait-ms", type=float, default=defaults.max_wait_ms)
@@ -35,7 +39,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"hf-mdm serve needs the serve extra: pip install 'hf_mdm[serve]' ({err})") from err
     names = ("host", "port", "api_key", "max_batch", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes")
-    names += ("default_max_tokens", "max_wait_ms", "batch_invariant")
+    names += ("default_max_tokens", "max_wait_ms", "batch_invariant", "join_at_blocks")
     settings = ServeSettings(**{name: getattr(args, name) for name in names})
     config = serving_config(args.preset, args.generation_config)  # checked before the model loads
 

@@ -237,8 +237,8 @@ def test_sft_memory_bench_runs_each_kind_and_its_losses_agree():
 
 
 def test_serve_bench_quick_run_writes_its_targets_and_trace(tmp_path):
-    """The serving benchmark's smoke run (loopback, a tiny model): both target rows with a verdict, both schedulers'
-    latencies ordered p50 <= p99, and the continuous-batching row saying it is not built."""
+    """The serving benchmark's smoke run (loopback, a tiny model): both target rows with a verdict, the three
+    schedulers' latencies ordered p50 <= p99, and the joining verdict."""
     import bench_serve
 
     text = bench_serve.main(["--quick", "--output", str(tmp_path / "serve.md")])
@@ -248,10 +248,7 @@ def test_serve_bench_quick_run_writes_its_targets_and_trace(tmp_path):
         if line.startswith(("| throughput", "| one request at a time, latency"))
     ]
     assert len(targets) == 2 and all(row[-1].endswith(("(met) |", "(not met) |")) for row in targets)
-    trace = [
-        line.split(" | ")
-        for line in text.splitlines()
-        if line.startswith(("| one request at a time |", "| micro-batcher |"))
-    ]
-    assert len(trace) == 2 and all(float(row[1]) <= float(row[2]) for row in trace)
-    assert "| joining a running batch at block boundaries | not built |" in text
+    names = ("| one request at a time |", "| micro-batcher |", "| joining at block boundaries |")
+    trace = [line.split(" | ") for line in text.splitlines() if line.startswith(names)]
+    assert len(trace) == 3 and all(float(row[1]) <= float(row[2]) for row in trace)
+    assert "Joining at block boundaries: p99" in text and text.rstrip().endswith(("; met).", "; not met)."))

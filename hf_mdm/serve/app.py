@@ -24,6 +24,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from .batcher import MicroBatcher
 from .engine import Answer, Engine, Job
+from .joining import BlockScheduler, joins_at_blocks
 from .requests import ApiError, Asked, parse_request
 from .settings import ServeSettings
 from .streaming import RowStream, TextSoFar
@@ -50,7 +51,7 @@ def build_app(engine: Optional[Engine], settings: ServeSettings, model_name: str
     """The app over ``engine`` (or, with ``loader``, an engine built by ``loader()`` in a thread after start-up:
     503 until it is ready)."""
     metrics = _Metrics()
-    state: dict[str, Any] = {"engine": engine, "batcher": None, "draining": False, "settings": settings}
+    state: dict[str, Any] = {"engine": engine, "batcher": None, "blocks": None, "draining": False, "settings": settings}
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -61,9 +62,10 @@ def build_app(engine: Optional[Engine], settings: ServeSettings, model_name: str
             _start(state, settings, metrics)
         yield
         state["draining"] = True
-        if state["batcher"] is not None:
-            await state["batcher"].drain(DRAIN_TIMEOUT_S)
-            await state["batcher"].close()
+        for name in ("batcher", "blocks"):
+            if state[name] is not None:
+                await state[name].drain(DRAIN_TIMEOUT_S)
+                await state[name].close()
         if loading is not None:
             loading.cancel()
 
@@ -88,7 +90,7 @@ def build_app(engine: Optional[Engine], settings: ServeSettings, model_name: str
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        metrics.queue.set(state["batcher"].busy if state["batcher"] is not None else 0)
+        metrics.queue.set(sum(state[name].busy for name in ("batcher", "blocks") if state[name] is not None))
         metrics.forwards.set(state["engine"].forwards if state["engine"] is not None else 0)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -103,6 +105,12 @@ def build_app(engine: Optional[Engine], settings: ServeSettings, model_name: str
     return app
 
 
+def _scheduler(state: dict, job: Job) -> Any:
+    """The block scheduler for a job that joins running batches at block boundaries, else the micro-batcher."""
+    blocks = state["blocks"]
+    return blocks if blocks is not None and joins_at_blocks(state["engine"], job) else state["batcher"]
+
+
 def _start(state: dict, settings: ServeSettings, metrics: _Metrics) -> None:
     def on_batch(size: int, seconds: float) -> None:
         metrics.batch.observe(size)
@@ -110,6 +118,9 @@ def _start(state: dict, settings: ServeSettings, metrics: _Metrics) -> None:
     batcher = MicroBatcher(state["engine"], settings.max_batch, settings.max_wait_ms, settings.max_queue, on_batch)
     batcher.start()
     state["batcher"] = batcher
+    if settings.join_at_blocks:
+        state["blocks"] = BlockScheduler(state["engine"], settings.max_batch, settings.max_queue, on_batch)
+        state["blocks"].start()
 
 
 async def _load(state: dict, loader: Any, settings: ServeSettings, metrics: _Metrics) -> None:
@@ -166,7 +177,7 @@ async def _answer(request: Request, state: dict, metrics: _Metrics, model_name: 
         if asked.stream:
             metrics.requests.labels(endpoint, "200").inc()
             return _stream(request, state, metrics, job, asked, model_name)
-        answer = await _wait(request, state["batcher"], job)
+        answer = await _wait(request, _scheduler(state, job), job)
     except ApiError as err:
         metrics.requests.labels(endpoint, str(err.status)).inc()
         return _error(err)
@@ -176,7 +187,7 @@ async def _answer(request: Request, state: dict, metrics: _Metrics, model_name: 
     return JSONResponse(_body(answer, asked, model_name))
 
 
-async def _wait(request: Request, batcher: MicroBatcher, job: Job) -> Answer:
+async def _wait(request: Request, batcher: Any, job: Job) -> Answer:
     """The job's answer; if the client disconnects first, the job is cancelled (a 499 nobody reads)."""
     task = asyncio.ensure_future(batcher.submit(job))
     while True:
@@ -230,7 +241,7 @@ def _stream(request: Request, state: dict, metrics: _Metrics, job: Job, asked: A
         return json.dumps(body)
 
     async def events() -> AsyncIterator[dict]:
-        task = asyncio.ensure_future(state["batcher"].submit(job))
+        task = asyncio.ensure_future(_scheduler(state, job).submit(job))
         so_far = TextSoFar(state["engine"], job)
         try:
             if asked.chat:

@@ -23,6 +23,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
+from ..generation_random import RowGenerators
 from ..generation_resolve import resolve_config
 from ..generation_rows import draws_random_numbers
 from ..generation_uniform import check_uniform_config
@@ -201,6 +202,28 @@ class Engine:
             )
             rows.append(out[0, row.shape[1] :].tolist())
         return rows
+
+    def run_block(self, config: Any, prefixes: list[list[int]], size: int, steps: int, generators: list) -> list:
+        """The next ``size`` tokens of each prefix in ``steps`` steps: one attention block of a block-causal model
+        (`hf_mdm.serve.joining`), each row drawing from its own generator (or none)."""
+        width = max(len(p) for p in prefixes)
+        ids = torch.full((len(prefixes), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for b, prefix in enumerate(prefixes):
+            ids[b, width - len(prefix) :], mask[b, width - len(prefix) :] = torch.tensor(prefix), 1
+        device = next(self.model.parameters()).device
+        draws = {}
+        if any(g is not None for g in generators):
+            seeded = [
+                g if g is not None else torch.Generator().manual_seed(secrets.randbelow(2**31)) for g in generators
+            ]
+            draws = {"generator": RowGenerators((), device, generators=seeded)}
+        with self.lock, torch.no_grad():
+            out = diffusion_generate(
+                self.model, ids.to(device), attention_mask=mask.to(device), generation_config=config,
+                max_new_tokens=size, steps=steps, **draws,
+            )  # fmt: skip
+        return out.sequences[:, width:].tolist()
 
     def answer(self, job: Job, tokens: list[int]) -> Answer:
         """The answer from a row's generated tokens: cut at the first EOS, decoded, cut at the first stop string.

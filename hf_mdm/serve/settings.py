@@ -14,8 +14,9 @@ class ServeSettings:
 
     Limits: ``max_prompt_tokens`` and ``max_tokens`` (a request asking more is a 400), ``max_body_bytes`` (413),
     ``max_queue`` requests waiting (429 beyond). Batching: up to ``max_batch`` requests with one generation config run
-    as one call, after waiting at most ``max_wait_ms`` for more; ``batch_invariant`` gives every response exactly
-    what its request gets alone (`hf_mdm.generation_rows`)."""
+    as one call, after waiting at most ``max_wait_ms`` for more; on a block-causal model ``join_at_blocks`` runs
+    requests one block at a time instead, a new one joining at the next block boundary (`hf_mdm.serve.joining`);
+    ``batch_invariant`` gives every response exactly what its request gets alone (`hf_mdm.generation_rows`)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -29,6 +30,7 @@ class ServeSettings:
     max_batch: int = 16
     max_wait_ms: float = 5.0
     batch_invariant: bool = False
+    join_at_blocks: bool = True
 
     def __post_init__(self) -> None:
         positive = ("max_prompt_tokens", "max_tokens", "default_max_tokens", "max_body_bytes", "max_queue", "max_batch")
