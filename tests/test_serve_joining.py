@@ -15,7 +15,7 @@ from test_serve import http
 from hf_mdm import MaskedDiffusionGenerationConfig, MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.harness.tiny import build_tiny_models, build_tokenizer
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
-from hf_mdm.serve.joining import _one_call, block_plan, joins_at_blocks
+from hf_mdm.serve.joining import block_plan, joins_at_blocks
 from hf_mdm.serve.loading import load_model
 
 
@@ -121,14 +121,6 @@ def test_one_call_per_block_of_the_plan_gives_one_calls_tokens_and_forwards(engi
         out = model.generate(prefix, generation_config=config, max_new_tokens=size, steps=block_steps,
                              return_dict_in_generate=True)  # fmt: skip
         prefix, forwards = out.sequences, forwards + out.nfe
-    assert prefix.tolist() == whole.sequences.tolist() and forwards == whole.nfe
-    # several blocks a call where one call gives them their planned steps (`_one_call`, while nobody waits)
-    plan, prefix, forwards = block_plan(config, prompt, new, 4), ids, 0
-    while plan:
-        head, call_steps = _one_call(config, plan[:4])
-        out = model.generate(prefix, generation_config=config, max_new_tokens=sum(t for t, _ in head),
-                             steps=call_steps, return_dict_in_generate=True)  # fmt: skip
-        prefix, forwards, plan = out.sequences, forwards + out.nfe, plan[len(head) :]
     assert prefix.tolist() == whole.sequences.tolist() and forwards == whole.nfe
 
 

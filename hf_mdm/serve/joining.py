@@ -6,9 +6,7 @@ them: `block_plan`), up to the last bit of attention sums over a shorter canvas 
 confidences may then break the other way, as in a padded batch). The scheduler runs the running requests one block at a time; between blocks a request that arrived
 joins, and a request that is done (EOS, its length, a stop string, its client gone) leaves at once, so a short
 request never waits for a long one. Requests with one generation config (all but length and steps) share the calls;
-rows whose next block has another size or step count (a first, partial block) run in a call of their own. While no
-request waits to join, a call generates up to `BLOCKS_WHILE_NOBODY_WAITS` blocks (one call's exact block cache
-then carries over between them); a request that arrives then joins at the end of that call.
+rows whose next block has another size or step count (a first, partial block) run in a call of their own.
 
 Only samplers whose draws are per-row token draws at masked positions join (`joins_at_blocks`): then a seeded row
 draws the same numbers in any batch (`hf_mdm.generation_random.RowGenerators`). Others use the micro-batcher.
@@ -32,8 +30,7 @@ from .requests import ApiError
 
 __all__ = ["BlockScheduler", "joins_at_blocks", "block_plan"]
 
-UNJOINABLE_STRATEGIES = ("random", "origin")
-BLOCKS_WHILE_NOBODY_WAITS = 4  # blocks a call generates while no request waits to join (one while one does)  # their scores are uniforms over the canvas: its width is the batch's
+UNJOINABLE_STRATEGIES = ("random", "origin")  # their scores are uniforms over the canvas: its width is the batch's
 
 
 def joins_at_blocks(engine: Engine, job: Job) -> bool:
@@ -139,16 +136,15 @@ class BlockScheduler:
                 continue
             rows, start = list(self.rows), time.monotonic()
             try:
-                most = 1 if self.waiting else BLOCKS_WHILE_NOBODY_WAITS
-                blocks = await loop.run_in_executor(self._executor, self._step, rows, most)
+                blocks = await loop.run_in_executor(self._executor, self._step, rows)
             except Exception as err:  # a failure of the step is every running request's
                 for row in rows:
                     if not row.future.done():
                         row.future.set_exception(err)
                 self.rows = [row for row in self.rows if row not in rows]
                 continue
-            for row, (tokens, count) in zip(rows, blocks):
-                self._advance(row, tokens, count)
+            for row, tokens in zip(rows, blocks):
+                self._advance(row, tokens)
             if self.on_batch is not None:
                 self.on_batch(len(rows), time.monotonic() - start)
 
@@ -157,10 +153,10 @@ class BlockScheduler:
             row.future.cancel()
         return row.future.done()
 
-    def _advance(self, row: _Row, tokens: list[int], count: int) -> None:
-        """A row's next ``count`` blocks: appended and streamed; the row answered when it is done."""
+    def _advance(self, row: _Row, tokens: list[int]) -> None:
+        """A row's next block: appended and streamed; the row answered when it is done."""
         row.tokens += tokens
-        row.done += count
+        row.done += 1
         if row.job.stream is not None and tokens:
             row.job.stream.put(torch.tensor(tokens))
         eos = self.engine._eos_ids()
@@ -171,38 +167,21 @@ class BlockScheduler:
             if not row.future.done():
                 row.future.set_result(self.engine.answer(row.job, row.tokens))
 
-    def _step(self, rows: list[_Row], most: int = 1) -> list[tuple[list[int], int]]:
-        """Every row's next blocks (at most ``most``; several only while nobody waits to join) and how many, rows
-        with one plan for them in one call (the generation thread)."""
-        by_shape: dict[tuple, list[int]] = {}
+    def _step(self, rows: list[_Row]) -> list[list[int]]:
+        """Every row's next block, rows with one block size and step count in one call (the generation thread)."""
+        by_shape: dict[tuple[int, int], list[int]] = {}
         for i, row in enumerate(rows):
-            by_shape.setdefault(tuple(row.plan[row.done : row.done + most]), []).append(i)
-        out: list[tuple[list[int], int]] = [([], 0) for _ in rows]
-        for shape, members in by_shape.items():
+            by_shape.setdefault(row.plan[row.done], []).append(i)
+        out: list[list[int]] = [[] for _ in rows]
+        for (size, steps), members in by_shape.items():
             group = [rows[i] for i in members]
-            config = group[0].job.config
-            shape, steps = _one_call(config, list(shape))
             prefixes = [row.job.ids + row.tokens for row in group]
             generators = [row.generator for row in group]
-            size = sum(tokens for tokens, _ in shape)
-            for i, tokens in zip(members, self.engine.run_block(config, prefixes, size, steps, generators)):
-                out[i] = (tokens, len(shape))
+            for i, tokens in zip(
+                members, self.engine.run_block(group[0].job.config, prefixes, size, steps, generators)
+            ):
+                out[i] = tokens
         return out
-
-
-def _one_call(config: Any, shape: list[tuple[int, int]]) -> tuple[list[tuple[int, int]], int]:
-    """The longest head of ``shape`` (blocks' tokens and steps) that one call generates with those steps per block,
-    and its ``steps``: the call's transfer must give each block its planned steps (`block_plan`)."""
-    for count in range(len(shape), 1, -1):
-        sizes, wanted = [t for t, _ in shape[:count]], [n for _, n in shape[:count]]
-        for steps in (config.steps, sum(wanted)):
-            if steps is None:
-                continue
-            candidate = config.__class__.from_any(config)
-            candidate.steps = steps  # the call's steps: its transfer is built from them
-            if build_transfer(candidate).block_steps(steps, sizes) == wanted:
-                return shape[:count], steps
-    return shape[:1], shape[0][1]
 
 
 def _shared_key(job: Job) -> str:
