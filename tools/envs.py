@@ -59,11 +59,12 @@ def python_of(venv: Path) -> Path:
 
 
 def direct_requirements() -> list[str]:
-    """The ``dependencies`` and the ``test`` extra of pyproject.toml."""
+    """The ``dependencies`` and the ``test`` and ``serve`` extras of pyproject.toml."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return list(project["dependencies"]) + list(project["optional-dependencies"]["test"])
+    extras = project["optional-dependencies"]
+    return list(project["dependencies"]) + list(extras["test"]) + list(extras["serve"])
 
 
 def lower_bound_pins(requirements: list[str]) -> list[str]:
