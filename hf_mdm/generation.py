@@ -36,6 +36,7 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 from .families import attention_block_size
+from .generation_canvas import Canvas, fill_last_blocks, prepare_canvas
 from .generation_config import MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
 from .generation_denoiser import Denoiser, compile_options, logits_shift_of
 from .generation_processors import ScoreRecorder, config_ngram, config_processors, config_warpers
@@ -52,7 +53,7 @@ from .generation_reference import (
 from .generation_remask import REMDM_VARIANTS, Remasking
 from .generation_resolve import resolve_config
 from .generation_rows import RowLayout, Seeds, check_seed, generate_rows, plan_rows, require_own_draws
-from .generation_sampler import Canvas, Sampler, Trace, fill_last_blocks, prepare_canvas, sample_blocks
+from .generation_sampler import Sampler, Trace, sample_blocks
 from .generation_speculative import SPECULATIVE, speculative_sample
 from .generation_stopping import (
     Streamer,
@@ -173,11 +174,10 @@ def diffusion_generate(
     canvas = prepare_canvas(input_ids, attention_mask, new_tokens, mask_id, _max_positions(model))
     _check_inputs(model, config, canvas, input_ids, logits_processor, stopping_criteria)
     check_seed(seed, canvas.x.shape[0], generator)
-    groups = _row_groups(model, config, seed, generator, input_ids, attention_mask)
+    layout, groups = _row_groups(model, config, seed, generator, input_ids, attention_mask)
     if groups is not None:
         # batch_invariant, or one seed per row: rows of one length batched without padding, each its own draws
         again = functools.partial(diffusion_generate, model, logits_processor=logits_processor)
-        layout = RowLayout(input_ids.long(), attention_mask, mask_id)
         return generate_rows(again, layout, groups, config, new_tokens, seed, stopping_criteria, streamer)
     generator = _generator(generator, seed[0] if isinstance(seed, (list, tuple)) else seed, input_ids)
     output_width = canvas.x.shape[1]
@@ -226,9 +226,9 @@ def _generate_uniform(
     """The uniform-corruption sampler on the batch; with ``batch_invariant`` every row alone (its rows share the
     canvas draws), its padding dropped."""
     check_seed(seed, input_ids.shape[0], generator)
-    if config.batch_invariant and _row_groups(model, config, seed, generator, input_ids, attention_mask):
+    layout, groups = _row_groups(model, config, seed, generator, input_ids, attention_mask)
+    if config.batch_invariant and groups:  # (no groups without the mode: one seed per row is refused here)
         require_own_draws(seed, generator)  # the canvas is drawn
-        layout = RowLayout(input_ids.long(), attention_mask, -1)
         again = functools.partial(diffusion_generate, model, logits_processor=logits_processor)
         return generate_rows(again, layout, layout.alone(), config, None, seed, stopping_criteria)
     generator = _generator(generator, seed, input_ids)
@@ -237,15 +237,15 @@ def _generate_uniform(
     )
 
 
-def _row_groups(model, config, seed: Seeds, generator, input_ids, attention_mask) -> Optional[list[list[int]]]:
-    """The groups of rows the call runs as (`hf_mdm.generation_rows.plan_rows`), or None: the batch as given (so
-    too a batch of one row without padding)."""
-    if input_ids.shape[0] == 1 and (attention_mask is None or bool(attention_mask.all())):
-        return None
-    dtype = next(iter(model.parameters()), torch.empty(0)).dtype if hasattr(model, "parameters") else torch.float32
+def _row_groups(model, config, seed: Seeds, generator, input_ids, attention_mask) -> tuple:
+    """The rows' layout and the groups the call runs as (`hf_mdm.generation_rows.plan_rows`), or None: the batch as
+    given (so too a batch of one row without padding)."""
     mask_id = -1 if config.mask_token_id is None else int(config.mask_token_id)  # uniform corruption: no [MASK]
     layout = RowLayout(input_ids.long(), attention_mask, mask_id)
-    return plan_rows(config, seed, generator, layout, input_ids.device, dtype)
+    if input_ids.shape[0] == 1 and (attention_mask is None or bool(attention_mask.all())):
+        return layout, None
+    dtype = next(iter(model.parameters()), torch.empty(0)).dtype if hasattr(model, "parameters") else torch.float32
+    return layout, plan_rows(config, seed, generator, layout, input_ids.device, dtype)
 
 
 def _generator(generator: Optional[torch.Generator], seed: Optional[int], input_ids) -> Optional[torch.Generator]:

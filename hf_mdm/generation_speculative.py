@@ -41,8 +41,9 @@ from typing import Any, Optional
 
 import torch
 
+from .generation_canvas import Canvas
 from .generation_denoiser import KV_CACHES, Rows
-from .generation_sampler import Canvas, Sampler, Trace, plan_blocks
+from .generation_sampler import Sampler, Trace, plan_blocks
 from .generation_stopping import finished_rows
 from .generation_strategy import canonical_strategy
 

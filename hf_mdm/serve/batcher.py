@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from .engine import Answer, Engine, Job
 from .requests import ApiError
 
-__all__ = ["MicroBatcher"]
+__all__ = ["Scheduler", "MicroBatcher"]
 
 
 @dataclass
@@ -28,37 +28,35 @@ class _Waiting:
     arrived: float = field(default_factory=time.monotonic)
 
 
-class MicroBatcher:
-    """Batches jobs for an `Engine` (see the module docstring); ``on_batch(size, seconds)`` observes each batch."""
+class Scheduler:
+    """What the server's schedulers share: a worker task on the event loop, a generation thread, the queue limit
+    (`check_room`: 429), ``busy`` (``waiting`` and ``running`` jobs), draining and closing."""
 
-    def __init__(
-        self, engine: Engine, max_batch: int, max_wait_ms: float, max_queue: int, on_batch: Optional[Callable] = None
-    ):
-        self.engine, self.max_batch, self.max_wait = engine, max_batch, max_wait_ms / 1000.0
-        self.max_queue, self.on_batch = max_queue, on_batch
-        self.waiting: list[_Waiting] = []
-        self.running = 0  # jobs in the batch now running
+    waiting: list
+    running_jobs = 0
+
+    def __init__(self, engine: Engine, max_batch: int, max_queue: int, on_batch: Optional[Callable], name: str):
+        self.engine, self.max_batch, self.max_queue, self.on_batch = engine, max_batch, max_queue, on_batch
+        self.waiting = []
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-mdm-generate")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._task: Optional[asyncio.Task] = None
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._work())
 
-    async def submit(self, job: Job) -> Answer:
-        """The job's answer once its batch ran; `ApiError` 429 when the queue is full."""
+    async def _work(self) -> None:
+        raise NotImplementedError
+
+    def check_room(self) -> None:
         if len(self.waiting) >= self.max_queue:
             raise ApiError(
                 429, f"the queue is full ({self.max_queue} requests waiting): retry later", kind="rate_limit_error"
             )
-        waiting = _Waiting(job, asyncio.get_running_loop().create_future())
-        self.waiting.append(waiting)
-        self._wake.set()
-        return await waiting.future
 
     @property
     def busy(self) -> int:
-        return len(self.waiting) + self.running
+        return len(self.waiting) + self.running_jobs
 
     async def drain(self, timeout_s: float) -> None:
         """Wait (at most ``timeout_s``) until every submitted job has its answer."""
@@ -71,6 +69,24 @@ class MicroBatcher:
             self._task.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+
+class MicroBatcher(Scheduler):
+    """Batches jobs for an `Engine` (see the module docstring); ``on_batch(size, seconds)`` observes each batch."""
+
+    def __init__(
+        self, engine: Engine, max_batch: int, max_wait_ms: float, max_queue: int, on_batch: Optional[Callable] = None
+    ):
+        super().__init__(engine, max_batch, max_queue, on_batch, "hf-mdm-generate")
+        self.max_wait = max_wait_ms / 1000.0
+
+    async def submit(self, job: Job) -> Answer:
+        """The job's answer once its batch ran; `ApiError` 429 when the queue is full."""
+        self.check_room()
+        waiting = _Waiting(job, asyncio.get_running_loop().create_future())
+        self.waiting.append(waiting)
+        self._wake.set()
+        return await waiting.future
+
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -81,7 +97,7 @@ class MicroBatcher:
             batch = await self._gather()
             if not batch:
                 continue
-            self.running, start = len(batch), time.monotonic()
+            self.running_jobs, start = len(batch), time.monotonic()
             try:
                 answers = await loop.run_in_executor(self._executor, self.engine.run, [w.job for w in batch])
                 for waiting, answer in zip(batch, answers):
@@ -92,7 +108,7 @@ class MicroBatcher:
                     if not waiting.future.done():
                         waiting.future.set_exception(err)
             finally:
-                self.running = 0
+                self.running_jobs = 0
             if self.on_batch is not None:
                 self.on_batch(len(batch), time.monotonic() - start)
 

@@ -83,6 +83,7 @@ class Engine:
         self.uniform = facts is not None and facts.corruption == "uniform"  # DiffusionGemma
         base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
         self.base = MaskedDiffusionGenerationConfig.from_any(base) if self.diffusion else base
+        self._eos: Optional[set[int]] = None
         self.forwards = 0  # forward passes so far (the model's forward hook)
         model.register_forward_pre_hook(self._count)
         self.lock = threading.Lock()  # one call on the model at a time
@@ -233,7 +234,7 @@ class Engine:
 
     def text_of(self, job: Job, tokens: list[int], final: bool = True) -> tuple[str, str, int]:
         """(text, finish reason, tokens used) of ``tokens``; not ``final``: a prefix (the reason is "")."""
-        eos = self._eos_ids()
+        eos = self.eos_ids
         cut = next((i for i, t in enumerate(tokens) if t in eos), None)
         kept = tokens if cut is None else tokens[:cut]
         text = self.tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
@@ -245,11 +246,14 @@ class Engine:
         reason = "stop" if cut is not None or len(tokens) < job.max_tokens else "length"
         return text, reason, len(kept)
 
-    def _eos_ids(self) -> set[int]:
-        eos = getattr(self.base, "eos_token_id", None) if self.base is not None else None
-        if eos is None:
-            eos = getattr(self.tokenizer, "eos_token_id", None)
-        return set() if eos is None else set([eos] if isinstance(eos, int) else eos)
+    @property
+    def eos_ids(self) -> set[int]:
+        """The ids an answer ends at: the serving config's EOS, else the tokenizer's (computed once)."""
+        if self._eos is None:
+            eos = getattr(self.base, "eos_token_id", None) if self.base is not None else None
+            eos = getattr(self.tokenizer, "eos_token_id", None) if eos is None else eos
+            self._eos = set() if eos is None else set([eos] if isinstance(eos, int) else eos)
+        return self._eos
 
 
 def _preset(name: str, settings: dict, max_tokens: int) -> MaskedDiffusionGenerationConfig:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -25,8 +24,8 @@ import torch
 
 from ..families import attention_block_size
 from ..generation_transfer import build_transfer
+from .batcher import Scheduler
 from .engine import Answer, Engine, Job
-from .requests import ApiError
 
 __all__ = ["BlockScheduler", "joins_at_blocks", "block_plan"]
 
@@ -70,29 +69,19 @@ class _Row:
     done: int = 0  # blocks generated
 
 
-class BlockScheduler:
+class BlockScheduler(Scheduler):
     """Runs joinable jobs one block at a time (see the module docstring); the `MicroBatcher`'s interface."""
 
     def __init__(self, engine: Engine, max_batch: int, max_queue: int, on_batch: Optional[Callable] = None):
-        self.engine, self.max_batch, self.max_queue, self.on_batch = engine, max_batch, max_queue, on_batch
-        self.waiting: list[_Row] = []
+        super().__init__(engine, max_batch, max_queue, on_batch, "hf-mdm-blocks")
         self.rows: list[_Row] = []
-        self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf-mdm-blocks")
-        self._task: Optional[asyncio.Task] = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._work())
 
     @property
-    def busy(self) -> int:
-        return len(self.waiting) + len(self.rows)
+    def running_jobs(self) -> int:
+        return len(self.rows)
 
     async def submit(self, job: Job) -> Answer:
-        if len(self.waiting) >= self.max_queue:
-            raise ApiError(
-                429, f"the queue is full ({self.max_queue} requests waiting): retry later", kind="rate_limit_error"
-            )
+        self.check_room()
         block = job.config.block_length or attention_block_size(self.engine.model)
         generator = None if job.seed is None else torch.Generator().manual_seed(job.seed)
         plan = block_plan(job.config, len(job.ids), job.max_tokens, int(block))
@@ -102,16 +91,6 @@ class BlockScheduler:
         self.waiting.append(row)
         self._wake.set()
         return await row.future
-
-    async def drain(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.busy and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _admit(self) -> None:
         """Waiting rows join the running ones (the same config but length), up to ``max_batch``."""
@@ -159,7 +138,7 @@ class BlockScheduler:
         row.done += 1
         if row.job.stream is not None and tokens:
             row.job.stream.put(torch.tensor(tokens))
-        eos = self.engine._eos_ids()
+        eos = self.engine.eos_ids
         _, reason, _ = self.engine.text_of(row.job, row.tokens, final=False)
         if row.done == len(row.plan) or any(t in eos for t in tokens) or reason:
             if row.job.stream is not None:

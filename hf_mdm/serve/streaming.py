@@ -55,7 +55,7 @@ class TextSoFar:
         """The text to send after ``tokens`` became final (possibly empty)."""
         self.tokens += tokens
         text, reason, _ = self.engine.text_of(self.job, self.tokens, final=False)
-        if reason or any(t in self.engine._eos_ids() for t in self.tokens):
+        if reason or any(t in self.engine.eos_ids for t in self.tokens):
             self.stopped = True  # cut at a stop string or EOS: this text is the answer's
             return self._delta(text)
         return self._delta(_safe(text, self.job.stops))
