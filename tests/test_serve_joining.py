@@ -15,7 +15,7 @@ from test_serve import http
 from hf_mdm import MaskedDiffusionGenerationConfig, MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.harness.tiny import build_tiny_models, build_tokenizer
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
-from hf_mdm.serve.joining import block_plan, joins_at_blocks
+from hf_mdm.serve.joining import block_plan, call_shape, joins_at_blocks
 from hf_mdm.serve.loading import load_model
 
 
@@ -122,6 +122,23 @@ def test_one_call_per_block_of_the_plan_gives_one_calls_tokens_and_forwards(engi
                              return_dict_in_generate=True)  # fmt: skip
         prefix, forwards = out.sequences, forwards + out.nfe
     assert prefix.tolist() == whole.sequences.tolist() and forwards == whole.nfe
+
+
+def test_a_short_request_runs_whole_in_one_call(engines, monkeypatch):
+    """A request of a partial block and one whole block is one call with the request's own steps (the call
+    generating it alone makes); a longer one is a call per block, each with its plan's steps."""
+    config = MaskedDiffusionGenerationConfig(max_new_tokens=7, steps=7, block_length=4)
+    assert block_plan(config, 5, 7, 4) == [(3, 3), (4, 4)]
+    assert call_shape(block_plan(config, 5, 7, 4), 0, 7) == (7, 7, 2)
+    long = block_plan(MaskedDiffusionGenerationConfig(max_new_tokens=11, steps=11, block_length=4), 5, 11, 4)
+    assert [call_shape(long, done, 11) for done in range(3)] == [(3, 3, 1), (4, 4, 1), (4, 4, 1)]
+    engine, calls = engines["mdm"], []
+    run_block = engine.run_block
+    monkeypatch.setattr(engine, "run_block", lambda *a: calls.append(a[2:4]) or run_block(*a))
+    body = dict(BODIES["mdm"], prompt="short", max_tokens=7, steps=7)
+    with running(build_app(engine, engine.settings, "m")) as url:
+        text = http(url + "/v1/completions", body, timeout=120).json()["choices"][0]["text"]
+    assert calls == [(7, 7)] and text == alone(engine, "short", body)
 
 
 def _asked(body: dict):

@@ -6,7 +6,8 @@ them: `block_plan`), up to the last bit of attention sums over a shorter canvas 
 confidences may then break the other way, as in a padded batch). The scheduler runs the running requests one block at a time; between blocks a request that arrived
 joins, and a request that is done (EOS, its length, a stop string, its client gone) leaves at once, so a short
 request never waits for a long one. Requests with one generation config (all but length and steps) share the calls;
-rows whose next block has another size or step count (a first, partial block) run in a call of their own.
+rows whose next block has another size or step count (a first, partial block) run in a call of their own. A request
+of at most two blocks runs whole in its first call (`call_shape`): one round of calls, not two.
 
 Only samplers whose draws are per-row token draws at masked positions join (`joins_at_blocks`): then a seeded row
 draws the same numbers in any batch (`hf_mdm.generation_random.RowGenerators`). Others use the micro-batcher.
@@ -27,8 +28,9 @@ from ..generation_transfer import build_transfer
 from .batcher import Scheduler
 from .engine import Answer, Engine, Job
 
-__all__ = ["BlockScheduler", "joins_at_blocks", "block_plan"]
+__all__ = ["BlockScheduler", "joins_at_blocks", "block_plan", "call_shape"]
 
+WHOLE = 2  # a request of at most this many blocks runs whole in one call (`call_shape`)
 UNJOINABLE_STRATEGIES = ("random", "origin")  # their scores are uniforms over the canvas: its width is the batch's
 
 
@@ -122,8 +124,8 @@ class BlockScheduler(Scheduler):
                         row.future.set_exception(err)
                 self.rows = [row for row in self.rows if row not in rows]
                 continue
-            for row, tokens in zip(rows, blocks):
-                self._advance(row, tokens)
+            for row, (tokens, count) in zip(rows, blocks):
+                self._advance(row, tokens, count)
             if self.on_batch is not None:
                 self.on_batch(len(rows), time.monotonic() - start)
 
@@ -132,10 +134,10 @@ class BlockScheduler(Scheduler):
             row.future.cancel()
         return row.future.done()
 
-    def _advance(self, row: _Row, tokens: list[int]) -> None:
-        """A row's next block: appended and streamed; the row answered when it is done."""
+    def _advance(self, row: _Row, tokens: list[int], blocks: int) -> None:
+        """A row's next ``blocks`` blocks: appended and streamed; the row answered when it is done."""
         row.tokens += tokens
-        row.done += 1
+        row.done += blocks
         if row.job.stream is not None and tokens:
             row.job.stream.put(torch.tensor(tokens))
         eos = self.engine.eos_ids
@@ -146,21 +148,31 @@ class BlockScheduler(Scheduler):
             if not row.future.done():
                 row.future.set_result(self.engine.answer(row.job, row.tokens))
 
-    def _step(self, rows: list[_Row]) -> list[list[int]]:
-        """Every row's next block, rows with one block size and step count in one call (the generation thread)."""
-        by_shape: dict[tuple[int, int], list[int]] = {}
+    def _step(self, rows: list[_Row]) -> list[tuple[list[int], int]]:
+        """Every row's next call (tokens, blocks), rows with one call shape (`call_shape`) in one call (the
+        generation thread)."""
+        by_shape: dict[tuple[int, int, int], list[int]] = {}
         for i, row in enumerate(rows):
-            by_shape.setdefault(row.plan[row.done], []).append(i)
-        out: list[list[int]] = [[] for _ in rows]
-        for (size, steps), members in by_shape.items():
+            by_shape.setdefault(call_shape(row.plan, row.done, row.job.config.steps), []).append(i)
+        out: list[tuple[list[int], int]] = [([], 0) for _ in rows]
+        for (size, steps, blocks), members in by_shape.items():
             group = [rows[i] for i in members]
             prefixes = [row.job.ids + row.tokens for row in group]
             generators = [row.generator for row in group]
             for i, tokens in zip(
                 members, self.engine.run_block(group[0].job.config, prefixes, size, steps, generators)
             ):
-                out[i] = tokens
+                out[i] = (tokens, blocks)
         return out
+
+
+def call_shape(plan: list[tuple[int, int]], done: int, steps: Optional[int]) -> tuple[int, int, int]:
+    """(tokens, steps, blocks) of a row's next call: its next block; a request of at most ``WHOLE`` blocks (a
+    short one: its first block partial, then one whole) whole in its first call, as generating it alone does (the
+    request's own ``steps``), so a short request waits for one round of calls, not two."""
+    if done == 0 and 1 < len(plan) <= WHOLE:
+        return sum(size for size, _ in plan), steps if steps is not None else sum(s for _, s in plan), len(plan)
+    return (*plan[done], 1)
 
 
 def _shared_key(job: Job) -> str:
