@@ -20,6 +20,7 @@ from typing import Any, Optional, Sequence
 
 from .cli_export import add_export_command
 from .cli_finetune import add_finetune_commands
+from .cli_grpo import add_grpo_command
 from .cli_reproduce import CONFIG_DIR, EXPERIMENT_CONFIGS, add_experiment_commands  # noqa: F401  (re-exported)
 from .cli_sample import add_sample_and_score_commands
 from .cli_serve import add_serve_command
@@ -222,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_experiment_commands(commands, at_least)
     add_tune_command(commands, at_least)
     add_finetune_commands(commands, at_least, positive_float)
+    add_grpo_command(commands, at_least, positive_float)
     add_export_command(commands)
     _add_hub_and_compare_commands(commands)
     add_serve_command(commands)
@@ -230,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: The subcommands that compute with torch in this process, and so take ``--threads``.
-THREAD_COMMANDS = ("train", "sample", "score", "bench", "tune", "sft", "a2d")
+THREAD_COMMANDS = ("train", "sample", "score", "bench", "tune", "sft", "a2d", "grpo")
 THREADS_HELP = (
     "torch's CPU threads for this command (torch.set_num_threads; default: torch's own, one per core). Pass 1 on a "
     "machine with few cores or other jobs running: tiny models then train and sample several times faster than "

@@ -403,6 +403,10 @@ class ReferencePresets:
         return cls(**{**values, **kwargs})
 
 
+#: The presets' names: ``MaskedDiffusionGenerationConfig.<name>(...)`` for each.
+PRESET_NAMES = tuple(name for name in vars(ReferencePresets) if not name.startswith("_"))
+
+
 def _llada2_fields(
     gen_length: int,
     block_length: int,

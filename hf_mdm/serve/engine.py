@@ -23,6 +23,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
+from ..generation_presets import PRESET_NAMES
 from ..generation_random import RowGenerators
 from ..generation_resolve import resolve_config
 from ..generation_rows import draws_random_numbers
@@ -32,7 +33,7 @@ from .settings import ServeSettings
 
 __all__ = ["Engine", "Job", "Answer", "PRESETS"]
 
-PRESETS = ("llada", "dream", "llada2", "llada2_pipeline", "llada21", "diffusion_gemma")
+PRESETS = PRESET_NAMES
 
 
 @dataclass

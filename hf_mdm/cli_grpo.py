@@ -1,0 +1,149 @@
+"""``hf-mdm grpo``: the command line of `hf_mdm.rl` (loading, arguments and the trainer's settings only).
+
+    hf-mdm grpo --model runs/sft --data gsm8k_prompts.jsonl --reward gsm8k --output-dir runs/grpo \\
+        --estimator one_step --rollout steps=64 --rollout block_length=32 --num-generations 8 --lora
+
+    hf-mdm grpo --model runs/chain-mdm --language runs/chain --reward language --output-dir runs/grpo-chain \\
+        --rollout steps=4 --rollout transfer=stochastic --rollout strategy=random --estimator elbo
+
+Rerun the same command after a kill: it resumes from the newest readable checkpoint in ``--output-dir``. Under
+``accelerate launch`` every process runs it (data parallel; on CPUs with ``ACCELERATE_USE_CPU=1``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+
+def _grpo(args: argparse.Namespace) -> int:
+    from transformers import set_seed
+
+    from .checkpoints import resumable_checkpoint
+    from .cli_finetune import _check_bf16, _interrupted, _summary
+    from .harness.launch import check_launch
+    from .training import train
+
+    _check_bf16(args.bf16)
+    check_launch()
+    set_seed(args.seed)
+    trainer = None
+    try:
+        trainer = _grpo_trainer(args)
+        kept = resumable_checkpoint(args.output_dir)
+        result = train(trainer)
+        trainer.save_model(args.output_dir)
+    except KeyboardInterrupt:
+        return _interrupted(args, trainer)
+    print(_summary(result, kept[1] if kept else 0, args.output_dir))
+    return 0
+
+
+def _grpo_trainer(args: argparse.Namespace) -> Any:
+    from .cli_finetune import load_model_and_tokenizer
+    from .rl.rewards import reward_by_name
+    from .rl.trainer import DiffusionGRPOConfig, grpo_trainer
+
+    language = _language(args.language) if args.language else None
+    model, tokenizer = _model_and_tokenizer(args.model, language, load_model_and_tokenizer)
+    config = DiffusionGRPOConfig(
+        output_dir=args.output_dir, per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length, learning_rate=args.lr, max_steps=args.max_steps,
+        beta=args.beta, temperature=args.temperature, save_steps=args.save_steps, logging_steps=args.logging_steps,
+        seed=args.seed, report_to="none", estimator=args.estimator, estimator_options=_pairs(args.estimator_option),
+        rollout=_pairs(args.rollout), gradient_accumulation_steps=args.grad_accum, bf16=args.bf16,
+    )  # fmt: skip
+    lora = {"r": args.lora_r, "alpha": args.lora_alpha} if args.lora else None
+    rewards = [reward_by_name(name, language) for name in args.reward]
+    return grpo_trainer(model, rewards, _prompts(args, language), config, tokenizer, lora)
+
+
+def _language(path: str) -> Any:
+    from .checkpoints import check_local_path
+    from .languages import load_language
+
+    check_local_path(path, "--language")
+    return load_language(path)
+
+
+def _model_and_tokenizer(path: str, language: Any, load: Callable) -> tuple[Any, Any]:
+    """A language model (its ids the language's tokens, no tokenizer saved) with `language_tokenizer`; any other
+    checkpoint with its own tokenizer."""
+    if language is None:
+        return load(path)
+    from . import MDMForMaskedDiffusion
+    from .checkpoints import check_local_path
+    from .rl.language_task import language_tokenizer
+
+    check_local_path(path, "--model")
+    return MDMForMaskedDiffusion.from_pretrained(path), language_tokenizer(language.vocab_size)
+
+
+def _prompts(args: argparse.Namespace, language: Any) -> Any:
+    if language is not None:
+        from .rl.language_task import language_prompts
+
+        return language_prompts(args.prompts)
+    if args.data is None:
+        raise ValueError("give --data (rows with a prompt column) or --language (a synthetic language)")
+    from .finetune import load_pairs
+
+    return load_pairs(args.data, args.split)
+
+
+def _pairs(items: list[str]) -> dict:
+    """``key=value`` items as a dict, each value read as JSON where it parses (numbers, true/false, null)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r}: write settings as key=value (for example steps=64)")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def add_grpo_command(commands: Any, at_least: Callable, positive_float: Callable) -> None:
+    grpo = commands.add_parser("grpo", help="reinforcement learning (TRL's GRPO) for a masked diffusion model")
+    grpo.add_argument("--model", required=True, help="a checkpoint (directory or Hub id) of an hf_mdm class")
+    grpo.add_argument("--reward", action="append", required=True,
+                      help="language, gsm8k, code or module:function (repeat to add rewards)")  # fmt: skip
+    grpo.add_argument("--data", default=None, help="prompts (a prompt column, and the rewards' columns): a file, "
+                      "a saved dataset or a Hub name")  # fmt: skip
+    grpo.add_argument("--split", default="train")
+    grpo.add_argument("--language", default=None, help="a saved synthetic language: the task is to generate it")
+    grpo.add_argument("--prompts", type=at_least(1), default=256, help="with --language: rows of the dataset")
+    grpo.add_argument("--output-dir", required=True, help="checkpoints, rollouts-<process>.jsonl, then the model")
+    grpo.add_argument("--estimator", default="one_step", help="one_step, coupled or elbo")
+    grpo.add_argument("--estimator-option", action="append", default=[], help="key=value (e.g. draws=8)")
+    grpo.add_argument("--rollout", action="append", default=[], help="a generate setting key=value (e.g. steps=64)")
+    grpo.add_argument("--num-generations", type=at_least(2), default=8, help="completions per prompt (a group)")
+    grpo.add_argument("--max-completion-length", type=at_least(1), default=256)
+    grpo.add_argument("--temperature", type=positive_float, default=1.0)
+    grpo.add_argument("--beta", type=float, default=0.0, help="weight of the KL term against the reference")
+    grpo.add_argument("--batch-size", type=at_least(1), default=8, help="completions per device and step")
+    grpo.add_argument("--grad-accum", type=at_least(1), default=1)
+    grpo.add_argument("--lr", type=positive_float, default=1e-6)
+    grpo.add_argument("--max-steps", type=at_least(1), default=100)
+    grpo.add_argument("--save-steps", type=at_least(1), default=50)
+    grpo.add_argument("--logging-steps", type=at_least(1), default=10)
+    grpo.add_argument("--lora", action="store_true", help="train LoRA adapters (the reference: adapters disabled)")
+    grpo.add_argument("--lora-r", type=at_least(1), default=16)
+    grpo.add_argument("--lora-alpha", type=at_least(1), default=32)
+    grpo.add_argument("--bf16", action="store_true", help="bfloat16 mixed precision (float32 without it)")
+    grpo.add_argument("--seed", type=int, default=0)
+    grpo.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return _grpo(args)
+    except ImportError as err:
+        if "trl" not in str(err):
+            raise
+        print("hf-mdm grpo needs TRL: pip install 'hf-mdm[rl]'", file=sys.stderr)
+        return 2
