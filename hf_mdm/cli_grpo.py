@@ -33,6 +33,9 @@ def _grpo(args: argparse.Namespace) -> int:
     try:
         trainer = _grpo_trainer(args)
         kept = resumable_checkpoint(args.output_dir)
+        if kept is not None and kept[1] >= args.max_steps:  # TRL's loop would take one more step from there
+            print(f"already at step {kept[1]}, nothing left to train; saved to {args.output_dir}")
+            return 0
         result = train(trainer)
         trainer.save_model(args.output_dir)
     except KeyboardInterrupt:

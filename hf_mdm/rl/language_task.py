@@ -8,6 +8,8 @@ dataset with a ``prompt`` column (`language_prompts`: empty prompts, one row per
 
 from __future__ import annotations
 
+from typing import Optional
+
 import datasets
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -17,9 +19,10 @@ __all__ = ["language_tokenizer", "language_prompts"]
 MASK = "[MASK]"
 
 
-def language_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """Token i is the word ``t<i>``; [MASK] (id ``vocab_size``) is the mask and the padding."""
-    vocab = {f"t{i}": i for i in range(vocab_size)} | {MASK: vocab_size}
+def language_tokenizer(vocab_size: int, mask_id: Optional[int] = None) -> PreTrainedTokenizerFast:
+    """Token i is the word ``t<i>``; [MASK] (id ``mask_id``, default ``vocab_size``) is the mask and the padding."""
+    mask_id = vocab_size if mask_id is None else int(mask_id)
+    vocab = {f"t{i}": i for i in range(max(vocab_size, mask_id + 1)) if i != mask_id} | {MASK: mask_id}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=MASK))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=backend, mask_token=MASK, pad_token=MASK, unk_token=MASK)

@@ -164,8 +164,15 @@ def grpo_trainer(
     """A `DiffusionGRPOTrainer` for one of hf_mdm's masked diffusion models (a ValueError before any work when it
     has no [MASK] id, or when the estimator or rollout settings are invalid), with LoRA adapters of ``lora``
     (`hf_mdm.finetune.apply_lora`'s arguments) when given: the reference is then the base, adapters disabled."""
+    from ..families import facts_of
     from ..finetune.trainer import apply_lora, require_mask_token
 
+    facts = facts_of(inner_model(model))
+    if facts is not None and facts.corruption == "uniform":
+        raise ValueError(
+            f"{type(inner_model(model)).__name__} corrupts with uniform random tokens, not [MASK]: the GRPO "
+            "log-likelihood estimators are for masked diffusion models (MDM, LLaDA, Dream, LLaDA2.x)"
+        )
     require_mask_token(inner_model(model).config)
     build_estimator(args.estimator, **args.estimator_options)
     rollout_config(args, model)
