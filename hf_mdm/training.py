@@ -340,7 +340,8 @@ def step_flops(
     torch's ``FlopCounterMode``: every matrix product, attention's included (``attn_implementation`` "sdpa", the
     default of training, or "eager"). Attention is counted dense, S x S for S positions (2L for a block diffusion
     model, whose objective reads the noisy and the clean copy side by side; the AR model's BOS + L), as the kernels
-    compute it under a mask; a causal kernel that skips masked tiles does less. The token values do not change it."""
+    compute it under a mask; a causal kernel that skips masked tiles does less. The token values do not change it.
+    The rotary position table is left out (`_position_table_flops`)."""
     import tempfile
 
     from datasets import Dataset
@@ -356,7 +357,16 @@ def step_flops(
         batch = trainer.data_collator(list(rows))
         with FlopCounterMode(display=False, custom_mapping=_attention_flops()) as counter:
             trainer.compute_loss(trainer.model, batch).backward()
-    return int(counter.get_total_flops())
+    return int(counter.get_total_flops() - _position_table_flops(counter))
+
+
+def _position_table_flops(counter: Any) -> int:
+    """The FLOPs a ``FlopCounterMode`` counted inside rotary-embedding modules (named ``rotary_emb``): the outer
+    product of the inverse frequencies and the positions, no weight in it. transformers 5.15's Llama writes it as a
+    matrix product, which the counter counts (2 (d_head / 2) S FLOPs); 5.24's as an elementwise product, which it
+    does not, nor the MDM's `rotary_cos_sin`. Leaving it out makes the count the same under every version."""
+    counts = counter.get_flop_counts()
+    return sum(sum(ops.values()) for name, ops in counts.items() if name.rsplit(".", 1)[-1] == "rotary_emb")
 
 
 class NoEvaluationAtTheLastStep(TrainerCallback):

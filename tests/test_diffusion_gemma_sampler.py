@@ -175,7 +175,8 @@ def test_the_decoder_is_called_as_the_models_forward_calls_it(model):
     calls.encode(ids, mask.bool())
     canvas = calls.random_canvas(4, ids.device, torch.Generator().manual_seed(0))
     conditioning = calls.decode(canvas, None)
-    inputs = dict(decoder_attention_mask=calls._mask, decoder_position_ids=calls._positions, cache=calls.cache)
+    inputs = dict(decoder_attention_mask=calls._mask, decoder_position_ids=calls._positions)
+    inputs[calls._cache] = calls.cache  # past_key_values in transformers 5.15, cache in 5.24
     expected = model(decoder_input_ids=canvas, self_conditioning_logits=conditioning, **inputs).logits
     assert torch.equal(calls.decode(canvas, conditioning), expected)
     handle = model.register_forward_pre_hook(lambda module, args: None)

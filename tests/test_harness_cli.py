@@ -200,6 +200,7 @@ def test_plain_accelerate_launch_says_it_started_one_process(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_compare_on_the_tiny_config_writes_table_and_plot(tmp_path, monkeypatch):
+    pytest.importorskip("diffusers")  # the tiny config's tiny-llada2-diffusers runs diffusers' LLaDA2Pipeline
     config = yaml.safe_load((REPO / "evaluation" / "configs" / "tiny.yaml").read_text())
     config["output_dir"] = str(tmp_path / "out")
     config["tiny_models"] = str(tmp_path / "models")
