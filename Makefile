@@ -79,7 +79,9 @@ lock: test-newest
 # evaluation/PEERS.md, about 11 minutes: the pipeline at 256 + 512 tokens, batch 8); SFT memory and time against AR, with and without LoRA and checkpointing
 # (evaluation/bench_sft_memory.py -> evaluation/SFT_MEMORY.md); hf-mdm serve against generate called directly:
 # throughput at 16 clients, one-request latency, p50/p99 and first-chunk times (evaluation/bench_serve.py ->
-# evaluation/SERVE.md, loopback only).
+# evaluation/SERVE.md, loopback only); a GRPO step's time and memory against TRL's on an AR model of the same size
+# (evaluation/bench_grpo.py -> evaluation/GRPO.md); the GRPO log-likelihood estimators against exact rollout
+# likelihoods (evaluation/rl_estimators.py -> evaluation/RL_ESTIMATORS.md).
 BENCH_ARGS ?=
 bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
@@ -88,6 +90,8 @@ bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench_peers.py --output evaluation/PEERS.md
 	$(OFFLINE) $(PY) evaluation/bench_sft_memory.py --output evaluation/SFT_MEMORY.md
 	$(OFFLINE) $(PY) evaluation/bench_serve.py --output evaluation/SERVE.md
+	$(OFFLINE) $(PY) evaluation/bench_grpo.py --output evaluation/GRPO.md
+	$(OFFLINE) $(PY) evaluation/rl_estimators.py --output evaluation/RL_ESTIMATORS.md
 
 # Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
 # table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 CONFIG_DIR = Path("evaluation") / "configs"
-EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "block_diffusion", "wallclock")
+EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "block_diffusion", "rl", "wallclock")
 #: Experiments that reuse another's trained models start when it has finished (never train the same model twice).
-AFTER = {"samplers": ("ter_vs_steps", "ser_vs_steps")}
+AFTER = {"samplers": ("ter_vs_steps", "ser_vs_steps"), "rl": ("ser_vs_steps",)}
 #: What ``hf-mdm bench`` is beside ``make bench``.
 BENCH_RELATION = (
     "hf-mdm bench is the wallclock experiment of make reproduce (MDM against AR as L grows, results/wallclock.md); "

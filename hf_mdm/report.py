@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
+from .experiments.rl import rl_verdicts
 from .experiments.speed import AR_MODEL, crossover_length, crossover_sentence
 from .fileio import write_atomic
 from .report_summary import report_summary
@@ -160,6 +161,19 @@ def _machine_against_paper(rows: list[dict], mdm_model: str, cost: float) -> str
     return f"On this machine too, {crossover_sentence(rows, mdm_model)} (the paper: from about L = 2048). " + rest
 
 
+RL_TEXT = (
+    "Theorem 4.4 concerns the language's own distribution: for it, a low SER needs the steps N to grow with L. A "
+    "policy fine-tuned with reinforcement learning for correctness at few steps (GRPO through TRL, reward 1 when a "
+    "sample is in the language) is no longer that distribution, so the theorem does not bind it; what it gives up "
+    "is measured by what the theorem leaves free: the share of distinct samples, and the paper's TER of the "
+    "language's own sequences under the policy's sampler law (how much of the language the policy still covers; "
+    "a rise means lost coverage). Rollouts use the paper's sampler at N = L/4 and N = L; the trained MDM before RL and "
+    "the trained AR model are beside it. Two log-likelihood estimators drive GRPO's ratio: `decoding` scores each "
+    "token given the tokens revealed before its step under the rollouts' own sampler law, `coupled` is "
+    "DiffuCoder's pair of complementary masks (their bias against the exact rollout likelihood: "
+    "evaluation/RL_ESTIMATORS.md). What the numbers show (computed from the rows):"
+)
+
 BLOCKS_TEXT = (
     "Blocks of b positions decoded left to right, each in s steps of the paper's sampler (and other samplers at "
     "every b), with the exact-posterior oracle, which is a perfect block diffusion model: b = 1 is an AR order, "
@@ -253,6 +267,10 @@ def write_report(folder: Path, full: bool = False) -> Path:
     samplers_text = SAMPLERS_TEXT + "\n\n" + verdict_lines(folder, "samplers", sampler_verdicts)
     lines += _section(folder, "samplers", "Beyond Theorem 4.4: samplers at equal sequential forwards", samplers_text)
     lines += _section(folder, "block_diffusion", "Block diffusion: the block size between AR and MDM", BLOCKS_TEXT)
+    rl_text = RL_TEXT + "\n\n" + verdict_lines(folder, "rl", rl_verdicts)
+    lines += _section(
+        folder, "rl", "Reinforcement learning for few-step correctness: what it costs (Theorem 4.4)", rl_text
+    )
     lines += _section(
         folder, "wallclock", "Wall-clock: MDM at fixed steps vs AR with a KV cache", _wallclock_summary(folder)
     )

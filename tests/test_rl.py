@@ -41,7 +41,9 @@ def draws(estimator, model, x: torch.Tensor, count: int) -> torch.Tensor:
     return terms.double().sum(1)
 
 
-@pytest.mark.parametrize("name, options", [("elbo", {"draws": 2}), ("coupled", {}), ("one_step", {})])
+@pytest.mark.parametrize(
+    "name, options", [("elbo", {"draws": 2}), ("coupled", {}), ("one_step", {}), ("decoding", {"steps": 2})]
+)
 def test_each_estimator_averages_to_its_enumerated_expectation(model, name, options):
     estimator = build_estimator(name, **options)
     for x in (torch.tensor([0, 1, 2, 0]), torch.tensor([2, 2, 1, 0])):
@@ -73,6 +75,22 @@ def test_the_elbo_is_the_any_order_expectation_and_bounds_the_decoding_law(model
         expectation = exact_expectation(elbo, model, sequence)
         assert expectation == pytest.approx(sum(orders) / len(orders), abs=1e-5)
         assert expectation <= float(exact[index[x]]) + 1e-9
+
+
+@pytest.mark.parametrize("steps", [1, 2, 4])
+def test_the_decoding_law_estimate_bounds_the_exact_sampler_likelihood(model, steps):
+    """The ``decoding`` estimator's expectation is at most log pi_N(x), the exact log-likelihood under the paper's
+    sampler at N steps (equal at N = 1, where there is one grouping)."""
+    law = RevealLaw(steps=steps)
+    exact = exact_sampler_log_probs(model, law, L, V)
+    index = {x: i for i, x in enumerate(itertools.product(range(V), repeat=L))}
+    estimator = build_estimator("decoding", steps=steps)
+    for x in ((0, 1, 2, 0), (2, 2, 1, 0)):
+        expectation = exact_expectation(estimator, model, torch.tensor(x))
+        if steps == 1:
+            assert expectation == pytest.approx(float(exact[index[x]]), abs=1e-5)  # float32 forwards
+        else:
+            assert expectation <= float(exact[index[x]]) + 1e-9
 
 
 def trainer_for(model, tmp_path, rewards, **overrides):

@@ -59,6 +59,7 @@ from .common import (
     write_outputs,
 )
 from .presets import MINIATURE, load_preset, miniature
+from .rl import rl_vs_steps
 from .samplers import compare_samplers, plot_samplers, samplers_table, verdict
 from .ser import plot_ser, ser_table, ser_vs_steps
 from .speed import median_seconds, plot_wallclock, wallclock, wallclock_table
@@ -70,6 +71,7 @@ EXPERIMENTS: dict[str, Callable[[dict, Path], dict]] = {
     "samplers": compare_samplers,
     "wallclock": wallclock,
     "block_diffusion": block_diffusion,
+    "rl": rl_vs_steps,
 }
 
 

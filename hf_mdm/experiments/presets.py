@@ -33,6 +33,7 @@ MINIATURE = {
     "budget_mdm_steps": 2,
     "ar_training_steps": 2,
     "diffusion_training_steps": 2,
+    "rollout_steps": [2, 8],
 }
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {
@@ -46,6 +47,8 @@ MINIATURE_TRAINING = {
 }
 #: The ``fast_samplers`` section of a miniature: blocks that fit ``MINIATURE["train_length"]``.
 MINIATURE_FAST = {"block_length": 4}
+#: The ``grpo`` section of a miniature (the RL experiment's): two steps of two groups of two.
+MINIATURE_GRPO = {"max_steps": 2, "batch_size": 4, "num_generations": 2}
 
 
 def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
@@ -74,6 +77,7 @@ def miniature(preset: dict) -> dict:
         _replace(spec, {"lengths": MINIATURE["lengths"]})  # a language's own lengths (the sampler comparison's)
         _replace(spec.get("training", {}), MINIATURE_TRAINING)
     _replace(small.get("fast_samplers", {}), MINIATURE_FAST)
+    _replace(small.get("grpo", {}), MINIATURE_GRPO)
     _replace(small.get("steps_for_ser", {}), {"lengths": [8, 16, 32]})  # three lengths: a slope and its interval
     for part in ("trained", "timing", "equal_flops", "a2d"):  # nested sections (the block diffusion experiment's)
         if part in small:

@@ -11,6 +11,10 @@ returns a (B, C) tensor of per-token terms whose sum over a row is its estimate 
 - ``coupled`` (DiffuCoder's coupled-GRPO, arXiv 2506.20639): a mask time t uniform in ``time_range``, each
   completion token masked with probability t, and the complementary mask; every token is scored exactly once, in
   the copy where it is masked. Two forwards; less variance than one random mask, and no 1/t weight.
+- ``decoding``: the rollouts' own sampler law (`hf_mdm.sampler_likelihood.RevealLaw`, ``steps`` and its transfer
+  and order): the positions grouped into steps as that sampler groups them, each token scored given the tokens
+  revealed before its step. ``steps`` forwards; its expectation is a lower bound of log pi_N(y), the exact
+  log-likelihood under that sampler (Jensen over the groupings), and at one token a step it is the ELBO.
 - ``elbo``: LLaDA's Monte Carlo ELBO with ``draws`` masked copies (the count of masked tokens m uniform in 1..C,
   stratified over the draws, positions uniform); term i = mean over draws of (C / m) 1[i masked] log p(y_i | copy).
   Unbiased for the ELBO, a lower bound of the log-likelihood under any-order decoding (Jensen), with variance
@@ -189,6 +193,27 @@ class MonteCarloELBO(LogLikelihoodEstimator):
         return copies
 
 
+@dataclass
+class DecodingLaw(LogLikelihoodEstimator):
+    """The rollouts' own sampler: positions grouped into ``steps`` steps by its law (`RevealLaw`: ``transfer``,
+    ``order``, ``schedule``), each token scored given the tokens revealed before its step."""
+
+    name: ClassVar[str] = "decoding"
+    steps: int = 1
+    transfer: str = "stochastic"
+    order: str = "random"
+    schedule: str = "linear"
+
+    def masks(self, completion: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        step = self.law().sample_steps(1, completion, generator)[0]
+        return [(step >= k, (step == k).float()) for k in range(self.steps)]
+
+    def law(self) -> Any:
+        from ..sampler_likelihood import RevealLaw
+
+        return RevealLaw(self.steps, self.order, self.transfer, self.schedule)
+
+
 def build_estimator(name: str, **options: Any) -> LogLikelihoodEstimator:
     """The estimator registered as ``name`` with its ``options`` (a ValueError naming the choices otherwise)."""
     if name not in ESTIMATORS:
@@ -207,10 +232,14 @@ def exact_expectation(estimator: LogLikelihoodEstimator, model: Any, sequence: t
     x = sequence[None]
     mask_id = int(base_model(model).config.mask_token_id)
 
+    memo: dict[tuple[int, ...], torch.Tensor] = {}
+
     def scored(masked: tuple[int, ...]) -> torch.Tensor:  # log p(x_i | x with `masked` masked), for i in masked
-        noisy = x.clone()
-        noisy[0, list(masked)] = mask_id
-        return masked_token_log_probs(model, noisy, x, None, 0)[0][0, list(masked)].double()
+        if masked not in memo:
+            noisy = x.clone()
+            noisy[0, list(masked)] = mask_id
+            memo[masked] = masked_token_log_probs(model, noisy, x, None, 0)[0][0, list(masked)].double()
+        return memo[masked]
 
     subsets = [s for r in range(1, length + 1) for s in itertools.combinations(range(length), r)]
     if isinstance(estimator, OneStep):
@@ -224,5 +253,22 @@ def exact_expectation(estimator: LogLikelihoodEstimator, model: Any, sequence: t
         for s in subsets:
             chance = 2.0 / ((length + 1) * math.comb(length, len(s)))
             total += chance * float(scored(s).sum())
+        return total
+    if isinstance(estimator, DecodingLaw):  # every ordered partition with its chance under the law
+        from ..sampler_likelihood import ordered_partitions
+
+        total = 0.0
+        for groups in ordered_partitions(tuple(range(length))):
+            chance = estimator.law().log_prob_of(groups, length)
+            if chance == -math.inf:
+                continue
+            revealed: tuple[int, ...] = ()
+            value = 0.0
+            for group in groups:
+                masked = tuple(i for i in range(length) if i not in revealed)
+                scores = dict(zip(masked, scored(masked).tolist()))
+                value += sum(scores[i] for i in group)
+                revealed += group
+            total += math.exp(chance) * value
         return total
     raise ValueError(f"no exact expectation for {estimator!r}")

@@ -66,6 +66,24 @@ def rollout_config(args: DiffusionGRPOConfig, model: Any) -> MaskedDiffusionGene
     return config
 
 
+def estimator_options(args: DiffusionGRPOConfig, rollout: MaskedDiffusionGenerationConfig) -> dict:
+    """The estimator's options; the ``decoding`` estimator takes the rollouts' steps, transfer, order and schedule
+    unless they are named."""
+    options = dict(args.estimator_options)
+    if args.estimator == "decoding":
+        for name, field in (
+            ("steps", "steps"),
+            ("transfer", "transfer"),
+            ("order", "strategy"),
+            ("schedule", "schedule"),
+        ):
+            value = getattr(rollout, field, None)
+            value = rollout.max_new_tokens if field == "steps" and value is None else value  # one token a step
+            if name not in options and value is not None:
+                options[name] = value
+    return options
+
+
 class DiffusionGRPOTrainer(GRPOTrainer):
     """TRL's `GRPOTrainer` for hf_mdm's masked diffusion classes (see the module docstring)."""
 
@@ -76,8 +94,8 @@ class DiffusionGRPOTrainer(GRPOTrainer):
         with mock.patch.object(grpo_module, "create_model_from_path", lambda *_, **__: copy.deepcopy(model)):
             super().__init__(*args, **kwargs)
         config = self.args
-        self.estimator = build_estimator(config.estimator, **config.estimator_options)
         self.rollout_generation_config = rollout_config(config, inner_model(self.model))
+        self.estimator = build_estimator(config.estimator, **estimator_options(config, self.rollout_generation_config))
         self._rollouts = 0
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
@@ -174,8 +192,7 @@ def grpo_trainer(
             "log-likelihood estimators are for masked diffusion models (MDM, LLaDA, Dream, LLaDA2.x)"
         )
     require_mask_token(inner_model(model).config)
-    build_estimator(args.estimator, **args.estimator_options)
-    rollout_config(args, model)
+    build_estimator(args.estimator, **estimator_options(args, rollout_config(args, model)))
     if "prompt" not in getattr(train_dataset, "column_names", ["prompt"]):
         raise ValueError(f"the GRPO dataset needs a 'prompt' column; it has {train_dataset.column_names}")
     if lora is not None:

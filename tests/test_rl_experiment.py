@@ -1,0 +1,47 @@
+"""The RL experiment (`hf_mdm.experiments.rl`) in miniature: its table, figure and REPORT section with computed
+sentences; a rerun takes every cell from the cache (no GRPO run, no sampling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+pytest.importorskip("trl")
+
+from hf_mdm.experiments import load_preset, miniature, run_experiment  # noqa: E402
+from hf_mdm.experiments import rl as rl_experiment  # noqa: E402
+from hf_mdm.report import write_report  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def small() -> dict:
+    _, full = load_preset(Path("evaluation/configs/rl.yaml"), full=True)
+    preset = miniature(full)
+    preset["languages"] = [spec for spec in preset["languages"] if spec["name"] == "chain"]
+    return preset
+
+
+def test_the_rl_experiment_writes_its_table_report_and_resumes(small, tmp_path):
+    result = run_experiment("rl", small, tmp_path)
+    after = [r for r in result["rows"] if r["model"] == "MDM after RL"]
+    grid = len(small["grpo"]["estimators"]) * len(small["rollout_steps"]) * len(small["seeds"])
+    assert len(after) == grid and all(len(r["rewards"]) == small["grpo"]["max_steps"] for r in after)
+    assert all(0.0 <= r[f"n{n}"]["ser"] <= 1.0 for r in after for n in small["rollout_steps"])
+    table = (tmp_path / "rl.md").read_text()
+    for estimator in small["grpo"]["estimators"]:
+        assert f"| chain | {estimator} | 2 | SER at N = 2 |" in table
+    assert (tmp_path / "rl.png").stat().st_size > 0
+    sentences = rl_experiment.rl_verdicts(result)
+    assert len(sentences) == len(small["grpo"]["estimators"]) * len(small["rollout_steps"])
+    assert all("the SER at N =" in s and "TER" in s for s in sentences)
+    report = write_report(tmp_path).read_text()
+    assert "## Reinforcement learning for few-step correctness" in report and sentences[0] in report
+
+    def fail(*args, **kwargs):
+        raise AssertionError("a cached cell was recomputed")
+
+    with mock.patch.object(rl_experiment, "grpo_policy", fail), mock.patch.object(rl_experiment, "sample_mdm", fail):
+        again = run_experiment("rl", small, tmp_path)
+    assert again["rows"] == result["rows"]
