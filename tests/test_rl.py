@@ -225,5 +225,11 @@ def test_bad_settings_are_one_line_errors(model, tmp_path):
         trainer_for(model, tmp_path, reward, rollout={"steps": 0})
     with pytest.raises(ValueError, match="module:function"):
         reward_by_name("accuracy")
+    short = trainer_for(model, tmp_path, lambda completion_ids, **_: [1.0])
+    with pytest.raises(ValueError, match=r"reward '<lambda>' returned 1 values for 2 completions"):
+        short.train()
+    words = trainer_for(model, tmp_path, lambda completion_ids, **_: ["yes"] * len(completion_ids))
+    with pytest.raises(ValueError, match=r"reward '<lambda>' returned 'yes'"):
+        words.train()
     with pytest.raises(ValueError, match="cannot import"):
         reward_by_name("no_such_module:reward")

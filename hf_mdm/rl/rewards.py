@@ -14,12 +14,20 @@ callable).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-__all__ = ["language_membership", "gsm8k_correct", "code_passes", "reward_by_name", "completion_text"]
+__all__ = [
+    "language_membership",
+    "gsm8k_correct",
+    "code_passes",
+    "reward_by_name",
+    "completion_text",
+    "checked_reward",
+]
 
 Reward = Callable[..., list[float]]
 
@@ -79,6 +87,26 @@ def code_passes(completions: Sequence[Any], **columns: Any) -> list[float]:
         else:
             raise ValueError("code_passes needs MBPP rows (test_list) or HumanEval rows (test, entry_point)")
     return [float(group[0]["passed"]) for group in execute(jobs)]
+
+
+def checked_reward(reward: Reward) -> Reward:
+    """``reward`` with its answers checked: a list of one number (or None, TRL's "not applicable") per completion;
+    anything else is a ValueError naming the reward and what it returned, not a traceback deep in TRL."""
+    name = getattr(reward, "__name__", type(reward).__name__)
+
+    @functools.wraps(reward)
+    def checked(*args: Any, **kwargs: Any) -> list:
+        values = reward(*args, **kwargs)
+        count = len(kwargs.get("completions") or kwargs.get("completion_ids") or [])
+        if not isinstance(values, (list, tuple)) or (count and len(values) != count):
+            shown = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+            raise ValueError(f"reward {name!r} returned {shown} for {count} completions: return one number each")
+        bad = [v for v in values if v is not None and not isinstance(v, (int, float))]
+        if bad:
+            raise ValueError(f"reward {name!r} returned {bad[0]!r}: return a number (or None) per completion")
+        return list(values)
+
+    return checked
 
 
 def reward_by_name(name: str, language: Optional[Any] = None) -> Reward:

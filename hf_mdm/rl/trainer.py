@@ -32,6 +32,7 @@ from ..generation_config import MaskedDiffusionGenerationConfig
 from ..generation_presets import PRESET_NAMES
 from ..likelihood import stable_seed
 from .estimators import build_estimator, inner_model
+from .rewards import checked_reward
 
 __all__ = ["DiffusionGRPOConfig", "DiffusionGRPOTrainer", "grpo_trainer", "rollout_config"]
 
@@ -197,6 +198,7 @@ def grpo_trainer(
         raise ValueError(f"the GRPO dataset needs a 'prompt' column; it has {train_dataset.column_names}")
     if lora is not None:
         model = apply_lora(model, **lora)
+    rewards = [checked_reward(r) for r in (rewards if isinstance(rewards, (list, tuple)) else [rewards])]
     return DiffusionGRPOTrainer(
         model=model, reward_funcs=rewards, args=args, train_dataset=train_dataset, processing_class=tokenizer
     )
