@@ -1,8 +1,10 @@
-"""The one-screen summary that opens ``results/REPORT.md`` and ends ``hf-mdm reproduce``.
+"""The table of findings that opens ``results/REPORT.md`` and ends ``hf-mdm reproduce``.
 
-Every line is a sentence the report computes from the results JSON (the verdicts of `hf_mdm.report_verdicts`, the
-block-diffusion findings, the scaling fit, the wall-clock crossover), chosen per experiment: the summary adds no
-claim of its own. An experiment without its JSON is named as not run, with the command that runs it.
+One row per finding: the experiment, the finding with its numbers and 95% intervals (a sentence the report computes
+from the results JSON: the verdicts of `hf_mdm.report_verdicts`, the block-diffusion findings, the scaling fit, the
+wall-clock crossover, the RL experiment's), its verdict (`verdict_of`: resolved, not resolved, or a bound only) and
+the experiment's figure. The table adds no claim of its own; an experiment without its JSON is a row saying it was
+not run, with the command that runs it.
 """
 
 from __future__ import annotations
@@ -61,25 +63,64 @@ def _wallclock(result: dict) -> list[str]:
     return [crossover_sentence(result["rows"], models[0]) + "."] if models else []
 
 
+def _rl(result: dict) -> list[str]:
+    from .experiments.rl import rl_verdicts
+
+    return rl_verdicts(result)
+
+
 #: (experiment, title, the sentences kept from its JSON).
 SECTIONS: tuple[tuple[str, str, Callable[[dict], list[str]]], ...] = (
     ("ter_vs_steps", "The paper's TER against steps (Theorem 4.2)", _ter),
     ("ser_vs_steps", "Sequence error rate against steps (Theorem 4.4)", _ser),
     ("samplers", "Samplers beyond the paper's, against it at equal sequential forwards per token", _samplers),
     ("block_diffusion", "Block diffusion", _blocks),
+    ("rl", "Reinforcement learning for few-step correctness", _rl),
     ("wallclock", "Wall-clock against AR", _wallclock),
 )
 
+#: Words that mark a finding whose intervals do not separate, or that holds only a bound.
+UNRESOLVED = ("not resolved", "no change resolved", "moved by no resolved amount", "overlap")
+BOUND_ONLY = ("cells hold only an upper bound",)
+CAVEAT = ("says little",)
+#: Words of a part of a finding that compares (the parts that do not, such as a parenthesis, carry no verdict).
+COMPARING = ("lower", "higher", "above", "below", "fell", "rose", "falls", "rises", "resolved", "overlap")
+
+
+def verdict_of(sentence: str) -> str:
+    """ "bound only" where the finding holds only a bound, "caveat" where it qualifies a measurement; else per part
+    of the sentence (split at ";"): "not resolved" where the intervals overlap in every part that compares, "partly
+    resolved" where in some, else "resolved"."""
+    if any(word in sentence for word in BOUND_ONLY):
+        return "bound only"
+    if any(word in sentence for word in CAVEAT):
+        return "caveat"
+    parts = [part for part in sentence.split("; ") if any(word in part for word in COMPARING)] or [sentence]
+    unresolved = [any(word in part for word in UNRESOLVED) for part in parts]
+    if all(unresolved):
+        return "not resolved"
+    return "partly resolved" if any(unresolved) else "resolved"
+
 
 def report_summary(folder: Path) -> str:
-    """Markdown: per experiment its title and the chosen sentences, or that it was not run."""
-    lines = ["## Summary", ""]
+    """Markdown: the table of findings, a row each (see the module docstring)."""
+    lines = [
+        "## Findings",
+        "",
+        "| experiment | finding (numbers with 95% intervals) | verdict | figure |",
+        "| --- | --- | --- | --- |",
+    ]
     for name, title, sentences in SECTIONS:
         path = Path(folder) / f"{name}.json"
+        figure = f"[{name}.png]({name}.png)"
         if not path.exists():
-            lines.append(f"- **{title}**: not run (no {path}; `hf-mdm reproduce --only {name}` runs it).")
+            lines.append(f"| {title} | not run (no {path}; `hf-mdm reproduce --only {name}` runs it) | | |")
             continue
-        chosen = sentences(json.loads(path.read_text()))
-        lines.append(f"- **{title}**" + (":" if chosen else ": no finding computed."))
-        lines += [f"  - {sentence}" for sentence in chosen]
+        chosen = sentences(json.loads(path.read_text())) or ["no finding computed"]
+        lines += [f"| {title} | {_cell(s)} | {verdict_of(s)} | {figure} |" for s in chosen]
     return "\n".join(lines) + "\n"
+
+
+def _cell(sentence: str) -> str:
+    """A sentence as a table cell (its pipes escaped, on one line)."""
+    return " ".join(sentence.replace("|", "\\|").split())

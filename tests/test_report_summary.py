@@ -1,4 +1,5 @@
-"""The report's opening summary and what `hf-mdm reproduce` prints: progress per experiment, then the summary."""
+"""The report's opening table of findings and what `hf-mdm reproduce` prints: progress per experiment, then the
+table; each finding's verdict from its words."""
 
 import json
 
@@ -8,7 +9,7 @@ from hf_mdm import cli
 from hf_mdm.cli_reproduce import CONFIG_DIR
 from hf_mdm.experiments import load_preset, miniature
 from hf_mdm.report import write_report
-from hf_mdm.report_summary import report_summary
+from hf_mdm.report_summary import report_summary, verdict_of
 
 
 def _flops_rows(block_gaps: list[float]) -> list[dict]:
@@ -22,9 +23,9 @@ def _flops_rows(block_gaps: list[float]) -> list[dict]:
 
 def test_summary_names_missing_experiments_and_the_command_that_runs_them(tmp_path):
     text = report_summary(tmp_path)
-    assert text.startswith("## Summary")
+    assert text.startswith("## Findings\n\n| experiment | finding (numbers with 95% intervals) | verdict | figure |")
     assert f"not run (no {tmp_path / 'wallclock.json'}; `hf-mdm reproduce --only wallclock` runs it)" in text
-    assert text.count("not run") == 5
+    assert text.count("not run") == 6
 
 
 def test_summary_carries_the_equal_flops_verdict_only_where_the_data_support_it(tmp_path):
@@ -38,16 +39,26 @@ def test_summary_carries_the_equal_flops_verdict_only_where_the_data_support_it(
         text = report_summary(tmp_path)
         line = next(x for x in text.splitlines() if "at equal training FLOPs" in x)
         assert line.startswith(
-            "  - block diffusion (b = 4) at equal training FLOPs: exact NLL / entropy - 1 (one token a step left to "
-            "right; AR: its own) " + verdict
+            "| Block diffusion | block diffusion (b = 4) at equal training FLOPs: exact NLL / entropy - 1 (one token a "
+            "step left to right; AR: its own) " + verdict
         )
+        expected = "partly resolved" if verdict == "lower than the MDM's" else "not resolved"  # SER: alike
+        assert line.endswith(f"| {expected} | [block_diffusion.png](block_diffusion.png) |")
+
+
+def test_a_findings_verdict_comes_from_its_words():
+    assert verdict_of("SER 0.2 [0.1, 0.3] is above the AR's 0.05 [0.01, 0.09].") == "resolved"
+    assert verdict_of("at every N the 95% intervals overlap: no dependence on L is resolved") == "not resolved"
+    assert verdict_of("the SER moved by no resolved amount, from 0.5 to 0.5") == "not resolved"
+    assert verdict_of("3 of 50 MDM cells hold only an upper bound of the paper's TER") == "bound only"
+    assert verdict_of("NLL lower than the MDM's (-0.1 [-0.2, -0.05]); SER not resolved from it") == "partly resolved"
 
 
 def test_a_section_whose_json_is_missing_says_so(tmp_path):
     (tmp_path / "ser_vs_steps.md").write_text("| table |\n")
     report = write_report(tmp_path).read_text()
     assert f"No findings: {tmp_path / 'ser_vs_steps.json'} is missing" in report
-    assert report.index("## Summary") < report.index("## Sequence error rate vs steps")
+    assert report.index("## Findings") < report.index("## Sequence error rate vs steps")
 
 
 def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, capfd):
@@ -77,6 +88,6 @@ def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, cap
     assert "[1/1] ser_vs_steps: started (0 still to start)" in printed
     assert "[1/1 done] ser_vs_steps: " in printed
     assert "ser_vs_steps: " in printed and f"{out / 'ser_vs_steps'}.md" in printed
-    assert "## Summary" in printed and "**Wall-clock against AR**: not run" in printed
+    assert "## Findings" in printed and "| Wall-clock against AR | not run" in printed
     assert f"report: {out / 'REPORT.md'}" in printed
     assert "| language |" not in printed  # the tables stay in their files

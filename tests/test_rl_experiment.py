@@ -34,8 +34,8 @@ def test_the_rl_experiment_writes_its_table_report_and_resumes(small, tmp_path):
         assert f"| chain | {estimator} | 2 | SER at N = 2 |" in table
     assert (tmp_path / "rl.png").stat().st_size > 0
     sentences = rl_experiment.rl_verdicts(result)
-    assert len(sentences) == len(small["grpo"]["estimators"]) * len(small["rollout_steps"])
-    assert all("the SER at N =" in s and "TER" in s for s in sentences)
+    assert len(sentences) == 2 * len(small["grpo"]["estimators"]) * len(small["rollout_steps"])
+    assert all("the SER at N =" in s for s in sentences[::2]) and all("TER at N =" in s for s in sentences[1::2])
     report = write_report(tmp_path).read_text()
     assert "## Reinforcement learning for few-step correctness" in report and sentences[0] in report
 

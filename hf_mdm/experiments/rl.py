@@ -255,7 +255,7 @@ def plot_rl(rows: list[dict], preset: dict, path: Path) -> None:
 
 def rl_verdicts(result: dict) -> list[str]:
     """REPORT sentences, each from the rows with its interval: per language, estimator and rollout N, what GRPO did
-    to the SER at that N, to the share of distinct samples and to the paper's TER at that N (how much of the
+    to the SER at that N (with the share of distinct samples), and to the paper's TER at that N (how much of the
     language the policy covers), said as a change only where the intervals separate."""
     from ..report_verdicts import ABOVE, BELOW, fmt, side
 
@@ -266,16 +266,19 @@ def rl_verdicts(result: dict) -> list[str]:
     lines = []
     for e in summary_rows(result["rows"], result["preset"]):
         n = e["rollout_steps"]
-        ser, ter = e[f"after_ser_n{n}"], e[f"after_ter_increase_n{n}"]
+        ser, ter, distinct = e[f"after_ser_n{n}"], e[f"after_ter_increase_n{n}"], e[f"after_distinct_n{n}"]
         before_ser = (e[f"before_ser_n{n}"], *e[f"before_ser_ci_n{n}"])
         before_ter = (e[f"before_ter_increase_n{n}"], *e[f"before_ter_ci_n{n}"])
-        distinct = e[f"after_distinct_n{n}"]
+        subject = (
+            f"{e['language']}, GRPO with the `{e['estimator']}` estimator on rollouts at N = {n} ({e['seeds']} seeds)"
+        )
         lines.append(
-            f"{e['language']}, GRPO with the `{e['estimator']}` estimator on rollouts at N = {n} ({e['seeds']} seeds): "
-            f"the SER at N = {n} {moved(before_ser[1:], ser[1:])}, from {fmt(*before_ser)} to {fmt(*ser)} (the "
-            f"trained AR's: {e['ar']['ser']:.3f}); the share of distinct samples went from "
-            f"{e[f'before_distinct_n{n}']:.3f} to {fmt(*distinct)}; the paper's TER at N = {n}, as a relative "
-            f"increase over the language's own, {moved(before_ter[1:], ter[1:])}, from {fmt(*before_ter, percent=True)} "
-            f"to {fmt(*ter, percent=True)}."
+            f"{subject}: the SER at N = {n} {moved(before_ser[1:], ser[1:])}, from {fmt(*before_ser)} to "
+            f"{fmt(*ser)} (the trained AR's: {e['ar']['ser']:.3f}), the share of distinct samples from "
+            f"{e[f'before_distinct_n{n}']:.3f} to {fmt(*distinct)}."
+        )
+        lines.append(
+            f"{subject}: the paper's TER at N = {n}, as a relative increase over the language's own, "
+            f"{moved(before_ter[1:], ter[1:])}, from {fmt(*before_ter, percent=True)} to {fmt(*ter, percent=True)}."
         )
     return lines
