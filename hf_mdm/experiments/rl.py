@@ -146,15 +146,27 @@ def distinct_share(samples: torch.Tensor) -> float:
     return torch.unique(samples, dim=0).shape[0] / samples.shape[0]
 
 
-def seed_summary(values: list[float]) -> tuple[float, float, float]:
-    """(mean, 95% interval low, high) over seeds: Student's t with n - 1 degrees of freedom."""
+#: The range of each measure, where its interval is clipped: shares in [0, 1]; TER's relative increase >= -1.
+RANGES = {
+    "ser": (0.0, 1.0),
+    "distinct": (0.0, 1.0),
+    "ter_increase": (-1.0, math.inf),
+    "ter": (0.0, math.inf),
+    "reward": (0.0, 1.0),
+}  # fmt: skip  (the reward here: membership, 0 or 1 a sample)
+
+
+def seed_summary(values: list[float], key: str = "") -> tuple[float, float, float]:
+    """(mean, 95% interval low, high) over seeds: Student's t with n - 1 degrees of freedom, clipped to the
+    measure's range (`RANGES`)."""
     from scipy import stats
 
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, mean, mean
     half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
-    return mean, mean - half, mean + half
+    low, high = RANGES.get(key, (-math.inf, math.inf))
+    return mean, max(mean - half, low), min(mean + half, high)
 
 
 def summary_rows(rows: list[dict], preset: dict) -> list[dict]:
@@ -172,13 +184,13 @@ def summary_rows(rows: list[dict], preset: dict) -> list[dict]:
                 for steps in preset["rollout_steps"]:
                     for key in ("ser", "distinct") + (("ter", "ter_increase") if steps == trained else ()):
                         entry[f"before_{key}_n{steps}"] = before[f"n{steps}"][key]
-                        entry[f"after_{key}_n{steps}"] = seed_summary([r[f"n{steps}"][key] for r in after])
+                        entry[f"after_{key}_n{steps}"] = seed_summary([r[f"n{steps}"][key] for r in after], key)
                     for key in ("ser", "ter"):  # the measured cell's own 95% interval before RL
                         if f"{key}_ci_low" in before[f"n{steps}"]:
                             interval = (before[f"n{steps}"][f"{key}_ci_low"], before[f"n{steps}"][f"{key}_ci_high"])
                             entry[f"before_{key}_ci_n{steps}"] = interval
-                entry["reward_first"] = seed_summary([statistics.fmean(r["rewards"][:5]) for r in after])
-                entry["reward_last"] = seed_summary([statistics.fmean(r["rewards"][-5:]) for r in after])
+                entry["reward_first"] = seed_summary([statistics.fmean(r["rewards"][:5]) for r in after], "reward")
+                entry["reward_last"] = seed_summary([statistics.fmean(r["rewards"][-5:]) for r in after], "reward")
                 out.append(entry)
     return out
 
@@ -281,4 +293,23 @@ def rl_verdicts(result: dict) -> list[str]:
             f"{subject}: the paper's TER at N = {n}, as a relative increase over the language's own, "
             f"{moved(before_ter[1:], ter[1:])}, from {fmt(*before_ter, percent=True)} to {fmt(*ter, percent=True)}."
         )
-    return lines
+    return lines + [run_sentence(result, name) for name in dict.fromkeys(r["language"] for r in result["rows"])]
+
+
+def run_sentence(result: dict, name: str, margin: float = 0.05) -> str:
+    """Over every GRPO run of a language (estimators, rollout N, seeds): how many reached an SER at their N within
+    ``margin`` of the trained AR's, and what those runs kept of the language (distinct share, TER against before)."""
+    rows = [r for r in result["rows"] if r["language"] == name]
+    ar = next(r for r in rows if r["model"] == "trained AR")["ar"]["ser"]
+    before = next(r for r in rows if r["model"] == "MDM before RL")
+    runs = [r for r in rows if r["model"] == "MDM after RL"]
+    good = [r for r in runs if r[f"n{r['rollout_steps']}"]["ser"] <= ar + margin]
+    head = f"{name}: {len(good)} of {len(runs)} GRPO runs reached an SER at their N at most {margin} above the trained AR's ({ar:.3f})"
+    if not good:
+        return head + "."
+    distinct = max(r[f"n{r['rollout_steps']}"]["distinct"] for r in good)
+    ratio = min(r[f"n{r['rollout_steps']}"]["ter"] / before[f"n{r['rollout_steps']}"]["ter"] for r in good)
+    return (
+        f"{head}; those runs kept at most {distinct:.3f} of their samples distinct, and their TER at that N was at "
+        f"least {ratio:.2f} times the MDM's before RL."
+    )
