@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export TORCH_SPEC
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce reproduce-paper venv bench gpu-check clean system-deps test-newest test-lowest lock lint
+.PHONY: test reproduce reproduce-paper venv bench gpu-check clean system-deps test-newest test-lowest lock lint docs
 
 venv: $(STAMP)
 
@@ -99,6 +99,11 @@ bench: $(STAMP)
 GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(OFFLINE) $(PY) -m hf_mdm.gpu_check $(GPU_CHECK_ARGS)
+
+# The documentation site (mkdocs.yml, docs/: a page per capability, the API reference from the docstrings, the
+# results' figures and tables) built into build/site; --strict fails on a broken link or a page missing from nav.
+docs: $(STAMP)
+	$(OFFLINE) NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean:
 	rm -rf $(VENV) .venv-newest .venv-lowest build *.egg-info

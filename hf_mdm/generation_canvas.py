@@ -1,7 +1,24 @@
-"""The canvas of a call: the prompt followed by ``max_new_tokens`` [MASK] tokens, what is padding and what is
-generated. Masks already inside the prompt are generated too (infilling); padding (2-D ``attention_mask``, left or
-right) is never attended to nor generated (`prepare_canvas`); ``whole_blocks`` grows each row to the end of its last
-attention block (`fill_last_blocks`). Exported with the model as remote code.
+"""The canvas of a call, from the prompt to the output, and the loop over its blocks.
+
+1. `prepare_canvas`: the prompt followed by ``max_new_tokens`` [MASK] tokens (`new_tokens`: else what ``max_length``
+   leaves after the prompt). Masks already inside the prompt are generated too (infilling); padding (2-D
+   ``attention_mask``, left or right) is never attended to nor generated. The inputs are checked against the model
+   before anything runs: the canvas' length against its positions (`position_limit`), the token ids against its
+   vocabulary (`check_inputs`, `check_token_ids`);
+2. ``whole_blocks`` grows each row to the end of its last attention block (`fill_last_blocks`, `whole_block_length`):
+   the columns past the output's ``width`` are the block tail (``hide_block_tail`` hides it from attention:
+   `hf_mdm.generation_denoiser`);
+3. `sample_blocks`: the generation region (from the first masked column to the end) is cut into blocks of
+   ``block_length`` columns, denoised left to right (`plan_blocks`; for a block-causal model the blocks are its
+   attention blocks, counted in positions from each row's first token); ``steps`` are split over the blocks in
+   proportion to their masked counts (`hf_mdm.generation_transfer.split_steps`); a block's steps are the
+   sampler's (`hf_mdm.generation_sampler.denoise_block`, or a transfer's or ReMDM's own). Between blocks, rows that
+   finished skip the rest (`hf_mdm.generation_stopping`);
+4. `finish_canvas`: the canvas cut back to its ``width``, masks left in rows that finished early and tokens after
+   the first generated EOS made padding.
+
+The loop mutates the `Canvas` and records into a `hf_mdm.generation_stopping.Trace`; the model is reached only
+through the sampler's `Denoiser`. Exported with the model as remote code.
 """
 
 from __future__ import annotations
@@ -11,19 +28,38 @@ from typing import Any, Optional
 
 import torch
 
+from .families import attention_block_size
 from .generation_denoiser import Rows
+from .generation_sampler import BlockDenoiser, Sampler, denoise_block
+from .generation_stopping import Trace, finalize_eos, finished_rows, missing_positions
 
-__all__ = ["Canvas", "prepare_canvas", "fill_last_blocks"]
+__all__ = [
+    "Canvas",
+    "prepare_canvas",
+    "new_tokens",
+    "position_limit",
+    "check_inputs",
+    "check_token_ids",
+    "fill_last_blocks",
+    "whole_block_length",
+    "Block",
+    "plan_blocks",
+    "block_spans",
+    "sample_blocks",
+    "finish_canvas",
+]
 
 
 @dataclass
 class Canvas:
     """The canvas of one call: ids ``x`` (B, L) (prompt, then masks; written in place as tokens are revealed),
-    ``attn`` (B, L) or None when nothing is padded, ``gen_mask0`` (B, L) the positions to generate."""
+    ``attn`` (B, L) or None when nothing is padded, ``gen_mask0`` (B, L) the positions to generate, ``width`` the
+    columns of the output (None: every column; ``whole_blocks`` may run the canvas further)."""
 
     x: torch.Tensor
     attn: Optional[torch.Tensor]
     gen_mask0: torch.Tensor
+    width: Optional[int] = None
 
     @property
     def prompt_mask(self) -> torch.Tensor:
@@ -39,6 +75,30 @@ class Canvas:
 
     def rows(self) -> Rows:
         return Rows(self.x, self.attn, self.prompt_mask)
+
+    def output(self) -> "Canvas":
+        """The canvas cut back to its ``width`` (whole blocks: the block tail goes); itself when it has no more."""
+        if self.width is None or self.x.shape[1] == self.width:
+            return self
+        attn = None if self.attn is None else self.attn[:, : self.width]
+        attn = None if attn is not None and bool(attn.all()) else attn
+        return Canvas(self.x[:, : self.width], attn, self.gen_mask0[:, : self.width], self.width)
+
+
+def new_tokens(config: Any, input_ids: torch.Tensor) -> int:
+    """Masks appended: ``max_new_tokens``, else what ``max_length`` leaves after the prompt, else 0."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    prompt_len = input_ids.shape[1] if input_ids is not None and input_ids.dim() == 2 else 0
+    if config.max_length is not None and config.max_length > prompt_len:
+        return config.max_length - prompt_len
+    return 0
+
+
+def position_limit(model: Any) -> Optional[int]:
+    """The longest canvas the model takes (``max_position_embeddings`` or ``max_sequence_length``), or None."""
+    model_config = getattr(model, "config", None)
+    return getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "max_sequence_length", None)
 
 
 def prepare_canvas(
@@ -74,7 +134,7 @@ def prepare_canvas(
     gen_mask = x == mask_id
     if attn is not None:
         gen_mask &= attn
-    return Canvas(x, attn, gen_mask)
+    return Canvas(x, attn, gen_mask, x.shape[1])
 
 
 def _checked_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: int, device: Any) -> torch.Tensor:
@@ -93,6 +153,65 @@ def _checked_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: 
             "unconditionally"
         )
     return attention_mask
+
+
+def check_inputs(model: Any, config: Any, canvas: Canvas, input_ids: torch.Tensor) -> None:
+    """ValueErrors for nothing to generate and token ids outside the model's vocabulary (`prepare_canvas` checked the
+    canvas' length and the attention mask)."""
+    if config.max_new_tokens is None and not bool(canvas.gen_mask0.any()):
+        raise ValueError(
+            f"nothing to generate: input_ids hold no [MASK] (id {config.mask_token_id}) and no length is set "
+            f"(max_new_tokens is unset in the call, the generation config and the model's generation config"
+            + (f"; max_length={config.max_length} leaves no room after the prompt" if config.max_length else "")
+            + "): pass max_new_tokens=..., or set model.generation_config.max_new_tokens"
+        )
+    check_token_ids(model, config.mask_token_id, input_ids, config.eos_token_id)
+
+
+def check_token_ids(
+    model: Any, mask_token_id: int, input_ids: Optional[torch.Tensor] = None, eos_token_id: Any = None
+) -> None:
+    """ValueErrors for a [MASK] id, EOS ids or prompt ids outside the model's vocabulary (which would otherwise fail
+    inside the embedding, or never match a generated token); nothing when the model does not say its vocabulary
+    size."""
+    vocab_size = _vocab_size(model)
+    if vocab_size is None:
+        return
+    if not 0 <= mask_token_id < vocab_size:
+        raise ValueError(
+            f"mask_token_id={mask_token_id} is outside the model's vocabulary (vocab_size={vocab_size}): pass the "
+            "[MASK] id of this model (its config's or tokenizer's mask_token_id)"
+        )
+    eos_ids = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    outside = [int(i) for i in eos_ids if not 0 <= int(i) < vocab_size]
+    if outside:
+        raise ValueError(
+            f"eos_token_id {outside} is outside the model's vocabulary (vocab_size={vocab_size}), so generation "
+            "would never stop at it: pass this model's EOS id (its tokenizer's eos_token_id), or eos_token_id=None"
+        )
+    if input_ids is not None and input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        raise ValueError(
+            f"input_ids hold ids outside the model's vocabulary [0, {vocab_size}): min {int(input_ids.min())}, max "
+            f"{int(input_ids.max())}: encode the prompt with this model's tokenizer"
+        )
+
+
+def _vocab_size(model: Any) -> Optional[int]:
+    """Rows of the input embedding (else ``config.vocab_size``), or None when the model says neither."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None)
+    return int(rows) if rows is not None else getattr(getattr(model, "config", None), "vocab_size", None)
+
+
+def whole_block_length(model: Any, config: Any) -> int:
+    """The attention block ``whole_blocks`` fills rows to: ``block_length``, else the model's own; a ValueError for a
+    model that is not block-causal."""
+    block = config.block_length if config.block_length is not None else attention_block_size(model)
+    if block is None or attention_block_size(model) is None:
+        raise ValueError(
+            "whole_blocks=True needs a block-causal model (config.block_size set, e.g. LLaDA2) and its block_length"
+        )
+    return int(block)
 
 
 def fill_last_blocks(canvas: Canvas, block_length: int, mask_id: int) -> Canvas:
@@ -114,4 +233,118 @@ def fill_last_blocks(canvas: Canvas, block_length: int, mask_id: int) -> Canvas:
     positions = attn.long().cumsum(1) - 1
     attn = attn & (positions < wanted[:, None])
     gen_mask0 = torch.cat([canvas.gen_mask0, canvas.gen_mask0.new_ones((x.shape[0], extra))], dim=1) & attn
-    return Canvas(x, attn if not bool(attn.all()) else None, gen_mask0)
+    return Canvas(x, attn if not bool(attn.all()) else None, gen_mask0, canvas.width)
+
+
+@dataclass
+class Block:
+    """One block of the reverse process: ``region`` (B, L) its positions to generate, ``start``/``end`` the columns
+    it spans in any row (rows padded on the left differently may place an aligned block at other columns)."""
+
+    start: int
+    end: int
+    region: torch.Tensor
+
+
+def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tuple[int, int]]:
+    """(start, end) columns of the blocks, from the first masked column to the end."""
+    columns = gen_mask.any(0).nonzero().flatten()
+    if columns.numel() == 0:
+        return []
+    start, end = int(columns[0]), gen_mask.shape[1]
+    size = end - start if block_length is None else block_length
+    return [(b, min(b + size, end)) for b in range(start, end, size)]
+
+
+def plan_blocks(canvas: Canvas, block_length: Optional[int], aligned: bool = False) -> list[Block]:
+    """The blocks of a call. Unaligned: ``block_length`` columns each from the first masked column (`block_spans`).
+    Aligned (block-causal models): the attention blocks, ``block_length`` positions each counted from each row's
+    position 0 (`Canvas.positions`), so a prompt may end inside a block, as LLaDA2's and BD3-LM's generate."""
+    gen_mask0 = canvas.gen_mask0
+    if not aligned or block_length is None:
+        blocks = []
+        for start, end in block_spans(gen_mask0, block_length):
+            region = torch.zeros_like(gen_mask0)
+            region[:, start:end] = gen_mask0[:, start:end]
+            blocks.append(Block(start, end, region))
+        return blocks
+    block_of = canvas.positions() // block_length
+    real = canvas.attn if canvas.attn is not None else torch.ones_like(gen_mask0)
+    blocks = []
+    for k in torch.unique(block_of[gen_mask0]).tolist():
+        columns = ((block_of == k) & real).any(0).nonzero().flatten()
+        blocks.append(Block(int(columns[0]), int(columns[-1]) + 1, gen_mask0 & (block_of == k)))
+    return blocks
+
+
+def sample_blocks(
+    sampler: Sampler,
+    canvas: Canvas,
+    trace: Trace,
+    steps: Optional[int],
+    block_length: Optional[int],
+    eos_ids: Optional[torch.Tensor],
+    stopping_criteria: Any,
+    denoise: Optional[BlockDenoiser] = None,
+) -> torch.Tensor:
+    """Denoise the canvas block by block, in place, each block with ``denoise`` (default `denoise_block`); returns
+    the (B,) rows that finished early. Blocks are aligned to the model's attention blocks when it has them."""
+    gen_mask0 = canvas.gen_mask0
+    blocks = plan_blocks(canvas, block_length, sampler.denoiser.block_causal)
+    masked = torch.stack([block.region.sum(1).max() for block in blocks]).tolist() if blocks else []
+    steps_per_block = sampler.transfer.block_steps(steps, masked)
+    denoise = denoise or sampler.transfer.block_denoiser or denoise_block
+    finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
+    for block, num_steps in zip(blocks, steps_per_block):
+        if num_steps == 0:
+            continue
+        active = (~finished).nonzero().flatten()  # the one read of the loop per block
+        if active.numel() == 0:
+            break
+        _denoise_active_rows(sampler, canvas, active, block, num_steps, trace, denoise)
+        x = canvas.x
+        finished |= finished_rows(x, gen_mask0, block.end, eos_ids, stopping_criteria, x == sampler.mask_id)
+    return finished
+
+
+def _denoise_active_rows(
+    sampler: Sampler,
+    canvas: Canvas,
+    active: torch.Tensor,
+    block: Block,
+    num_steps: int,
+    trace: Trace,
+    denoise: BlockDenoiser,
+) -> None:
+    """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
+    all_rows = active.numel() == canvas.x.shape[0]
+    rows = canvas.rows() if all_rows else canvas.rows().select(active)
+    sampler.denoiser.begin_block(block.start, block.end)
+    region = block.region if all_rows else block.region[active]
+
+    final_before = block.start if sampler.transfer.edits else None  # an editing block is final once done
+
+    def on_step() -> None:
+        if not all_rows and trace.needs_canvas:
+            canvas.x[active] = rows.x
+        trace.step(canvas.x, final_before)
+
+    with sampler.drawing_for(active):
+        denoise(sampler, rows, region, num_steps, on_step)
+    if not all_rows:
+        canvas.x[active] = rows.x
+    trace.stream.update(canvas.x)
+
+
+def finish_canvas(
+    canvas: Canvas, finished: torch.Tensor, eos_ids: Optional[torch.Tensor], pad_id: int, mask_id: int
+) -> tuple[Canvas, torch.Tensor, torch.Tensor]:
+    """The canvas at the end of the reverse process: cut back to its ``width`` (`Canvas.output`), the positions it
+    lacks noted (`missing_positions`: still [MASK] before the row's first EOS), then masks left in the rows
+    ``finished`` (B,) early and tokens after the first generated EOS made ``pad_id`` (in place). Returns the canvas,
+    the generated tokens of each row (B,) and the missing positions (B, L)."""
+    canvas = canvas.output()
+    missing = missing_positions(canvas.x, canvas.gen_mask0, eos_ids, mask_id)
+    unfilled = (canvas.x == mask_id) & canvas.gen_mask0 & finished[:, None]
+    canvas.x.masked_fill_(unfilled, pad_id)
+    return canvas, finalize_eos(canvas.x, canvas.gen_mask0, eos_ids, pad_id, unfilled), missing

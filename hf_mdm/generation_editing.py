@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 
 from .generation_denoiser import Rows
-from .generation_sampler import Sampler, _propose_at
+from .generation_sampler import Sampler, propose_at
 from .generation_stopping import stops_inside_block
 from .generation_strategy import choose
 from .generation_transfer import Transfer, even_split, register_transfer
@@ -77,7 +77,7 @@ class LLaDA21EditingTransfer(Transfer):
             running &= (post_steps <= self.post_step_limit) & (mask_steps < self.step_budget)
             if not bool(running.any()):
                 return
-            proposals = _propose_at(sampler, rows, keep, running[:, None].expand(-1, keep.numel()))
+            proposals = propose_at(sampler, rows, keep, running[:, None].expand(-1, keep.numel()))
             floor = self.reveal_floor(mask_steps)
             revealed = self._reveals(sampler, proposals, keep, masked & running[:, None], x.shape[1], floor)
             edited = region[:, keep] & ~masked & running[:, None]

@@ -7,13 +7,13 @@ its docstring).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, TypeVar
 
 from .generation_reference import reject_foreign_args
 from .generation_values import is_integer
 
-if TYPE_CHECKING:  # the class these presets build
-    from .generation_config import MaskedDiffusionGenerationConfig
+# the class a preset builds: the config class that mixes the presets in (`MaskedDiffusionGenerationConfig`)
+Config = TypeVar("Config", bound="ReferencePresets")
 
 
 class ReferencePresets:
@@ -22,7 +22,7 @@ class ReferencePresets:
 
     @classmethod
     def llada(
-        cls,
+        cls: type[Config],
         gen_length: int,
         steps: int,
         block_length: int,
@@ -36,7 +36,7 @@ class ReferencePresets:
         eos_token_id: Optional[int] = None,
         eot_token_id: Optional[int] = None,
         **kwargs: Any,
-    ) -> "MaskedDiffusionGenerationConfig":
+    ) -> Config:
         r"""LLaDA's ``generate()`` (ML-GSAI/LLaDA generate.py), token for token at fp32, with its argument names.
 
         ``model.generate(prompt, attention_mask=..., generation_config=MaskedDiffusionGenerationConfig.llada(...))``
@@ -101,7 +101,7 @@ class ReferencePresets:
 
     @classmethod
     def dream(
-        cls,
+        cls: type[Config],
         max_new_tokens: int,
         steps: int,
         eps: float = 1e-3,
@@ -111,7 +111,7 @@ class ReferencePresets:
         top_p: Optional[float] = None,
         top_k: Optional[int] = None,
         **kwargs: Any,
-    ) -> "MaskedDiffusionGenerationConfig":
+    ) -> Config:
         r"""Dream's ``diffusion_generate()`` (the Hub's generation_utils.py of Dream-v0), token for token at fp32,
         with its argument names.
 
@@ -171,7 +171,7 @@ class ReferencePresets:
 
     @classmethod
     def llada2(
-        cls,
+        cls: type[Config],
         gen_length: int = 2048,
         block_length: int = 32,
         steps: int = 32,
@@ -185,7 +185,7 @@ class ReferencePresets:
         eos_id: Optional[int] = None,
         mask_id: Optional[int] = None,
         **kwargs: Any,
-    ) -> "MaskedDiffusionGenerationConfig":
+    ) -> Config:
         r"""LLaDA2.0's ``generate()`` (the published modeling_llada2_moe.py), token for token at temperature 0 and
         with the same number of forwards, with its argument names and defaults, on the default sampler (so also
         batched, streamed, and with the exact block cache, ``kv_cache="prefix"``, the default for a block-causal
@@ -228,7 +228,7 @@ class ReferencePresets:
 
     @classmethod
     def llada2_pipeline(
-        cls,
+        cls: type[Config],
         gen_length: int = 2048,
         block_length: int = 32,
         num_inference_steps: int = 32,
@@ -244,7 +244,7 @@ class ReferencePresets:
         eos_token_id: Optional[int] = None,
         mask_token_id: Optional[int] = None,
         **kwargs: Any,
-    ) -> "MaskedDiffusionGenerationConfig":
+    ) -> Config:
         r"""diffusers' ``LLaDA2Pipeline`` with its ``BlockRefinementScheduler`` (diffusers 0.42), token for token at
         temperature 0, with its argument names and defaults, on the default sampler (batched, streamed, exact block
         cache):
@@ -296,7 +296,7 @@ class ReferencePresets:
 
     @classmethod
     def llada21(
-        cls,
+        cls: type[Config],
         gen_length: int = 2048,
         block_length: int = 32,
         steps: int = 32,
@@ -313,7 +313,7 @@ class ReferencePresets:
         eos_id: Optional[int] = None,
         mask_id: Optional[int] = None,
         **kwargs: Any,
-    ) -> "MaskedDiffusionGenerationConfig":
+    ) -> Config:
         r"""LLaDA2.1's ``generate()`` (the published modeling_llada21_moe.py), token for token at temperature 0 and
         with the same number of forwards, with its argument names and defaults, on the default sampler (batched,
         streamed, exact block cache as in `llada2`):
@@ -343,7 +343,7 @@ class ReferencePresets:
 
     @classmethod
     def diffusion_gemma(
-        cls,
+        cls: type[Config],
         max_new_tokens: int = 256,
         max_denoising_steps: int = 48,
         entropy_bound: float = 0.1,
@@ -352,7 +352,7 @@ class ReferencePresets:
         stability_threshold: Optional[int] = 1,
         confidence_threshold: Optional[float] = 0.005,
         **kwargs: Any,
-    ) -> "MaskedDiffusionGenerationConfig":
+    ) -> Config:
         r"""transformers' DiffusionGemma ``generate()`` (`DiffusionGemmaForBlockDiffusion`, transformers 5.24), token
         for token and with the same decoder forwards, with its argument names and defaults
         (``_get_default_generation_params``; ``entropy_bound`` is its ``EntropyBoundSamplerConfig``'s):

@@ -112,6 +112,15 @@ def reject_inert_reference_args(config: Any, kwargs: dict[str, Any]) -> None:
             )
 
 
+def reject_reference_inputs(config: Any, logits_processor: Any, stopping_criteria: Any) -> None:
+    """A ValueError for logits processors or stopping criteria given to a reference sampler, which has neither."""
+    if config.reference is not None and (logits_processor or stopping_criteria):
+        raise ValueError(
+            f"reference={config.reference!r} reproduces its reference sampler, which has no logits processors nor "
+            "stopping criteria: drop logits_processor / stopping_criteria, or use the default sampler"
+        )
+
+
 def reference_draws(config: Any) -> bool:
     """Whether the reference sampler of ``config`` draws random numbers: LLaDA's Gumbel noise (temperature > 0) and
     random remasking; Dream's token draws (temperature > 0), its ``origin`` reveals and ``alg_temp`` choices."""
@@ -191,7 +200,7 @@ def _validate_dream(config: Any) -> None:
 @dataclass
 class ReferenceRun:
     """What a reference loop works on: its config, the model call, the canvas (``x`` written in place), the prompt
-    width, the random generator and the trace of steps (a `hf_mdm.generation_sampler.Trace`)."""
+    width, the random generator and the trace of steps (a `hf_mdm.generation_stopping.Trace`)."""
 
     config: Any
     denoiser: Denoiser

@@ -48,8 +48,7 @@ import torch
 
 from .generation_denoiser import Rows
 from .generation_random import rand as random_rand
-from .generation_reveal import reveal_where
-from .generation_sampler import Sampler
+from .generation_sampler import Sampler, reveal_where
 from .generation_strategy import canonical_strategy
 from .generation_transfer import draw_steps, normalised_alpha, time_grid
 from .generation_values import is_number

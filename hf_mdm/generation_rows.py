@@ -51,6 +51,8 @@ __all__ = [
     "invariance_guarantee",
     "draws_in_batch",
     "plan_rows",
+    "rows_of_call",
+    "call_generator",
     "RowLayout",
     "require_own_draws",
     "generate_rows",
@@ -152,6 +154,30 @@ def plan_rows(
     invariant = batches_invariantly(device, dtype) or not config.batch_invariant  # seeds alone: own draws
     together = invariant and (not draws or draws_in_batch(config))
     return rows.groups() if together else rows.alone()
+
+
+def rows_of_call(
+    model: Any, config: Any, seed: Seeds, generator: Optional[torch.Generator], input_ids: torch.Tensor, attention_mask
+) -> tuple["RowLayout", Optional[list[list[int]]]]:
+    """The rows of a call: ``seed`` checked (`check_seed`), each row's prompt without its padding (`RowLayout`), and
+    the groups of rows the call runs as (`plan_rows`), or None: the batch as given (so too a batch of one row without
+    padding)."""
+    check_seed(seed, input_ids.shape[0], generator)
+    mask_id = -1 if config.mask_token_id is None else int(config.mask_token_id)  # uniform corruption: no [MASK]
+    layout = RowLayout(input_ids.long(), attention_mask, mask_id)
+    if input_ids.shape[0] == 1 and (attention_mask is None or bool(attention_mask.all())):
+        return layout, None
+    dtype = next(iter(model.parameters()), torch.empty(0)).dtype if hasattr(model, "parameters") else torch.float32
+    return layout, plan_rows(config, seed, generator, layout, input_ids.device, dtype)
+
+
+def call_generator(generator: Optional[torch.Generator], seed: Seeds, device: Any) -> Optional[torch.Generator]:
+    """The draws of a call that runs its batch as given: ``generator``, else one seeded with ``seed`` (checked by
+    `check_seed`; of a list, its first: one row, or a call that draws nothing), else None."""
+    if generator is None and seed is not None:
+        first = seed[0] if isinstance(seed, (list, tuple)) else seed
+        generator = torch.Generator(device=device).manual_seed(int(first))
+    return generator
 
 
 def require_own_draws(seed: Seeds, generator: Optional[torch.Generator]) -> None:

@@ -1,64 +1,35 @@
-"""The reverse-process loop: the canvas, semi-autoregressive blocks, and the denoising steps of a block.
+"""The sampler of a call and the steps of a block: how many positions a step reveals, which, and the tokens written.
 
-1. the canvas is the prompt followed by ``max_new_tokens`` [MASK] tokens (`hf_mdm.generation_canvas`);
-2. the generation region (from the first masked column to the end) is cut into blocks of ``block_length``
-   columns, denoised left to right; for a block-causal model the blocks are its attention blocks, counted in
-   positions from 0 (`plan_blocks`); ``steps`` are split over the blocks in proportion to their masked counts
-   (`hf_mdm.generation_transfer.split_steps`). Between blocks, rows that finished skip the rest
-   (`hf_mdm.generation_stopping`);
-3. a step asks the `Denoiser` for logits at the block's columns, proposes tokens (`Proposer`), and
-   reveals as many positions per row as the transfer rule says, chosen by the strategy (`denoise_block`).
-   Revealed tokens stay; the remasking samplers (`hf_mdm.generation_remask`) run their own block steps through
-   the same block loop (`sample_blocks`'s ``denoise``) and reveal through `hf_mdm.generation_reveal.reveal_where`.
+- `Sampler`: the pieces of one call's sampler: the model call (`hf_mdm.generation_denoiser.Denoiser`), the
+  proposals (`Proposer`), the strategy and the transfer rule, the schedule, the draws and the records;
+- `denoise_block`: the steps of one block, in place: a step asks the `Denoiser` for logits at the block's
+  still-masked positions (`still_masked_positions`), proposes tokens (`Proposer`), and reveals as many positions
+  per row as the transfer rule says, chosen by the strategy; revealed tokens stay. A transfer with its own block
+  loop (`hf_mdm.generation_editing`) and the remasking samplers (`hf_mdm.generation_remask`) run their own steps
+  in its place;
+- writing the tokens a step reveals: `reveal_rows` at chosen positions, whatever their number per row (the model
+  runs only on rows with one, the host reads the choice); `reveal_top` at each row's ``counts`` best-scored
+  candidates with the largest count known on the host (fixed shapes, nothing read back: the positional strategies
+  under fixed counts); `reveal_where` at given positions, left to right (the paper's sampler and ReMDM).
 
-The loop mutates a `Canvas` and records into a `Trace`; the model is reached only through the `Denoiser`.
-Exported with the model as remote code.
+The loop over the blocks of the canvas is `hf_mdm.generation_canvas.sample_blocks`; the model is reached only
+through the `Denoiser`. Exported with the model as remote code.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Iterator, Optional
 
 import torch
 
-from .generation_canvas import Canvas
 from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
 from .generation_random import only_rows, select_rows
-from .generation_reveal import reveal_rows, reveal_top, reveal_where
-from .generation_stopping import Streamer, finished_rows, stops_inside_block
-from .generation_strategy import (
-    Proposals,
-    Proposer,
-    Strategy,
-    choose,
-)
+from .generation_stopping import stops_inside_block
+from .generation_strategy import Proposals, Proposer, Strategy, choose, get_strategy
 from .generation_transfer import Transfer, reveal_steps
-
-
-@dataclass
-class Trace:
-    """What a call records as it runs: the steps taken, the canvas after each (``output_history``), the stream."""
-
-    stream: Streamer
-    keep_history: bool = False
-    steps: int = 0
-    history: list[torch.Tensor] = field(default_factory=list)
-    accepted_per_round: Optional[torch.Tensor] = None  # (B,) speculative decoding's drafts accepted per round
-
-    @property
-    def needs_canvas(self) -> bool:
-        """Whether every step must see the whole canvas (history or streaming)."""
-        return self.keep_history or self.stream.active
-
-    def step(self, x: torch.Tensor, final_before: Optional[int] = None) -> None:
-        """A step ran: count it, keep the canvas, stream what is final (up to ``final_before`` if given)."""
-        self.steps += 1
-        if self.keep_history:
-            self.history.append(x.clone())
-        self.stream.update(x, final_before)
 
 
 @dataclass
@@ -113,106 +84,6 @@ class Sampler:
 
 # denoise(sampler, rows, region, num_steps, on_step): the steps of one block, in place on rows.x (`denoise_block`)
 BlockDenoiser = Callable[[Sampler, Rows, torch.Tensor, int, Callable[[], None]], None]
-
-
-@dataclass
-class Block:
-    """One block of the reverse process: ``region`` (B, L) its positions to generate, ``start``/``end`` the columns
-    it spans in any row (rows padded on the left differently may place an aligned block at other columns)."""
-
-    start: int
-    end: int
-    region: torch.Tensor
-
-
-def block_spans(gen_mask: torch.Tensor, block_length: Optional[int]) -> list[tuple[int, int]]:
-    """(start, end) columns of the blocks, from the first masked column to the end."""
-    columns = gen_mask.any(0).nonzero().flatten()
-    if columns.numel() == 0:
-        return []
-    start, end = int(columns[0]), gen_mask.shape[1]
-    size = end - start if block_length is None else block_length
-    return [(b, min(b + size, end)) for b in range(start, end, size)]
-
-
-def plan_blocks(canvas: Canvas, block_length: Optional[int], aligned: bool = False) -> list[Block]:
-    """The blocks of a call. Unaligned: ``block_length`` columns each from the first masked column (`block_spans`).
-    Aligned (block-causal models): the attention blocks, ``block_length`` positions each counted from each row's
-    position 0 (`Canvas.positions`), so a prompt may end inside a block, as LLaDA2's and BD3-LM's generate."""
-    gen_mask0 = canvas.gen_mask0
-    if not aligned or block_length is None:
-        blocks = []
-        for start, end in block_spans(gen_mask0, block_length):
-            region = torch.zeros_like(gen_mask0)
-            region[:, start:end] = gen_mask0[:, start:end]
-            blocks.append(Block(start, end, region))
-        return blocks
-    block_of = canvas.positions() // block_length
-    real = canvas.attn if canvas.attn is not None else torch.ones_like(gen_mask0)
-    blocks = []
-    for k in torch.unique(block_of[gen_mask0]).tolist():
-        columns = ((block_of == k) & real).any(0).nonzero().flatten()
-        blocks.append(Block(int(columns[0]), int(columns[-1]) + 1, gen_mask0 & (block_of == k)))
-    return blocks
-
-
-def sample_blocks(
-    sampler: Sampler,
-    canvas: Canvas,
-    trace: Trace,
-    steps: Optional[int],
-    block_length: Optional[int],
-    eos_ids: Optional[torch.Tensor],
-    stopping_criteria: Any,
-    denoise: Optional[BlockDenoiser] = None,
-) -> torch.Tensor:
-    """Denoise the canvas block by block, in place, each block with ``denoise`` (default `denoise_block`); returns
-    the (B,) rows that finished early. Blocks are aligned to the model's attention blocks when it has them."""
-    gen_mask0 = canvas.gen_mask0
-    blocks = plan_blocks(canvas, block_length, sampler.denoiser.block_causal)
-    masked = torch.stack([block.region.sum(1).max() for block in blocks]).tolist() if blocks else []
-    steps_per_block = sampler.transfer.block_steps(steps, masked)
-    denoise = denoise or sampler.transfer.block_denoiser or denoise_block
-    finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
-    for block, num_steps in zip(blocks, steps_per_block):
-        if num_steps == 0:
-            continue
-        active = (~finished).nonzero().flatten()  # the one read of the loop per block
-        if active.numel() == 0:
-            break
-        _denoise_active_rows(sampler, canvas, active, block, num_steps, trace, denoise)
-        x = canvas.x
-        finished |= finished_rows(x, gen_mask0, block.end, eos_ids, stopping_criteria, x == sampler.mask_id)
-    return finished
-
-
-def _denoise_active_rows(
-    sampler: Sampler,
-    canvas: Canvas,
-    active: torch.Tensor,
-    block: Block,
-    num_steps: int,
-    trace: Trace,
-    denoise: BlockDenoiser,
-) -> None:
-    """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
-    all_rows = active.numel() == canvas.x.shape[0]
-    rows = canvas.rows() if all_rows else canvas.rows().select(active)
-    sampler.denoiser.begin_block(block.start, block.end)
-    region = block.region if all_rows else block.region[active]
-
-    final_before = block.start if sampler.transfer.edits else None  # an editing block is final once done
-
-    def on_step() -> None:
-        if not all_rows and trace.needs_canvas:
-            canvas.x[active] = rows.x
-        trace.step(canvas.x, final_before)
-
-    with sampler.drawing_for(active):
-        denoise(sampler, rows, region, num_steps, on_step)
-    if not all_rows:
-        canvas.x[active] = rows.x
-    trace.stream.update(canvas.x)
 
 
 def denoise_block(
@@ -314,7 +185,7 @@ def _denoise_block_independently(sampler: Sampler, rows: Rows, region, num_steps
     (alpha(s) - alpha(t)) / (1 - alpha(t)) at each step (the law of a Binomial count of uniformly random
     positions). Each position's step is drawn up front, with the table (B, S) of each row's reveals per step: one
     read at the block's start (the largest count of each step); a step then writes its positions left to right
-    with fixed shapes (`hf_mdm.generation_reveal.reveal_where`)."""
+    with fixed shapes (`reveal_where`)."""
     x = rows.x
     step_of = reveal_steps(sampler.schedule, num_steps, x.shape, sampler.generator, x.device)
     step_of.masked_fill_(~((x == sampler.mask_id) & region), -1)
@@ -358,7 +229,7 @@ def _reveal_step(sampler: Sampler, rows: Rows, block_mask, keep, counts, steps_l
         return reveal_rows(sampler, rows, choose(scores, block_mask, counts, most))
     gather = sampler.gather_still_masked and not sampler.denoiser.cuda_graphs  # CUDA graphs: one shape a block
     positions = still_masked_positions(block_mask, keep, width if gather else None)
-    proposals = _propose_at(sampler, rows, positions, block_mask.gather(1, positions))
+    proposals = propose_at(sampler, rows, positions, block_mask.gather(1, positions))
     scores = sampler.strategy.scores(proposals, positions, rows.x.shape[1], sampler.generator)
     if counts is None:
         masked = block_mask.gather(1, positions)
@@ -383,7 +254,7 @@ def still_masked_positions(block_mask: torch.Tensor, keep: torch.Tensor, width: 
     return keep[torch.topk(order, max(int(width), 1), dim=1).indices]
 
 
-def _propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor, drawing: torch.Tensor) -> Proposals:
+def propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor, drawing: torch.Tensor) -> Proposals:
     """Proposals (B, K) at the columns ``positions`` (K,) of every row, or at per-row columns (B, K) (distributions
     (B, K, V) when the strategy needs them); with one generator per row a row draws only where ``drawing`` (B, K)
     is True (where it draws alone: `hf_mdm.generation_random.multinomial`)."""
@@ -397,3 +268,92 @@ def _propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor, drawing: 
     drawn = (flat_rows, drawing.flatten())
     flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions, drawn)
     return Proposals(*(None if v is None else v.view(bsz, k, *v.shape[1:]) for v in flat))
+
+
+def reveal_rows(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: Optional[torch.Tensor] = None) -> None:
+    """Propose and write tokens at the ``chosen`` (B, L) positions, running the model only on rows with one;
+    ``confidence`` (B, L), when given, receives the probability of each written token (`Proposer`'s)."""
+    active = chosen.any(1)
+    if bool(active.all()) or not sampler.denoiser.row_subsets:
+        return _reveal_chosen(sampler, rows, chosen, confidence)
+    sub = active.nonzero().flatten()  # rows never see each other: the others need no forward
+    subset = rows.select(sub)
+    sub_confidence = None if confidence is None else confidence[sub]
+    with sampler.drawing_for(sub):
+        _reveal_chosen(sampler, subset, chosen[sub], sub_confidence)
+    rows.x[sub] = subset.x
+    if confidence is not None:
+        confidence[sub] = sub_confidence
+
+
+def _reveal_chosen(sampler: Sampler, rows: Rows, chosen: torch.Tensor, confidence: Optional[torch.Tensor]) -> None:
+    x = rows.x
+    if sampler.denoiser.per_row_logits:
+        flat_rows, cols = chosen.nonzero(as_tuple=True)  # row-major
+        per_row = chosen.sum(1)
+        first = per_row.cumsum(0) - per_row
+        slot = torch.arange(flat_rows.numel(), device=x.device) - first[flat_rows]
+        positions = cols.new_zeros((x.shape[0], int(per_row.max())))  # unused slots ask for position 0
+        positions[flat_rows, slot] = cols
+        logits = sampler.denoiser.logits(rows, positions)[flat_rows, slot]
+    else:
+        keep = chosen.any(0).nonzero().flatten()
+        flat_rows, k = chosen[:, keep].nonzero(as_tuple=True)
+        cols = keep[k]
+        logits = sampler.denoiser.logits(rows, keep)[flat_rows, k]
+    proposals = sampler.proposer(logits, sampler.proposer.processor_ids(x, flat_rows, cols), drawn=(flat_rows, None))
+    x[flat_rows, cols] = proposals.tokens
+    sampler.record(rows, flat_rows, cols, proposals)
+    if confidence is not None:
+        confidence[flat_rows, cols] = proposals.confidence.to(confidence.dtype)
+
+
+def reveal_top(
+    sampler: Sampler,
+    rows: Rows,
+    scores: torch.Tensor,
+    candidates: torch.Tensor,
+    counts: torch.Tensor,
+    kmax: int,
+    confidence: Optional[torch.Tensor] = None,
+) -> None:
+    """Propose and write tokens at the ``counts`` (B,) best-``scores`` (B, L) ``candidates`` of each row (the
+    positions `hf_mdm.generation_strategy.choose` takes), ``kmax`` the largest count: logits at every row's
+    ``kmax`` best positions (B, kmax), each row writing its first ``counts`` of them (``confidence`` as
+    `reveal_rows`'). Every row runs, whether it reveals anything or not, and nothing is read back."""
+    x, bsz = rows.x, rows.x.shape[0]
+    positions = torch.topk(scores.masked_fill(~candidates, -float("inf")), kmax, dim=-1).indices
+    take = (torch.arange(kmax, device=x.device)[None, :] < counts[:, None]) & candidates.gather(1, positions)
+    logits = _logits_at(sampler, rows, positions.masked_fill(~take, 0))  # unused slots: position 0, in any span
+    flat_rows, cols = torch.arange(bsz, device=x.device).repeat_interleave(kmax), positions.flatten()
+    ids = sampler.proposer.processor_ids(x, flat_rows, cols)
+    flat = sampler.proposer(logits.flatten(0, 1), ids, drawn=(flat_rows, take.flatten()))
+    proposals = type(flat)(*(None if v is None else v.view(bsz, kmax, *v.shape[1:]) for v in flat))
+    x.scatter_(1, positions, torch.where(take, proposals.tokens, x.gather(1, positions)))
+    sampler.record(rows, None, positions, proposals, take)
+    if confidence is not None:
+        written = proposals.confidence.to(confidence.dtype)
+        confidence.scatter_(1, positions, torch.where(take, written, confidence.gather(1, positions)))
+
+
+def _logits_at(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> torch.Tensor:
+    """Logits (B, K, V) at per-row ``positions`` (B, K): asked so of a model that takes per-row positions
+    (``Denoiser.per_row_logits``), else taken from the logits at every column (fixed shapes either way)."""
+    if sampler.denoiser.per_row_logits:
+        return sampler.denoiser.logits(rows, positions)
+    logits = sampler.denoiser.logits(rows, torch.arange(rows.x.shape[1], device=positions.device))
+    return logits.gather(1, positions[..., None].expand(-1, -1, logits.shape[-1]))
+
+
+def reveal_where(
+    sampler: Sampler,
+    rows: Rows,
+    chosen: torch.Tensor,
+    counts: torch.Tensor,
+    kmax: int,
+    confidence: Optional[torch.Tensor] = None,
+) -> None:
+    """Propose and write tokens at the ``chosen`` (B, L) positions, ``counts`` (B,) of them per row and ``kmax``
+    at most, left to right, with fixed shapes (`reveal_top`)."""
+    left_to_right = get_strategy("left_to_right").positional_scores(rows.x.shape, None, rows.x.device)
+    reveal_top(sampler, rows, left_to_right, chosen, counts, kmax, confidence)

@@ -41,11 +41,12 @@ from typing import Any, Optional
 
 import torch
 
-from .generation_canvas import Canvas
+from .generation_canvas import Canvas, plan_blocks
 from .generation_denoiser import KV_CACHES, Rows
-from .generation_sampler import Sampler, Trace, plan_blocks
-from .generation_stopping import finished_rows
+from .generation_sampler import Sampler
+from .generation_stopping import Trace, finished_rows
 from .generation_strategy import canonical_strategy
+from .generation_transfer import SpeculativeTransfer, register_transfer
 
 SPECULATIVE = "speculative"
 
@@ -81,6 +82,25 @@ def validate_speculative(config: Any) -> None:
             f"strategy={strategy!r} does not apply to transfer='speculative', which samples the left-to-right "
             "factorisation: pass strategy='left_to_right' or leave strategy unset"
         )
+
+
+@register_transfer
+class SpeculativeDecoding(SpeculativeTransfer):
+    """``transfer="speculative"`` with its loop over the canvas (`speculative_sample`), registered in the place of
+    `hf_mdm.generation_transfer.SpeculativeTransfer`: rounds of ``draft_length`` drafts, block by block."""
+
+    def __init__(self, draft_length: int):
+        self.draft_length = draft_length
+
+    @classmethod
+    def from_config(cls, config: Any) -> "SpeculativeDecoding":
+        return cls(config.draft_length)
+
+    def canvas_loop(
+        self, sampler: Sampler, canvas: Canvas, trace: Trace, block_length: Optional[int], eos_ids, stopping: Any
+    ) -> torch.Tensor:
+        """`speculative_sample` on the canvas, in place; the (B,) rows that finished early."""
+        return speculative_sample(sampler, canvas, trace, self.draft_length, block_length, eos_ids, stopping)
 
 
 @dataclass

@@ -1,11 +1,12 @@
-"""When a generation ends: EOS, stopping criteria between blocks, padding after EOS, streaming.
+"""When a generation ends, and what a call records as it runs: EOS, stopping criteria, streaming, the trace.
 
 Between semi-autoregressive blocks a row whose revealed prefix holds an EOS (with nothing masked before it) or
 meets a user stopping criterion is finished and skips the remaining blocks (`finished_rows`). At the end, tokens
 after the first generated EOS become padding when ``stop_at_eos`` (`finalize_eos`). With ``eos_early_stop`` a row
 also stops inside a block, at the step that writes its EOS (`stops_inside_block`). `Streamer` feeds a
-transformers streamer with the leftmost generated prefix as it becomes final. ``max_time`` is transformers'
-`MaxTimeCriteria` among the stopping criteria (`with_max_time`).
+transformers streamer with the leftmost generated prefix as it becomes final; `Trace` counts the steps, keeps the
+canvas after each (``output_history``) and streams. ``max_time`` is transformers' `MaxTimeCriteria` among the
+stopping criteria (`with_max_time`).
 
 Exported with the model as remote code (imports only torch and transformers).
 """
@@ -13,6 +14,7 @@ Exported with the model as remote code (imports only torch and transformers).
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
@@ -134,6 +136,29 @@ class Streamer:
         for row_streamer in self.streamers:
             if row_streamer is not None:
                 row_streamer.end()
+
+
+@dataclass
+class Trace:
+    """What a call records as it runs: the steps taken, the canvas after each (``output_history``), the stream."""
+
+    stream: Streamer
+    keep_history: bool = False
+    steps: int = 0
+    history: list[torch.Tensor] = field(default_factory=list)
+    accepted_per_round: Optional[torch.Tensor] = None  # (B,) speculative decoding's drafts accepted per round
+
+    @property
+    def needs_canvas(self) -> bool:
+        """Whether every step must see the whole canvas (history or streaming)."""
+        return self.keep_history or self.stream.active
+
+    def step(self, x: torch.Tensor, final_before: Optional[int] = None) -> None:
+        """A step ran: count it, keep the canvas, stream what is final (up to ``final_before`` if given)."""
+        self.steps += 1
+        if self.keep_history:
+            self.history.append(x.clone())
+        self.stream.update(x, final_before)
 
 
 def stops_inside_block(rows: Any, block_mask: torch.Tensor, eos_ids: torch.Tensor, mask_id: int) -> torch.Tensor:

@@ -13,7 +13,7 @@ says how many of a row's masked positions step i reveals:
 - ``entropy_bound`` (EB-sampler, arXiv 2505.24857): the masked positions of the block in the strategy's order
   while the sum of their entropies stays within the bound, at least one, and at least what the remaining steps
   need (`entropy_bound_counts`);
-- ``speculative``: exact speculative decoding of the left-to-right factorisation, its own loop
+- ``speculative``: exact speculative decoding of the left-to-right factorisation, its own loop over the canvas
   (`hf_mdm.generation_speculative`);
 - ``llada2``: LLaDA2's published generate(): every position whose confidence exceeds the threshold when they are
   at least the step's share of an even split of the block over ``steps``, else that share, most confident first,
@@ -183,6 +183,7 @@ class Transfer(ABC):
     parameters: tuple[str, ...] = ()
 
     block_denoiser: Any = None  # a transfer with its own block loop (a `BlockDenoiser`), else the default loop's
+    canvas_loop: Any = None  # a transfer with its own loop over the canvas (speculative decoding), else the block loop
     edits: bool = False  # whether a step may rewrite revealed tokens of its block (they are final once it is done)
     draws: bool = False  # whether the rule draws random numbers (`hf_mdm.generation_rows.draws_random_numbers`)
 
@@ -320,7 +321,8 @@ class EntropyBoundTransfer(AdaptiveTransfer):
 
 @register_transfer
 class SpeculativeTransfer(Transfer):
-    """Exact speculative decoding of the left-to-right factorisation: its own loop (`hf_mdm.generation_speculative`)."""
+    """Exact speculative decoding of the left-to-right factorisation, named here; `hf_mdm.generation_speculative`
+    registers it in its place with its own loop over the canvas (``canvas_loop``)."""
 
     name, parameters = "speculative", ("draft_length",)
 

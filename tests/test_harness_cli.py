@@ -117,8 +117,10 @@ def test_hf_timed_eval_writes_accuracy_and_timing(tiny, tmp_path):
 
 
 def readme_command(start: str) -> str:
-    """The README's shell command that starts with ``start`` (continuation lines joined)."""
-    text = (REPO / "README.md").read_text().replace("\\\n", " ")
+    """The shell command of the README or of a guide (docs/) that starts with ``start`` (continuation lines
+    joined)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+    text = "\n".join(path.read_text() for path in pages).replace("\\\n", " ")
     (line,) = [line.split("  #")[0].strip() for line in text.splitlines() if line.startswith(start)]
     return line
 
@@ -554,10 +556,10 @@ def test_compare_interrupted_says_how_to_resume(tiny, tmp_path, monkeypatch, cap
 
 
 def test_readme_names_every_registered_model():
-    """The README's sentence about the models hf-mdm-eval adds names each model the harness registers."""
+    """docs/lm-eval.md's sentence about the models hf-mdm-eval adds names each model the harness registers."""
     sources = (REPO / "hf_mdm" / "harness").glob("*.py")
     ours = sorted({m for p in sources for m in re.findall(r'@register_model\("(\w+)"\)', p.read_text())})
-    text = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    text = " ".join((REPO / "docs" / "lm-eval.md").read_text(encoding="utf-8").split())
     sentence = re.search(r"`hf-mdm-eval` is lm-eval's own CLI with (\w+) more models, (.*?)\. ", text)
     assert sentence is not None and ours
     assert sentence.group(1) == {2: "two", 3: "three", 4: "four", 5: "five"}[len(ours)]

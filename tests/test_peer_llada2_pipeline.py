@@ -184,9 +184,9 @@ def test_a_batch_runs_each_row_as_the_pipeline_runs_it_alone(models):
 
 
 def test_a_prompt_holding_eos_never_stops_early_in_the_pipeline(models):
-    """The documented difference (README, the preset's docstring): the pipeline looks for the first EOS over the
-    whole sequence, prompt included, so on a prompt that holds the EOS id its ``eos_early_stop`` never fires: it runs
-    what it runs without it, which the preset reproduces with ``eos_early_stop=False``; the preset with it stops
+    """The documented difference (docs/peers.md, the preset's docstring): the pipeline looks for the first EOS over
+    the whole sequence, prompt included, so on a prompt that holds the EOS id its ``eos_early_stop`` never fires: it
+    runs what it runs without it, which the preset reproduces with ``eos_early_stop=False``; the preset with it stops
     the row at its first generated EOS, as on any other prompt."""
     model, case = models["llada21_moe"], CASES["edit_eos"]
     args = pipeline_args(case, eos_early_stop=True)
@@ -200,7 +200,7 @@ def test_a_prompt_holding_eos_never_stops_early_in_the_pipeline(models):
     assert hf_mdm_run(model, prompt, **args).nfe < counted.forwards
     assert_same_as_pipeline(model, prompt, **off)
     doc = " ".join(MaskedDiffusionGenerationConfig.llada2_pipeline.__doc__.split())
-    readme = " ".join((Path(__file__).parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).parents[1] / "docs" / "peers.md").read_text().split())
     for text in (doc, readme):
         assert "never stops a row whose prompt holds the EOS id" in text
 

@@ -1,12 +1,14 @@
-"""The README's tour runs as written, offline, against tiny local models.
+"""The README's quickstart, and the command blocks of the guides it links, run as written, offline, on tiny local
+models; the numbers the README and the guides quote are in the results they name.
 
-- its ```python blocks, in order, in one fresh process (the Hub checkpoint the LLaDA block names is a tiny LLaDA in
-  the published format, in a local Hub cache; the Hub itself is offline);
-- its shell commands: the synthetic pipeline through ``hf_mdm.cli.main`` with the sizes scaled down (fewer
-  training sequences and steps) and the Hub upload's network calls mocked; the tiny-model evaluation block through
-  bash as written, with ``/path/to/data`` the real benchmark folder. The block's `accelerate launch` line runs in
-  `tests/test_harness_cli.py` (two processes) and `hf-mdm compare` on the tiny config there too (with a lower limit);
-  the lines naming 8B Hub checkpoints are not run.
+- the README's ```python blocks, in order, in one fresh process (the Hub checkpoint the LLaDA block names is a tiny
+  LLaDA in the published format, in a local Hub cache; the Hub itself is offline); its tuning and lm-eval blocks
+  through bash as written, with ``/path/to/data`` the real benchmark folder;
+- the guides' shell commands (docs/; tests/test_docs.py says which test runs each block): the synthetic pipeline of
+  docs/data.md through ``hf_mdm.cli.main`` with the sizes scaled down (fewer training sequences and steps) and the
+  Hub upload's network calls mocked; docs/tuning.md's block as written; docs/lm-eval.md's tiny-model block through
+  bash as written. That block's `accelerate launch` line runs in `tests/test_harness_cli.py` (two processes) and
+  `hf-mdm compare` on the tiny config there too (with a lower limit).
 """
 
 import json
@@ -20,13 +22,22 @@ from unittest import mock
 
 import pytest
 from huggingface_hub import HfApi
-from test_harness_presets import write_checkpoint  # noqa: E402
+from test_docs import (
+    DOCS,
+    PAGES,
+    README,
+    block_holding,
+    blocks,
+    build_hub_cache,
+    code_blocks,
+    missing_extras,
+    run_python,
+)
 
 from hf_mdm import cli
-from hf_mdm.harness.tiny import build_tokenizer
+from hf_mdm.languages import PAPER_CITATION
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
 DATA_DIR = os.environ.setdefault("HF_MDM_DATA_DIR", str(REPO.parent / "shared" / "data"))
 BIN = Path(sys.executable).parent
 SCALED = {
@@ -34,17 +45,17 @@ SCALED = {
     "--max-steps 600": "--max-steps 2 --batch-size 16 --save-steps 2 --warmup-steps 0",
 }
 CHECKS = """
-import json, math
+import json
 print("README-CHECKS", json.dumps({
-    "loss": float(loss), "nfe": out.nfe, "sequences": list(out.sequences.shape), "llada": type(model).__name__,
-    "samples": list(samples.shape), "train_rows": dataset["train"].num_rows,
-    "gen_ppl": GenerativePerplexity().compute(predictions=samples.tolist(), language=language)["generative_perplexity"],
+    "llada": type(model).__name__, "nfe": out.nfe, "new": out.sequences.shape[1] - prompt.shape[1],
+    "served": answer.choices[0].finish_reason, "grpo_steps": grpo.state.global_step if "grpo" in globals() else None,
 }))
 """
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory) -> Path:
+    return build_hub_cache(tmp_path_factory.mktemp("hub"))
 
 
 def commands(block: str) -> list[str]:
@@ -53,49 +64,58 @@ def commands(block: str) -> list[str]:
     return [line.split("  #")[0].strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
-@pytest.fixture(scope="module")
-def hub_cache(tmp_path_factory) -> Path:
-    """A Hub cache holding a tiny LLaDA-8B-Base (published config keys and tensor names) at revision main."""
-    cache = tmp_path_factory.mktemp("hub")
-    repo = cache / "models--GSAI-ML--LLaDA-8B-Base"
-    revision = "0" * 40
-    write_checkpoint(repo / "snapshots" / revision, "llada", build_tokenizer())
-    (repo / "refs").mkdir()
-    (repo / "refs" / "main").write_text(revision)
-    return cache
+def bash_env(**extra: str) -> dict:
+    """The environment a block runs in: the venv's commands first, offline."""
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", **extra)
+    env.pop("HF_MDM_DATA_DIR")  # the block exports it itself
+    return env
+
+
+def run_bash(script: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "-c", "set -e\n" + script], cwd=cwd, env=bash_env(**extra), capture_output=True, text=True, timeout=600
+    )
 
 
 def runnable_python_blocks() -> list[str]:
-    """The README's python blocks; without diffusers (the ``peers`` extra, absent at the lowest versions) the
-    blocks that import it are left out (their own test skips with the reason)."""
-    import importlib.util
-
-    have_diffusers = importlib.util.find_spec("diffusers") is not None
-    return [block for block in blocks("python") if have_diffusers or "diffusers import" not in block]
+    """The README's python blocks; a block that imports an optional extra not installed (diffusers, TRL: absent at
+    the lowest versions) is left out (the guides' tests skip their pages with the reason)."""
+    return [block for block in blocks(README, "python") if not missing_extras(block)]
 
 
 def test_python_blocks_run_as_written(hub_cache, tmp_path):
-    code = "\n".join(runnable_python_blocks()) + CHECKS
-    env = dict(
-        os.environ,
-        HF_HUB_CACHE=str(hub_cache),
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        HF_DATASETS_CACHE=str(tmp_path / "datasets"),
-        OMP_NUM_THREADS="1",
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500
-    )
+    result = run_python("\n".join(runnable_python_blocks()) + CHECKS, tmp_path, hub_cache)
     assert result.returncode == 0, result.stderr[-4000:]
     checks = json.loads(result.stdout.split("README-CHECKS", 1)[1])
-    assert checks["nfe"] == 16 and checks["sequences"] == [1, 35] and checks["loss"] > 0
-    assert checks["llada"] == "LLaDAModelLM" and checks["samples"] == [256, 32] and checks["train_rows"] == 20_000
-    assert checks["gen_ppl"] > 1.0  # the oracle's samples are in the support (no pruning): a finite perplexity
+    assert checks["llada"] == "LLaDAModelLM" and checks["new"] == 32
+    assert 0 < checks["nfe"] <= 16  # 4 blocks of 4 steps; a row that has reached EOS stops between blocks
+    assert checks["served"] in ("length", "stop")
+    assert checks["grpo_steps"] == (None if missing_extras("from hf_mdm.rl.trainer import") else 2)
+
+
+def test_quickstart_tune_block_runs_as_written(tmp_path):
+    """The quickstart's tuning block, as written: the oracle's front, the chosen setting on it, its config written."""
+    result = run_bash(block_holding(README, "hf-mdm tune --model oracle"), tmp_path, OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    front = json.loads((tmp_path / "runs" / "tune" / "front.json").read_text())
+    assert len(front["rows"]) == 5 and front["chosen"]["on_front"]
+    assert json.loads((tmp_path / "runs" / "tune" / "generation_config.json").read_text())["max_new_tokens"] == 16
+
+
+def test_quickstart_evaluation_block_runs_as_written(tmp_path):
+    """The quickstart's lm-eval block, as written: the tiny MDM and the tiny Llama on the same 4 GSM8K questions,
+    each request timed and its forwards counted."""
+    block = block_holding(README, "--model hf_timed --model_args pretrained=runs/tiny/llama --tasks mdm_gsm8k")
+    result = run_bash(block.replace("/path/to/data", DATA_DIR), tmp_path, OMP_NUM_THREADS="1")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "eval").rglob("results_*.json")]
+    timing = {run["config"]["model"]: run["timing"]["all"] for run in runs}
+    assert set(timing) == {"hf_mdm", "hf_timed"} and all(t["requests"] == 4 for t in timing.values())
+    assert timing["hf_mdm"]["nfe"] == 32  # 8 steps a request, one batch each
 
 
 def test_synthetic_pipeline_commands(tmp_path, monkeypatch, capsys):
-    (pipeline,) = [b for b in blocks("bash") if "hf-mdm dataset build" in b and "hf-mdm tune" not in b]
+    pipeline = block_holding(DOCS / "data.md", "hf-mdm dataset build ngram2")
     monkeypatch.chdir(tmp_path)
     printed = {}
     with mock.patch.object(HfApi, "create_repo"), mock.patch.object(HfApi, "create_commit") as commit:
@@ -114,20 +134,11 @@ def test_synthetic_pipeline_commands(tmp_path, monkeypatch, capsys):
 
 
 def test_tiny_model_evaluation_commands(tmp_path):
-    (block,) = [b for b in blocks("bash") if "hf-mdm tiny-models" in b]
+    block = block_holding(DOCS / "lm-eval.md", "ACCELERATE_USE_CPU=1 accelerate launch")
     skipped = ("ACCELERATE_USE_CPU", "HF_ALLOW_CODE_EVAL=1 hf-mdm compare")  # run in test_harness_cli.py
     lines = [line for line in commands(block) if not line.startswith(skipped)]
-    script = "set -e\n" + "\n".join(lines).replace("/path/to/data", DATA_DIR)
-    env = dict(
-        os.environ,
-        PATH=f"{BIN}:{os.environ['PATH']}",
-        HF_HUB_OFFLINE="1",
-        HF_DATASETS_OFFLINE="1",
-        OMP_NUM_THREADS="1",
-        TOKENIZERS_PARALLELISM="false",
-    )
-    env.pop("HF_MDM_DATA_DIR")
-    result = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=500)
+    script = "\n".join(lines).replace("/path/to/data", DATA_DIR)
+    result = run_bash(script, tmp_path, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "runs" / "eval").rglob("results_*.json")]
     by_task = {task: run for run in runs for task in run["results"]}
@@ -152,26 +163,24 @@ def test_quoted_numbers_finds_decimals_and_counts():
 
 
 def test_every_number_the_readme_quotes_is_in_the_results_it_names():
-    """Each README passage between `<!-- numbers: FILES -->` and `<!-- /numbers -->` quotes only decimals and "k of
-    n" counts that appear in FILES (the committed results the passage reads), so a re-run that changes a number
-    fails here until the README says the new one."""
-    regions = list(REGION.finditer(README))
-    assert len(regions) >= 3  # block diffusion, the TER estimator, make bench
-    for region in regions:
-        sources = "\n".join((REPO / name).read_text() for name in region["sources"].split())
-        found = set(quoted_numbers(sources))
-        missing = [n for n in quoted_numbers(region["text"]) if n not in found]
-        assert not missing, f"README numbers not in {region['sources']}: {missing}"
+    """Each passage of the README or of a guide (docs/) between `<!-- numbers: FILES -->` and `<!-- /numbers -->`
+    quotes only decimals and "k of n" counts that appear in FILES (the committed results the passage reads), so a
+    re-run that changes a number fails here until the page says the new one."""
+    checked = []
+    for path in [README, *PAGES]:
+        for region in REGION.finditer(path.read_text(encoding="utf-8")):
+            sources = "\n".join((REPO / name).read_text() for name in region["sources"].split())
+            found = set(quoted_numbers(sources))
+            missing = [n for n in quoted_numbers(region["text"]) if n not in found]
+            assert not missing, f"{path.relative_to(REPO)}: numbers not in {region['sources']}: {missing}"
+            checked.append(path.name)
+    assert "README.md" in checked and len(checked) >= 10  # the summary; block diffusion, TER, peers, bench, ...
 
 
 def test_tuning_block_runs_as_written_and_writes_the_front(tmp_path):
-    """The Tuning section's first bash block, as written, on the CPU: front.json with every documented field, the
-    chosen setting on the front, its held-out quality, the AR baseline."""
-    (block,) = [b for b in blocks("bash") if "hf-mdm tune" in b]
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    result = subprocess.run(
-        ["bash", "-c", "set -e\n" + block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
-    )
+    """docs/tuning.md's first bash block, as written, on the CPU: front.json with every documented field, the chosen
+    setting on the front, its held-out quality, the AR baseline."""
+    result = run_bash(block_holding(DOCS / "tuning.md", "hf-mdm tune --model runs/chain16-mdm/final"), tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     front = json.loads((tmp_path / "runs" / "tune" / "front.json").read_text())
     fields = {"setting", "quality", "quality_ci_low", "quality_ci_high", "samples", "nfe_per_token"}
@@ -181,3 +190,21 @@ def test_tuning_block_runs_as_written_and_writes_the_front(tmp_path):
     assert (
         front["baseline"]["samples"] == 256 and "AR baseline" in (tmp_path / "runs" / "tune" / "front.md").read_text()
     )
+
+
+def test_readme_is_short_and_links_what_exists():
+    """The README stays a front page (the guides hold the rest), and every relative link in it resolves."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 250
+    links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [link for link in links if "://" not in link]
+    assert any(link.startswith("docs/") for link in local)
+    assert [link for link in local if not (REPO / link).exists()] == []
+    for section in ("## The two commands", "## Quickstart", "## What works with what", "## Layout", "## Citation"):
+        assert section in text
+    assert "make reproduce" in text and "make test" in text
+
+
+def test_readme_cites_the_paper_as_the_package_does():
+    (citation,) = [b["code"] for b in code_blocks(README) if b["language"] == "bibtex"]
+    assert citation == PAPER_CITATION

@@ -14,9 +14,8 @@ from sampler_prompts import left_padded_prompts
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import diffusion_generate
-from hf_mdm.generation_canvas import prepare_canvas
+from hf_mdm.generation_canvas import block_spans, prepare_canvas
 from hf_mdm.generation_remask import LoopSchedule
-from hf_mdm.generation_sampler import block_spans
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
 from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from hf_mdm.schedules import get_schedule

@@ -13,7 +13,8 @@ import pytest
 from hf_mdm.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text()
+# the README and the guides it links (docs/), one text
+README = "\n".join(path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
 
 
 def error_line(capsys) -> str:
@@ -102,7 +103,7 @@ def python_block(after: str) -> str:
     return re.search(r"```python\n(.*?)```", README[README.index(after) :], flags=re.S).group(1)
 
 
-@pytest.mark.parametrize("after", ["### Reproducible at any batch size", "### Beside diffusers' LLaDA2Pipeline"])
+@pytest.mark.parametrize("after", ["# Reproducible at any batch size", "# Beside diffusers' LLaDA2Pipeline"])
 def test_readme_examples_run_on_their_own(after):
     pytest.importorskip("diffusers")
     exec(compile(python_block(after), f"README.md: {after}", "exec"), {})

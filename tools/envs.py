@@ -9,7 +9,7 @@
 ``locked`` installs exactly the versions in ``constraints.txt`` (the suite last passed with them); ``newest`` the
 newest releases the ranges in ``pyproject.toml`` admit; ``lowest`` every direct dependency at the lower bound of its
 range (``name>=X`` pinned to ``X``; what they pull in resolved by pip). ``locked`` and ``newest`` install the ``test``,
-``serve``, ``peers`` and ``rl`` extras, ``lowest`` the ``test`` and ``serve`` extras (diffusers, the ``peers`` extra, needs a
+``serve``, ``peers``, ``rl`` and ``docs`` extras, ``lowest`` the ``test`` and ``serve`` extras (diffusers, the ``peers`` extra, needs a
 newer huggingface_hub than hf_mdm's lower bound, and TRL, the ``rl`` extra, a newer datasets; their tests skip with
 the reason). PyTorch is installed first from
 ``TORCH_SPEC`` (default ``torch==2.13.0``, which takes a local CPU wheel where one lies on disk), so that the rest
@@ -91,7 +91,7 @@ def create(venv: Path, versions: str, fresh: bool) -> None:
         run(*pip, TORCH_SPEC)
     except subprocess.CalledProcessError:
         run(*pip, TORCH_FALLBACK)
-    package = f"{ROOT}[test,serve]" if versions == "lowest" else f"{ROOT}[test,peers,serve,rl]"
+    package = f"{ROOT}[test,serve]" if versions == "lowest" else f"{ROOT}[test,peers,serve,rl,docs]"
     if versions == "locked":
         run(*pip, "-c", str(LOCK), "-e", package)
     elif versions == "newest":

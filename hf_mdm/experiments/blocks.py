@@ -29,18 +29,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from ..languages import ChainLanguage, OracleDenoiser
 from .a2d import a2d_rows, a2d_text
+from .block_cells import measure, positions_per_token  # noqa: F401  (positions_per_token: named here by its tests)
 from .blocks_trained import plot_trained, timing_rows, trained_rows, trained_text
 from .budget import equal_flops_rows, equal_flops_text, plot_equal_flops
 from .common import CellCache, experiment_result, language_name, language_parameters, make_language, write_outputs
-from .fast import active_steps, generate_batches
 from .plotting import pyplot, save_figure
-from .ser import ser_cell
-from .ter_cells import gen_ppl_cell
 
 #: The paper's sampler, run block by block.
 PAPER = "paper (stochastic, random)"
@@ -115,53 +112,6 @@ def block_points(preset: dict, length: int) -> list[tuple[str, int, dict]]:
 def _cell_key(language: str, length: int, preset: dict, block: int, settings: dict) -> str:
     described = json.dumps([preset["num_samples"], preset.get("seed", 0), block, settings], sort_keys=True)
     return f"oracle|{language}|{length}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
-
-
-def generate_settings(block: int, length: int, settings: dict) -> dict:
-    """The `diffusion_generate` fields of a point: blocks of ``block``, ``steps_per_block`` (or ``steps_over_block``,
-    a fraction of the block) times the number of blocks as ``steps``."""
-    fields = dict(settings)
-    per_block = fields.pop("steps_per_block", None)
-    ratio = fields.pop("steps_over_block", None)
-    if ratio is not None:
-        per_block = max(1, int(round(ratio * block)))
-    if per_block is not None:
-        fields["steps"] = per_block * (length // block)
-    return {**fields, "block_length": block}
-
-
-def measure(model: Any, language: Any, length: int, block: int, settings: dict, preset: dict) -> dict:
-    """One point: ``preset["num_samples"]`` samples at temperature 1, their SER and generative perplexity with 95%
-    intervals, the sequential forwards per token and the positions computed per token with the exact block cache."""
-    num, fields = preset["num_samples"], generate_settings(block, length, settings)
-    samples, forwards, canvases = [], [], 0.0
-    for out in generate_batches(model, num, length, preset.get("seed", 0), fields, preset.get("batch_size", 256)):
-        samples.append(out.sequences.cpu())
-        forwards.append(active_steps(out.history, int(model.config.mask_token_id)).double())
-        if fields.get("transfer") == "speculative":
-            canvases += float(out.forward_rows)  # every canvas a round verifies
-    samples, forwards = torch.cat(samples), torch.cat(forwards)
-    per_row = canvases / num if canvases else float(forwards.mean())
-    ser = ser_cell(language, samples)
-    gen_ppl = gen_ppl_cell(language, samples)
-    return {
-        "block_size": block,
-        "steps": fields.get("steps"),
-        **ser,
-        "gen_ppl_increase": gen_ppl["gen_ppl_increase"],
-        "gen_ppl_ci_low": gen_ppl["gen_ppl_ci_low"],
-        "gen_ppl_ci_high": gen_ppl["gen_ppl_ci_high"],
-        "forwards_per_token": float(forwards.mean()) / length,
-        "positions_per_token": positions_per_token(length, block, per_row),
-        "num_samples": num,
-    }
-
-
-def positions_per_token(length: int, block: int, canvases: float) -> float:
-    """Positions computed per token with the exact block cache: every canvas of a row computes its block
-    (``block`` positions), and each block but the first recomputes the completed block before it once
-    (``length - block`` positions in all), over ``length``. Blocks of equal size."""
-    return (block * canvases + (length - block)) / length
 
 
 def pareto(rows: list[dict], panel: tuple, cost: str) -> list[dict]:

@@ -28,29 +28,14 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation import diffusion_generate
-from .common import CellCache, language_name, make_language, sample_ar, trained_model, training_steps
-from .ser import ser_cell
+from .block_cells import AR, PAPER_SAMPLER, ar_cell, block_sizes, measure, model_label
+from .common import CellCache, language_name, make_language, trained_model, training_steps
+from .decoding import exact_nll
 from .speed import ar_over, ar_run, timed_together, untrained_models
-from .ter_cells import gen_ppl_cell
-
-AR = "AR (KV cache)"
-PAPER_SAMPLER = {"transfer": "stochastic", "strategy": "random"}
-
-
-def model_label(block: int, length: int) -> str:
-    return f"MDM (b = L = {length})" if block == length else f"block diffusion (b = {block})"
-
-
-def block_sizes(section: dict) -> list[int]:
-    """L (the MDM), then every block size of ``section`` below L that divides it."""
-    length = section["length"]
-    return [length, *[b for b in section["block_sizes"] if b < length and length % b == 0]]
 
 
 def trained_rows(section: dict, out: Path, cache: CellCache) -> list[dict]:
     """Rows of the trained models on every language of ``section`` (see the module's docstring)."""
-    from .blocks import measure  # the oracle's measurement, applied to a trained model
-
     length, rows = section["length"], []
     for entry in section["languages"]:
         spec = {k: v for k, v in entry.items() if k != "training"}
@@ -91,23 +76,9 @@ def _key(what: str, language: str, section: dict, entry: dict) -> str:
     return f"trained|{what}|{language}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
 
 
-def ar_cell(model: Any, language: Any, section: dict) -> dict:
-    samples = sample_ar(model, section["num_samples"], section["length"], seed=section.get("seed", 0))
-    gen_ppl = gen_ppl_cell(language, samples)
-    return {
-        **ser_cell(language, samples),
-        **{k: gen_ppl[k] for k in ("gen_ppl_increase", "gen_ppl_ci_low", "gen_ppl_ci_high")},
-        "forwards_per_token": 1.0,
-        "positions_per_token": 1.0,  # the KV cache: each forward computes the new token only
-        "num_samples": section["num_samples"],
-    }
-
-
 def _validation(models: Callable, language: Any, name: str, section: dict, cache: CellCache, entry: dict) -> list[dict]:
     """Per model, the validation NLL per token (for diffusion models the ELBO's bound) over the entropy, minus 1, and
     the exact NLL of one decoding law, one token a step left to right (AR: its own), on held-out sequences."""
-    from .decoding import exact_nll
-
     rows = []
     for block in [None, *block_sizes(section)]:
         kind = "ar" if block is None else "mdm"

@@ -26,7 +26,7 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from ..training import step_flops
-from .blocks_trained import AR, block_sizes, model_label
+from .block_cells import AR, block_sizes, model_label
 from .common import CellCache, language_name, make_language, trained_model
 from .decoding import ELBO_GAP, EXACT_GAP, LEARNED_SER, PAPER_SER, RANDOM_SER, judged_cell
 

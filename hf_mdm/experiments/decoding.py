@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..likelihood import left_to_right_log_probs
-from .blocks_trained import PAPER_SAMPLER, ar_cell
+from .block_cells import PAPER_SAMPLER, ar_cell, measure
 from .common import _device
 
 #: One token a step, left to right (with ``steps_per_block`` = the block size: N = L in all).
@@ -72,8 +72,6 @@ def judged_cell(kind: str, trained: dict, language: Any, section: dict, seed: in
     """A trained model's cell: the SER and exact NLL of ``LEARNED`` (AR: ancestral), and for a diffusion model the
     paper's sampler's SER at N = L and the ELBO's bound beside them. ``block``: the block size it decodes in (None:
     the whole length; AR ignores it)."""
-    from .blocks import measure  # the oracle's measurement, applied to a trained model
-
     length, model = section["length"], trained[kind]
     measured = {"num_samples": section["num_samples"], "seed": seed, "batch_size": section.get("batch_size", 256)}
     exact = exact_nll(kind, model, language, section, seed)

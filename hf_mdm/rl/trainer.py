@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import os
 from typing import Any, Optional
@@ -60,7 +61,16 @@ def rollout_config(args: DiffusionGRPOConfig, model: Any) -> MaskedDiffusionGene
     if preset is not None:
         if preset not in PRESET_NAMES:
             raise ValueError(f"unknown rollout preset {preset!r}: one of {list(PRESET_NAMES)}")
-        config = getattr(MaskedDiffusionGenerationConfig, preset)(**settings)
+        method = getattr(MaskedDiffusionGenerationConfig, preset)
+        named = inspect.signature(method).parameters
+        length = settings.pop("max_new_tokens")
+        arguments = {k: settings.pop(k) for k in list(settings) if k in named}
+        arguments.update({k: length for k in ("gen_length", "max_new_tokens") if k in named})
+        try:
+            config = method(**arguments)
+        except TypeError as err:
+            raise ValueError(f"rollout preset {preset!r}: {err}") from None
+        config.update(**settings)  # the other settings override the preset's
     else:
         config = MaskedDiffusionGenerationConfig(**settings)
     config.validate()
