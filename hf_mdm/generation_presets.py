@@ -407,6 +407,24 @@ class ReferencePresets:
 PRESET_NAMES = tuple(name for name in vars(ReferencePresets) if not name.startswith("_"))
 
 
+def preset_config(config_class: Any, name: str, length: int, settings: dict) -> Any:
+    """``config_class.<name>(...)`` with the ``settings`` the preset names and its length argument (``gen_length``
+    / ``max_new_tokens``) set to ``length``; ``settings`` keeps the others, for the caller to apply after. A
+    ValueError names the preset when the name is unknown or an argument it needs is missing."""
+    import inspect
+
+    if name not in PRESET_NAMES:
+        raise ValueError(f"unknown preset {name!r}: one of {list(PRESET_NAMES)}")
+    method = getattr(config_class, name)
+    named = inspect.signature(method).parameters
+    arguments = {k: settings.pop(k) for k in list(settings) if k in named}
+    arguments.update({k: length for k in ("gen_length", "max_new_tokens") if k in named})
+    try:
+        return method(**arguments)
+    except TypeError as err:
+        raise ValueError(f"preset {name!r}: {err}") from None
+
+
 def _llada2_fields(
     gen_length: int,
     block_length: int,

@@ -219,10 +219,15 @@ def test_bad_settings_are_one_line_errors(model, tmp_path):
         trainer_for(model, tmp_path, reward, estimator="exact")
     with pytest.raises(ValueError, match="estimator 'elbo'"):
         trainer_for(model, tmp_path, reward, estimator="elbo", estimator_options={"samples": 3})
-    with pytest.raises(ValueError, match="unknown rollout preset 'fast'"):
+    with pytest.raises(ValueError, match="rollout settings: unknown preset 'fast'"):
         trainer_for(model, tmp_path, reward, rollout={"preset": "fast"})
     with pytest.raises(ValueError, match="steps"):
         trainer_for(model, tmp_path, reward, rollout={"steps": 0})
+    with pytest.raises(ValueError, match="rollout settings: preset 'llada'.*block_length"):
+        trainer_for(model, tmp_path, reward, rollout={"preset": "llada", "steps": 4})
+    preset = trainer_for(model, tmp_path, reward, rollout={"preset": "llada", "steps": 2, "block_length": 2})
+    config = preset.rollout_generation_config
+    assert (config.max_new_tokens, config.steps, config.block_length, config.temperature) == (L, 2, 2, 1.0)
     with pytest.raises(ValueError, match="module:function"):
         reward_by_name("accuracy")
     short = trainer_for(model, tmp_path, lambda completion_ids, **_: [1.0])

@@ -112,7 +112,7 @@ def test_two_cpu_processes_under_accelerate(language_run, tmp_path):
         (["--rollout", "steps"], "write settings as key=value"),
         (["--estimator", "exact"], "unknown log-likelihood estimator 'exact'"),
         (["--reward", "nope"], "unknown reward 'nope'"),
-        (["--rollout", "preset=fast"], "unknown rollout preset 'fast'"),
+        (["--rollout", "preset=fast"], "rollout settings: unknown preset 'fast'"),
     ],
 )
 def test_bad_input_is_one_line(language_run, tmp_path, extra, message):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 import json
 import os
 from typing import Any, Optional
@@ -30,7 +29,7 @@ import trl.trainer.grpo_trainer as grpo_module
 from trl import GRPOConfig, GRPOTrainer
 
 from ..generation_config import MaskedDiffusionGenerationConfig
-from ..generation_presets import PRESET_NAMES
+from ..generation_presets import preset_config
 from ..likelihood import stable_seed
 from .estimators import build_estimator, inner_model
 from .rewards import checked_reward
@@ -59,17 +58,11 @@ def rollout_config(args: DiffusionGRPOConfig, model: Any) -> MaskedDiffusionGene
     settings["do_sample"] = float(settings["temperature"]) > 0
     preset = settings.pop("preset", None)
     if preset is not None:
-        if preset not in PRESET_NAMES:
-            raise ValueError(f"unknown rollout preset {preset!r}: one of {list(PRESET_NAMES)}")
-        method = getattr(MaskedDiffusionGenerationConfig, preset)
-        named = inspect.signature(method).parameters
         length = settings.pop("max_new_tokens")
-        arguments = {k: settings.pop(k) for k in list(settings) if k in named}
-        arguments.update({k: length for k in ("gen_length", "max_new_tokens") if k in named})
         try:
-            config = method(**arguments)
-        except TypeError as err:
-            raise ValueError(f"rollout preset {preset!r}: {err}") from None
+            config = preset_config(MaskedDiffusionGenerationConfig, preset, length, settings)
+        except ValueError as err:
+            raise ValueError(f"rollout settings: {err}") from None
         config.update(**settings)  # the other settings override the preset's
     else:
         config = MaskedDiffusionGenerationConfig(**settings)

@@ -11,7 +11,6 @@ criterion, checked between blocks) and streams through its own streamer (`RowStr
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import secrets
 import threading
@@ -23,7 +22,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
-from ..generation_presets import PRESET_NAMES
+from ..generation_presets import PRESET_NAMES, preset_config
 from ..generation_random import RowGenerators
 from ..generation_resolve import resolve_config
 from ..generation_rows import draws_random_numbers
@@ -259,16 +258,8 @@ class Engine:
 
 def _preset(name: str, settings: dict, max_tokens: int) -> MaskedDiffusionGenerationConfig:
     """``MaskedDiffusionGenerationConfig.<name>(...)`` with the request's settings it names and its length
-    argument (``gen_length`` / ``max_new_tokens``) from ``max_tokens``; the other settings override it after."""
-    if name not in PRESETS:
-        raise ApiError(400, f"unknown preset {name!r}: one of {list(PRESETS)}", "preset")
-    method = getattr(MaskedDiffusionGenerationConfig, name)
-    parameters = inspect.signature(method).parameters
-    args = {k: settings.pop(k) for k in list(settings) if k in parameters}
-    for length in ("gen_length", "max_new_tokens"):
-        if length in parameters:
-            args[length] = max_tokens
+    argument from ``max_tokens`` (`preset_config`); the other settings override it after. A bad preset is a 400."""
     try:
-        return method(**args)
-    except (TypeError, ValueError) as err:
-        raise ApiError(400, f"preset {name!r}: {err}", "preset") from err
+        return preset_config(MaskedDiffusionGenerationConfig, name, max_tokens, settings)
+    except ValueError as err:
+        raise ApiError(400, str(err), "preset") from err
