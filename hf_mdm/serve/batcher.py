@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional
@@ -28,7 +29,7 @@ class _Waiting:
     arrived: float = field(default_factory=time.monotonic)
 
 
-class Scheduler:
+class Scheduler(ABC):
     """What the server's schedulers share: a worker task on the event loop, a generation thread, the queue limit
     (`check_room`: 429), ``busy`` (``waiting`` and ``running`` jobs), draining and closing."""
 
@@ -45,8 +46,9 @@ class Scheduler:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._work())
 
+    @abstractmethod
     async def _work(self) -> None:
-        raise NotImplementedError
+        """The scheduler's loop: take waiting jobs, run them on the engine, answer them (each subclass's own)."""
 
     def check_room(self) -> None:
         if len(self.waiting) >= self.max_queue:
