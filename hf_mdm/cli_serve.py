@@ -7,7 +7,7 @@ from typing import Any
 
 
 def add_serve_command(commands: Any) -> None:
-    from .serve.settings import ServeSettings
+    from .serve.settings import SCHEDULERS, ServeSettings
 
     defaults = ServeSettings()
     p = commands.add_parser("serve", help="serve a model behind an OpenAI-compatible HTTP API (needs hf_mdm[serve])")
@@ -23,8 +23,13 @@ def add_serve_command(commands: Any) -> None:
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--batch-invariant", action="store_true", help="every answer exactly what its request gets alone")
     p.add_argument(
-        "--no-join-at-blocks", dest="join_at_blocks", action="store_false",
-        help="block-causal models: micro-batch whole requests instead of joining running batches between blocks",
+        "--scheduler", choices=SCHEDULERS, default=defaults.scheduler,
+        help="join: each request its own call, joining the running ones at their next forward (masked diffusion "
+        "models; default); micro-batch: requests with one config as one call; one: a request at a time",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-cache-tokens", type=int, default=defaults.max_cache_tokens,
+        help="join: positions of keys/values kept at once by running requests (a request that does not fit waits)",
     )  # fmt: skip
     for name in ("max_batch", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "default_max_tokens"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(defaults, name))
@@ -39,7 +44,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"hf-mdm serve needs the serve extra: pip install 'hf_mdm[serve]' ({err})") from err
     names = ("host", "port", "api_key", "max_batch", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes")
-    names += ("default_max_tokens", "max_wait_ms", "batch_invariant", "join_at_blocks")
+    names += ("default_max_tokens", "max_wait_ms", "batch_invariant", "scheduler", "max_cache_tokens")
     settings = ServeSettings(**{name: getattr(args, name) for name in names})
     config = serving_config(args.preset, args.generation_config)  # checked before the model loads
 

@@ -1,22 +1,35 @@
-"""Continuous batching at block boundaries (`hf_mdm.serve.joining`): on block-causal models a request that arrives
-while others run joins them at the next block boundary and a finished one leaves at once; every answer is the text
-of one ``generate`` call for that request alone (temperature 0, and with its seed at temperature 1); a short request
-does not wait for a long one; `block_plan` against the steps one call gives its blocks."""
+"""Continuous batching at the model call (`hf_mdm.serve.joining`, `hf_mdm.serve.forwards`): every request runs its
+own ``generate`` call and the forwards asked at the same time run batched, so a request joins at the next forward
+and leaves after its last. Every answer is its ``generate`` call alone, bit for bit, whatever else runs and whenever
+it arrives (the CPU in float32 batches rows of one shape invariantly): a bidirectional MDM and a block-causal LLaDA2,
+without a cache and with each request's own prefix / dual / exact block cache, greedy and seeded. None of these
+tests depends on arrival timing: what they compare holds under any interleaving."""
 
 from __future__ import annotations
 
+import json
+import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 from test_serve import http
 
-from hf_mdm import MaskedDiffusionGenerationConfig, MDMConfig, MDMForMaskedDiffusion
+from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.harness.tiny import build_tiny_models, build_tokenizer
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
-from hf_mdm.serve.joining import block_plan, call_shape, joins_at_blocks
+from hf_mdm.serve.forwards import RowLeft, SharedForwards
 from hf_mdm.serve.loading import load_model
+from hf_mdm.serve.requests import parse_request
+
+PROMPTS = ["a", "hello there", "what is two plus two", "xyz" * 5, "The answer", "ok", "hello there", "ab"]
+LENGTHS = [13, 7, 24, 13, 9, 5, 16, 8]
+BODIES = {
+    "llada2": dict(temperature=0, steps=4, threshold=0.9, transfer="llada2", block_length=32),
+    "mdm": dict(temperature=0, steps=12, block_length=4),
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +40,7 @@ def engines(tmp_path_factory):
     torch.manual_seed(0)
     config = MDMConfig(vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,
                        pad_token_id=tok.pad_token_id, hidden_size=32, num_attention_heads=2, intermediate_size=64,
-                       num_hidden_layers=2, block_size=4)  # fmt: skip
+                       num_hidden_layers=2)  # fmt: skip
     mdm = MDMForMaskedDiffusion(config).eval()
     with torch.no_grad():  # printable ASCII only: no EOS, so a long request runs its whole length
         printable = [tok.convert_tokens_to_ids(tok.tokenize(chr(byte))[0]) for byte in range(32, 127)]
@@ -50,41 +63,109 @@ def alone(engine: Engine, prompt: str, body: dict) -> str:
     return engine.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-BODIES = {
-    "llada2": dict(temperature=0, steps=4, threshold=0.9, transfer="llada2", block_length=32),
-    "mdm": dict(temperature=0, steps=12, block_length=4),
-}
+def served(url: str, bodies: list[dict]) -> list[str]:
+    """The texts of ``bodies``, sent all at once (each in its own client thread)."""
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(pool.map(lambda b: http(url + "/v1/completions", b, timeout=300), bodies))
+    assert [r.status_code for r in replies] == [200] * len(bodies), [r.text for r in replies]
+    return [r.json()["choices"][0]["text"] for r in replies]
 
 
-@pytest.mark.parametrize("name", ["llada2", "mdm"])
-def test_staggered_requests_answer_as_one_call_alone(engines, name):
+@pytest.mark.parametrize("name, cache", [("mdm", None), ("mdm", "prefix"), ("mdm", "dual"), ("llada2", "prefix")])
+def test_concurrent_requests_answer_as_their_call_alone(engines, name, cache):
+    """Eight requests of six prompt lengths and six output lengths at once: each answer is its call alone (with a
+    cache, the request's own keys/values, kept from its first forward to its last)."""
     engine = engines[name]
-    prompts = ["a", "hello there", "what is two plus two", "xyz" * 5, "The answer", "ok"]
-    lengths = [40, 7, 24, 13, 33, 5]
-    bodies = [dict(BODIES[name], prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)]
+    extra = {} if cache is None else {"kv_cache": cache}
+    bodies = [dict(BODIES[name], prompt=p, max_tokens=n, **extra) for p, n in zip(PROMPTS, LENGTHS)]
+    before = engine.forwards
     with running(build_app(engine, engine.settings, name)) as url:
-        assert joins_at_blocks(engine, engine.prepare(_asked(bodies[0])))
-
-        def ask(i: int) -> str:
-            time.sleep(0.05 * i)  # arrivals while others run
-            return http(url + "/v1/completions", bodies[i], timeout=120).json()["choices"][0]["text"]
-
-        with ThreadPoolExecutor(len(bodies)) as pool:
-            served = list(pool.map(ask, range(len(bodies))))
-    assert served == [alone(engine, b["prompt"], b) for b in bodies]
+        assert served(url, bodies) == [alone(engine, b["prompt"], b) for b in bodies]
+    assert engine.forwards > before
 
 
-def test_a_seeded_row_draws_what_one_call_draws(engines):
-    """At temperature 1 a seeded request served block by block draws what one generate call with its seed draws
-    (its generator carries over from block to block). Beside rows of other lengths its forwards are a padded
-    batch's, whose last bits may move a draw, as in any padded batch; --batch-invariant serves it exactly."""
+def test_a_seeded_request_draws_what_its_call_draws_beside_others(engines):
     engine = engines["mdm"]
     body = dict(BODIES["mdm"], temperature=1.0, seed=11, prompt="seeded", max_tokens=16)
+    others = [dict(BODIES["mdm"], prompt=p, max_tokens=n) for p, n in zip(PROMPTS[:5], LENGTHS[:5])]
     with running(build_app(engine, engine.settings, "m")) as url:
-        mine = http(url + "/v1/completions", body, timeout=120).json()["choices"][0]["text"]
-        again = http(url + "/v1/completions", body, timeout=120).json()["choices"][0]["text"]
-        other = http(url + "/v1/completions", dict(body, seed=12), timeout=120).json()["choices"][0]["text"]
-    assert mine == again == alone(engine, "seeded", body) and other != mine
+        texts = served(url, [body, *others, dict(body, seed=12)])
+    assert texts[0] == alone(engine, "seeded", body) and texts[-1] == alone(engine, "seeded", dict(body, seed=12))
+    assert texts[0] != texts[-1]
+
+
+def _members(shared: SharedForwards, jobs: list, work) -> list:
+    """``work(job)`` for every job in a thread of its own, each registered as a member before any starts: the
+    first round of forwards then holds every job's first forward (no timing involved)."""
+    gate = threading.Barrier(len(jobs))
+
+    def one(job):
+        with shared.member():
+            gate.wait(timeout=60)
+            return work(job)
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(one, jobs))
+
+
+def test_forwards_of_one_shape_run_as_one_batch(engines):
+    """Four calls of one prompt length, registered before any forward: every round is one batched forward of the
+    four rows (their LM-head columns differ: the union is asked), so the four calls cost the forwards of one, and
+    each gets its tokens alone."""
+    tok = build_tokenizer()
+    torch.manual_seed(1)
+    model = MDMForMaskedDiffusion(MDMConfig(vocab_size=len(tok), mask_token_id=tok.mask_token_id, hidden_size=32,
+                                            num_attention_heads=2, intermediate_size=64, num_hidden_layers=2)).eval()  # fmt: skip
+    seen: list[int] = []
+    shared = SharedForwards(model, on_forward=lambda rows, calls: seen.append(calls))
+    ids = [torch.tensor([[5 + k, 6, 7]]) for k in range(4)]
+    kwargs = dict(max_new_tokens=8, steps=8, block_length=4, temperature=0)
+    outs = _members(shared, ids, lambda row: model.generate(row, **kwargs))
+    assert seen == [4] * 8
+    assert all(torch.equal(out, model.generate(row, **kwargs)) for row, out in zip(ids, outs))
+    assert len({tuple(out[0, 3:].tolist()) for out in outs}) > 1  # the rows differ: their columns did too
+
+
+class _Out(dict):
+    def __getattr__(self, name):
+        return self[name]
+
+
+def test_a_faulty_forward_fails_its_call_alone():
+    """A batched forward that raises is retried a call at a time: only the call whose rows fail gets the error."""
+    layer = torch.nn.Linear(4, 4)
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            if (x == 13).any():
+                raise RuntimeError("bad row")
+            return _Out(logits=layer(x))
+
+    model, calls = Model(), []
+    shared = SharedForwards(model, on_forward=lambda rows, n: calls.append(n))
+    rows = [torch.full((1, 4), float(v)) for v in (1, 13, 2)]
+
+    def work(row):
+        try:
+            return model(row)["logits"]
+        except RuntimeError as err:
+            return str(err)
+
+    with torch.no_grad():
+        results = _members(shared, rows, work)
+    assert results[1] == "bad row" and calls == [1, 1]  # the batch of 3 failed; the good rows ran alone
+    with torch.no_grad():
+        assert torch.equal(results[0], layer(rows[0])) and torch.equal(results[2], layer(rows[2]))
+
+
+def test_a_member_that_left_stops_at_its_next_forward():
+    model = torch.nn.Linear(2, 2)
+    shared, left = SharedForwards(model), threading.Event()
+    with shared.member(left.is_set):
+        model(torch.ones(1, 2))
+        left.set()
+        with pytest.raises(RowLeft):
+            model(torch.ones(1, 2))
 
 
 def test_a_short_request_does_not_wait_for_a_long_one(engines):
@@ -92,56 +173,63 @@ def test_a_short_request_does_not_wait_for_a_long_one(engines):
     long = dict(BODIES["mdm"], prompt="long", max_tokens=512, steps=512)
     short = dict(BODIES["mdm"], prompt="short", max_tokens=8, steps=4)
     with running(build_app(engine, engine.settings, "m")) as url:
-        with ThreadPoolExecutor(2) as pool:
-            started = time.monotonic()
+        with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(http, url + "/v1/completions", long, None, 300)
-            time.sleep(0.3)  # the long one is running
+            _until(lambda: engine.shared is not None and engine.shared._members == 1)  # the long one runs
             assert http(url + "/v1/completions", short, timeout=300).status_code == 200
-            short_done = time.monotonic() - started
-            assert not pending.done()  # the short one left while the long one still runs
+            assert not pending.done()  # the short one left while the long one still runs (512 steps)
             answer = pending.result()
-            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 512
-    assert short_done < time.monotonic() - started
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 512
 
 
-@pytest.mark.parametrize("prompt, new, steps", [(6, 11, 10), (4, 16, 12), (5, 9, 20), (2, 14, 6)])
-def test_one_call_per_block_of_the_plan_gives_one_calls_tokens_and_forwards(engines, prompt, new, steps):
-    """`block_plan`'s blocks, each generated by a call of its own with the plan's steps, give the tokens and the
-    forwards of one call for the whole request (a block-causal model, temperature 0; partial first and last
-    blocks, more steps than tokens, several tokens a step). A call of one block attends over a shorter canvas, whose
-    sums may round differently in the last bit (6e-8 here), so an exact tie between two confidences may break the
-    other way, as in a padded batch; this tiny model's head, cut to printable bytes, has such ties at
-    (3, 13, 5)."""
-    model = engines["mdm"].model
-    config = MaskedDiffusionGenerationConfig(max_new_tokens=new, steps=steps, block_length=4)
-    ids = torch.arange(3, 3 + prompt)[None]
-    whole = model.generate(ids, generation_config=config, return_dict_in_generate=True)
-    prefix, forwards = ids, 0
-    for size, block_steps in block_plan(config, prompt, new, 4):
-        out = model.generate(prefix, generation_config=config, max_new_tokens=size, steps=block_steps,
-                             return_dict_in_generate=True)  # fmt: skip
-        prefix, forwards = out.sequences, forwards + out.nfe
-    assert prefix.tolist() == whole.sequences.tolist() and forwards == whole.nfe
-
-
-def test_a_short_request_runs_whole_in_one_call(engines, monkeypatch):
-    """A request of a partial block and one whole block is one call with the request's own steps (the call
-    generating it alone makes); a longer one is a call per block, each with its plan's steps."""
-    config = MaskedDiffusionGenerationConfig(max_new_tokens=7, steps=7, block_length=4)
-    assert block_plan(config, 5, 7, 4) == [(3, 3), (4, 4)]
-    assert call_shape(block_plan(config, 5, 7, 4), 0, 7) == (7, 7, 2)
-    long = block_plan(MaskedDiffusionGenerationConfig(max_new_tokens=11, steps=11, block_length=4), 5, 11, 4)
-    assert [call_shape(long, done, 11) for done in range(3)] == [(3, 3, 1), (4, 4, 1), (4, 4, 1)]
-    engine, calls = engines["mdm"], []
-    run_block = engine.run_block
-    monkeypatch.setattr(engine, "run_block", lambda *a: calls.append(a[2:4]) or run_block(*a))
-    body = dict(BODIES["mdm"], prompt="short", max_tokens=7, steps=7)
+def test_a_dropped_request_leaves_at_its_next_forward(engines):
+    """A long streamed request whose client disconnects after its first chunk: its call ends at its next forward
+    (far below its 512), and the server runs nothing more."""
+    engine = engines["mdm"]
+    body = dict(BODIES["mdm"], prompt="x", max_tokens=512, steps=512, stream=True)
     with running(build_app(engine, engine.settings, "m")) as url:
-        text = http(url + "/v1/completions", body, timeout=120).json()["choices"][0]["text"]
-    assert calls == [(7, 7)] and text == alone(engine, "short", body)
+        before = engine.forwards
+        request = urllib.request.Request(
+            url + "/v1/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            reply.readline()  # the first event: the request is running
+        _until(lambda: engine.shared._members == 0)
+        ran = engine.forwards - before
+        time.sleep(0.2)
+        assert engine.forwards - before == ran < 256
 
 
-def _asked(body: dict):
-    from hf_mdm.serve.requests import parse_request
+def test_the_cache_budget_queues_and_refuses(engines):
+    """With --max-cache-tokens: a request whose cache can never fit is a 400 saying so; two that fit only one at
+    a time are both answered, each as its call alone."""
+    model, tok = engines["mdm"].model, engines["mdm"].tokenizer
+    settings = ServeSettings(max_batch=8, max_tokens=512, max_cache_tokens=40)
+    engine = Engine(model, tok, settings)
+    bodies = [dict(BODIES["mdm"], prompt=p, max_tokens=24, kv_cache="dual") for p in ("hello", "there")]
+    with running(build_app(engine, settings, "m")) as url:
+        refused = http(url + "/v1/completions", dict(bodies[0], max_tokens=64))
+        texts = served(url, bodies)
+    assert refused.status_code == 400 and "max-cache-tokens 40" in refused.json()["error"]["message"]
+    assert texts == [alone(engine, b["prompt"], b) for b in bodies]
+    job = engine.prepare(parse_request(bodies[0], chat=False))
+    assert engine.cache_tokens(job) == len(job.ids) + 24
 
-    return parse_request(body, chat=False)
+
+@pytest.mark.parametrize("scheduler", ["micro-batch", "one"])
+def test_the_other_schedulers_answer_as_generate(engines, scheduler):
+    model, tok = engines["mdm"].model, engines["mdm"].tokenizer
+    settings = ServeSettings(max_batch=8, max_tokens=512, scheduler=scheduler)
+    engine = Engine(model, tok, settings)
+    bodies = [dict(BODIES["mdm"], prompt=p, max_tokens=12) for p in PROMPTS[:4]]
+    with running(build_app(engine, settings, "m")) as url:
+        assert served(url, bodies) == [alone(engine, b["prompt"], b) for b in bodies]
+    assert engine.shared is None  # no call joined
+
+
+def _until(condition, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.01)

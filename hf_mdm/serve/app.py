@@ -24,7 +24,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from .batcher import MicroBatcher
 from .engine import Answer, Engine, Job
-from .joining import BlockScheduler, joins_at_blocks
+from .joining import JoinScheduler
 from .requests import ApiError, Asked, parse_request
 from .settings import ServeSettings
 from .streaming import RowStream, TextSoFar
@@ -106,20 +106,24 @@ def build_app(engine: Optional[Engine], settings: ServeSettings, model_name: str
 
 
 def _scheduler(state: dict, job: Job) -> Any:
-    """The block scheduler for a job that joins running batches at block boundaries, else the micro-batcher."""
+    """The join scheduler for a job that joins running calls at their next forward, else the micro-batcher."""
     blocks = state["blocks"]
-    return blocks if blocks is not None and joins_at_blocks(state["engine"], job) else state["batcher"]
+    return blocks if blocks is not None and state["engine"].joins(job) else state["batcher"]
 
 
 def _start(state: dict, settings: ServeSettings, metrics: _Metrics) -> None:
-    def on_batch(size: int, seconds: float) -> None:
+    def on_batch(size: int, *_: Any) -> None:
         metrics.batch.observe(size)
 
-    batcher = MicroBatcher(state["engine"], settings.max_batch, settings.max_wait_ms, settings.max_queue, on_batch)
+    one = settings.scheduler == "one"
+    max_batch, wait = (1, 0.0) if one else (settings.max_batch, settings.max_wait_ms)
+    batcher = MicroBatcher(state["engine"], max_batch, wait, settings.max_queue, on_batch)
     batcher.start()
     state["batcher"] = batcher
-    if settings.join_at_blocks:
-        state["blocks"] = BlockScheduler(state["engine"], settings.max_batch, settings.max_queue, on_batch)
+    if settings.scheduler == "join":
+        state["blocks"] = JoinScheduler(
+            state["engine"], settings.max_batch, settings.max_queue, settings.max_cache_tokens, on_batch
+        )
         state["blocks"].start()
 
 

@@ -23,10 +23,10 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
 from ..generation_presets import PRESET_NAMES, preset_config
-from ..generation_random import RowGenerators
 from ..generation_resolve import resolve_config
-from ..generation_rows import draws_random_numbers
+from ..generation_rows import batches_invariantly, draws_random_numbers
 from ..generation_uniform import check_uniform_config
+from .forwards import SharedForwards
 from .requests import ApiError, Asked
 from .settings import ServeSettings
 
@@ -88,9 +88,11 @@ class Engine:
         model.register_forward_pre_hook(self._count)
         self.lock = threading.Lock()  # one call on the model at a time
         self.batches: Optional[list[list[Job]]] = None  # a list: every batch run is recorded (benchmarks replay them)
+        self.shared: Optional[SharedForwards] = None  # forwards shared by joined calls (`share_forwards`)
 
     def _count(self, *args: Any) -> None:
-        self.forwards += 1
+        if self.shared is None or not self.shared.routes():  # a joined call's forward counts once, batched
+            self.forwards += 1
 
     @property
     def pad_id(self) -> int:
@@ -204,27 +206,44 @@ class Engine:
             rows.append(out[0, row.shape[1] :].tolist())
         return rows
 
-    def run_block(self, config: Any, prefixes: list[list[int]], size: int, steps: int, generators: list) -> list:
-        """The next ``size`` tokens of each prefix in ``steps`` steps: one attention block of a block-causal model
-        (`hf_mdm.serve.joining`), each row drawing from its own generator (or none)."""
-        width = max(len(p) for p in prefixes)
-        ids = torch.full((len(prefixes), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, prefix in enumerate(prefixes):
-            ids[b, width - len(prefix) :], mask[b, width - len(prefix) :] = torch.tensor(prefix), 1
+    def joins(self, job: Job) -> bool:
+        """Whether ``job`` runs as a call of its own whose forwards join the running calls' (`hf_mdm.serve.joining`):
+        every masked diffusion model's job but a compiled forward's (an autoregressive model and a uniform-corruption
+        one batch whole requests)."""
+        return self.diffusion and not self.uniform and not getattr(job.config, "compile_forward", False)
+
+    def cache_tokens(self, job: Job) -> int:
+        """The positions whose keys/values ``job``'s call keeps while it runs (twice with guidance): its canvas, or 0
+        without a cache."""
+        config = job.config
+        if getattr(config, "kv_cache", None) in (None, "none"):
+            return 0
+        return (len(job.ids) + job.max_tokens) * (2 if (config.cfg_scale or 0) > 0 else 1)
+
+    def share_forwards(self, on_forward: Any = None) -> SharedForwards:
+        """The model's forwards shared by concurrent calls (made once): batched only where rows stay their own
+        arithmetic when ``batch_invariant`` is asked."""
+        if self.shared is None:
+            parameter = next(self.model.parameters())
+            batched = not self.settings.batch_invariant or batches_invariantly(parameter.device, parameter.dtype)
+            self.shared = SharedForwards(self.model, batched=batched, lock=self.lock)
+        if on_forward is not None:
+            self.shared.on_forward = on_forward  # the latest app's metrics
+        return self.shared
+
+    def run_joined(self, job: Job) -> Answer:
+        """``job``'s own generate call, its forwards joining the other running calls' (in its own thread)."""
+        if self.batches is not None:
+            self.batches.append([job])
         device = next(self.model.parameters()).device
-        draws = {}
-        if any(g is not None for g in generators):
-            seeded = [
-                g if g is not None else torch.Generator().manual_seed(secrets.randbelow(2**31)) for g in generators
-            ]
-            draws = {"generator": RowGenerators((), device, generators=seeded)}
-        with self.lock, torch.no_grad():
-            out = diffusion_generate(
-                self.model, ids.to(device), attention_mask=mask.to(device), generation_config=config,
-                max_new_tokens=size, steps=steps, **draws,
-            )  # fmt: skip
-        return out.sequences[:, width:].tolist()
+        ids = torch.tensor([job.ids], device=device)
+        try:
+            with self.share_forwards().member(job.cancelled.is_set), torch.no_grad():
+                tokens = self._diffusion([job], ids, torch.ones_like(ids))
+        finally:
+            if job.stream is not None:
+                job.stream.end()  # (again, harmlessly, after a call that ended it): a failed call's stream ends
+        return self.answer(job, tokens[0])
 
     def answer(self, job: Job, tokens: list[int]) -> Answer:
         """The answer from a row's generated tokens: cut at the first EOS, decoded, cut at the first stop string.
