@@ -2,6 +2,8 @@
 
 - `hf_mdm.serve.requests`: an OpenAI request body checked (400s for what the server does not do);
 - `hf_mdm.serve.engine`: the model and tokenizer: configs checked as ``generate`` checks them, batches run;
+- `hf_mdm.serve.joining`: continuous batching (each request its own call, joining the others at their next forward),
+  over `hf_mdm.serve.forwards` (concurrent calls' forwards run batched, each row its own arithmetic);
 - `hf_mdm.serve.batcher`: the micro-batcher (requests with one config run as one batch);
 - `hf_mdm.serve.streaming`: chunks of final text only, joining to the whole answer;
 - `hf_mdm.serve.app`: the FastAPI app (routes, limits, metrics); `hf_mdm.serve.runner`: uvicorn.
