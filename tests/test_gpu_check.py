@@ -45,6 +45,13 @@ def test_the_cpu_run_writes_every_row(tmp_path, capsys):
     assert all(r["logits_equal_rows"] == r["token_equal_rows"] == r["rows"] == 8 for r in invariance)
     assert all(r["max_logit_difference"] == 0.0 for r in invariance)
     assert "| LLaDA-8B | float32 | 8 of 8 | 0 | 8 of 8 |" in table
+    # joined calls (hf-mdm serve's join scheduler) against one batched call: on the CPU every joined row equal
+    serving = payload["serving"]
+    assert [(r["model"], r["concurrent"]) for r in serving] == [
+        (m, n) for m in ("LLaDA-8B", "LLaDA2.0-mini") for n in (1, 3)
+    ]
+    assert all(r["rows_equal"] == r["concurrent"] and r["joined_tokens_per_s"] > 0 for r in serving)
+    assert "| LLaDA2.0-mini | 3 |" in table and "3 of 3 |" in table
 
 
 def test_a_time_budget_skips_rows_and_still_writes(tmp_path):

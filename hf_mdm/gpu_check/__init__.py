@@ -6,7 +6,9 @@
    (``measure_in_passes``) so that the time budget skips the costly rows (CUDA graphs) rather than whole models.
 3. Batch invariance (`hf_mdm.gpu_check.invariance`): whether rows of one length batched together get the bits each
    gets alone on this device, for each diffusion model, while the budget lasts.
-4. ``results/gpu/gpu_check.json`` and ``gpu_check.md``, naming the device and the torch and CUDA versions, printed.
+4. Serving (`hf_mdm.gpu_check.serving`): concurrent requests as joined calls (``hf-mdm serve --scheduler join``)
+   against one batched call, LLaDA-8B and LLaDA2.0-mini, 1 / 8 / 32 at once, while the budget lasts.
+5. ``results/gpu/gpu_check.json`` and ``gpu_check.md``, naming the device and the torch and CUDA versions, printed.
 
 The same command runs on the CPU with tiny shapes (``--device cpu --tiny``), as part of ``make test``.
 """
@@ -24,6 +26,7 @@ import torch
 
 from .invariance import measure_invariance
 from .report import environment, write_report
+from .serving import SERVED_MODELS, measure_serving
 from .shapes import shapes
 from .table import Row, Settings, measure_shape
 
@@ -77,7 +80,7 @@ def run(
     tests_timeout_s: float = 240.0,
     models: Optional[list[str]] = None,
 ) -> tuple[dict[str, Path], list[Row]]:
-    """The four steps (see the module docstring); returns the written paths and the table's rows."""
+    """The five steps (see the module docstring); returns the written paths and the table's rows."""
     start = time.monotonic()
     tests = run_cuda_tests(tests_timeout_s)
     print(f"gpu-check: CUDA tests: {tests['summary']}", flush=True)
@@ -94,9 +97,18 @@ def run(
         for shape in shapes(tiny=tiny, names=models)
         if shape.kind == "diffusion" and time.monotonic() < settings.deadline
     ]
+    counts = (1, 3) if tiny else (1, 8, 32)
+    serving = [
+        row
+        for shape in shapes(tiny=tiny, names=models)
+        if shape.name in SERVED_MODELS
+        for row in measure_serving(
+            shape, device, dtype, settings.prompt, settings.new_tokens, counts, settings.deadline
+        )
+    ]
     recorded = {k: str(v) if k == "dtype" else v for k, v in vars(settings).items() if k != "deadline"}
     recorded["tiny"] = tiny  # the table then says its rows are tiny stand-ins of the named shapes
-    paths = write_report(Path(output_dir), environment(device), tests, rows, recorded, invariance)
+    paths = write_report(Path(output_dir), environment(device), tests, rows, recorded, invariance, serving)
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(f"gpu-check: wrote {paths['json']} and {paths['markdown']} in {time.monotonic() - start:.0f} s")
     return paths, rows

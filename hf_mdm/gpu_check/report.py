@@ -14,6 +14,7 @@ import transformers
 
 from ..fileio import write_atomic
 from .invariance import Invariance
+from .serving import serving_lines
 from .table import Row
 
 __all__ = ["environment", "write_report"]
@@ -44,7 +45,12 @@ def _cell(value: Optional[float], digits: int) -> str:
 
 
 def markdown(
-    env: dict[str, Any], tests: dict[str, Any], rows: list[Row], settings: dict[str, Any], invariance: list = ()
+    env: dict[str, Any],
+    tests: dict[str, Any],
+    rows: list[Row],
+    settings: dict[str, Any],
+    invariance: list = (),
+    serving: list = (),
 ) -> str:
     lines = [
         "# GPU check" + (": tiny stand-ins, not the named models' shapes" if settings.get("tiny") else ""),
@@ -66,7 +72,7 @@ def markdown(
             f"| {r.model} | {r.batch} | {r.sampler} | {_cell(r.tokens_per_s, 1)} | {_cell(r.ms_per_forward, 2)} | "
             f"{r.nfe if r.nfe is not None else '-'} | {_cell(r.peak_memory_gib, 2)} | {equal} | {r.note} |"
         )
-    return "\n".join(lines + invariance_lines(invariance)) + "\n"
+    return "\n".join(lines + invariance_lines(invariance) + serving_lines(list(serving))) + "\n"
 
 
 def invariance_lines(invariance: list[Invariance]) -> list[str]:
@@ -90,13 +96,14 @@ def invariance_lines(invariance: list[Invariance]) -> list[str]:
 
 
 def write_report(
-    output_dir: Path, env: dict, tests: dict, rows: list[Row], settings: dict, invariance: list = ()
+    output_dir: Path, env: dict, tests: dict, rows: list[Row], settings: dict, invariance: list = (), serving: list = ()
 ) -> dict[str, Path]:
     """Both files under ``output_dir``; returns their paths."""
     records = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} for r in rows]
     payload = {"environment": env, "cuda_tests": tests, "settings": settings, "rows": records}
     payload["batch_invariance"] = [dataclasses.asdict(r) for r in invariance]
+    payload["serving"] = [dataclasses.asdict(r) for r in serving]
     paths = {"json": output_dir / "gpu_check.json", "markdown": output_dir / "gpu_check.md"}
     write_atomic(paths["json"], json.dumps(payload, indent=2, default=str))
-    write_atomic(paths["markdown"], markdown(env, tests, rows, settings, invariance))
+    write_atomic(paths["markdown"], markdown(env, tests, rows, settings, invariance, serving))
     return paths
