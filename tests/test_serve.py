@@ -94,7 +94,10 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(mdm_server
 
     def ask(i: int) -> None:
         answers[i] = (
-            client(url).completions.create(model="m", prompt=prompts[i], temperature=0, **SETTINGS).choices[0].text
+            client(url)
+            .completions.create(model="tiny-mdm", prompt=prompts[i], temperature=0, **SETTINGS)
+            .choices[0]
+            .text
         )
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
@@ -112,7 +115,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(mdm_server
 def test_seeds_repeat_and_differ(mdm_server):
     url, _ = mdm_server
     c = client(url)
-    kw = dict(model="m", prompt=PROMPT, temperature=1.0, **SETTINGS)
+    kw = dict(model="tiny-mdm", prompt=PROMPT, temperature=1.0, **SETTINGS)
     one, again, other = (c.completions.create(seed=s, **kw).choices[0].text for s in (5, 5, 6))
     assert one == again and one != other
 
@@ -121,12 +124,12 @@ def test_streaming_chunks_join_to_the_whole_text(mdm_server):
     url, _ = mdm_server
     c = client(url)
     for seed in range(3):
-        kw = dict(model="m", prompt=PROMPT, temperature=1.0, seed=seed, **SETTINGS)
+        kw = dict(model="tiny-mdm", prompt=PROMPT, temperature=1.0, seed=seed, **SETTINGS)
         whole = c.completions.create(**kw).choices[0]
         chunks = list(c.completions.create(stream=True, **kw))
         assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.text
         assert chunks[-1].choices[0].finish_reason == whole.finish_reason
-        chat = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True,
+        chat = list(c.chat.completions.create(model="tiny-mdm", messages=[{"role": "user", "content": "x"}], stream=True,
                                               stream_options={"include_usage": True}, temperature=1.0, seed=seed,
                                               **SETTINGS))  # fmt: skip
         assert chat[-1].usage is not None and chat[-1].usage.completion_tokens >= 0
@@ -135,12 +138,12 @@ def test_streaming_chunks_join_to_the_whole_text(mdm_server):
 def test_stop_strings_and_max_tokens(mdm_server):
     url, engine = mdm_server
     c = client(url)
-    full = c.completions.create(model="m", prompt=PROMPT, temperature=0, **SETTINGS).choices[0].text
+    full = c.completions.create(model="tiny-mdm", prompt=PROMPT, temperature=0, **SETTINGS).choices[0].text
     if len(full) > 2:
         stop = full[1:3]
-        cut = c.completions.create(model="m", prompt=PROMPT, temperature=0, stop=stop, **SETTINGS).choices[0]
+        cut = c.completions.create(model="tiny-mdm", prompt=PROMPT, temperature=0, stop=stop, **SETTINGS).choices[0]
         assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
-    short = c.completions.create(model="m", prompt=PROMPT, temperature=0, max_tokens=2, extra_body={"steps": 2})
+    short = c.completions.create(model="tiny-mdm", prompt=PROMPT, temperature=0, max_tokens=2, extra_body={"steps": 2})
     assert short.usage.completion_tokens <= 2
 
 
@@ -160,7 +163,7 @@ def test_stop_strings_and_max_tokens(mdm_server):
 )
 def test_bad_requests_are_400s_that_say_why(mdm_server, body, status, says):
     url, _ = mdm_server
-    answer = http(url + "/v1/completions", {"model": "m", **body}, timeout=30)
+    answer = http(url + "/v1/completions", {"model": "tiny-mdm", **body}, timeout=30)
     assert answer.status_code == status and says in answer.json()["error"]["message"]
 
 

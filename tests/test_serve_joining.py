@@ -142,6 +142,6 @@ def test_a_short_request_runs_whole_in_one_call(engines, monkeypatch):
 
 
 def _asked(body: dict):
-    from hf_mdm.serve.requests import parse_request
+    from hf_mdm.serve.protocol import parse_request
 
     return parse_request(body, chat=False)

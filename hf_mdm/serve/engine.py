@@ -27,12 +27,14 @@ from ..generation_random import RowGenerators
 from ..generation_resolve import resolve_config
 from ..generation_rows import draws_random_numbers
 from ..generation_uniform import check_uniform_config
-from .requests import ApiError, Asked
+from .protocol import ApiError, Asked
 from .settings import ServeSettings
 
 __all__ = ["Engine", "Job", "Answer", "PRESETS"]
 
 PRESETS = PRESET_NAMES
+STEPS_PER_TOKEN = 4  # a request's step counts are capped at this many per token of the server's max_tokens
+STEP_FIELDS = ("steps", "max_denoising_steps", "max_post_steps")
 
 
 @dataclass
@@ -83,6 +85,10 @@ class Engine:
         self.uniform = facts is not None and facts.corruption == "uniform"  # DiffusionGemma
         base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
         self.base = MaskedDiffusionGenerationConfig.from_any(base) if self.diffusion else base
+        if settings.preset is not None and not self.diffusion:
+            raise ValueError(
+                f"preset {settings.preset!r}: presets are diffusion samplers, and this model is autoregressive"
+            )
         self._eos: Optional[set[int]] = None
         self.forwards = 0  # forward passes so far (the model's forward hook)
         model.register_forward_pre_hook(self._count)
@@ -116,6 +122,13 @@ class Engine:
         return Job(ids, config, key, asked.seed, asked.stop, max_tokens)
 
     def _encode(self, asked: Asked) -> list[int]:
+        try:
+            return self._tokenize(asked)
+        except (TypeError, ValueError) as err:  # what the client sent cannot be tokenized (a lone surrogate, ...)
+            field = "messages" if asked.chat else "prompt"
+            raise ApiError(400, f"the {field} cannot be tokenized: {err}", field) from err
+
+    def _tokenize(self, asked: Asked) -> list[int]:
         if not asked.chat:
             return list(self.tokenizer(asked.prompt, add_special_tokens=False)["input_ids"])
         if getattr(self.tokenizer, "chat_template", None) is None:
@@ -125,7 +138,7 @@ class Engine:
 
     def _diffusion_config(self, asked: Asked, max_tokens: int) -> MaskedDiffusionGenerationConfig:
         settings = dict(asked.settings)
-        preset = settings.pop("preset", None)
+        preset = settings.pop("preset", None) or self.settings.preset
         base = copy.deepcopy(self.base) if preset is None else _preset(preset, settings, max_tokens)
         settings.update(max_new_tokens=max_tokens, batch_invariant=self.settings.batch_invariant)
         settings.update(return_dict_in_generate=True)
@@ -133,9 +146,10 @@ class Engine:
             config = resolve_config(self.model, base, settings, fallback=self.tokenizer)
             if self.uniform:
                 check_uniform_config(self.model, config)  # its own sampler's settings only
-            return config
         except (ValueError, TypeError) as err:
             raise ApiError(400, str(err)) from err
+        _check_steps(config, self.settings.max_tokens)
+        return config
 
     def _ar_config(self, asked: Asked, max_tokens: int) -> dict:
         extra = sorted(set(asked.settings) - {"temperature", "top_p", "top_k"})
@@ -254,6 +268,16 @@ class Engine:
             eos = getattr(self.tokenizer, "eos_token_id", None) if eos is None else eos
             self._eos = set() if eos is None else set([eos] if isinstance(eos, int) else eos)
         return self._eos
+
+
+def _check_steps(config: MaskedDiffusionGenerationConfig, max_tokens: int) -> None:
+    """A 400 for a step count above the server's cap: `STEPS_PER_TOKEN` per token of its ``max_tokens``."""
+    cap = STEPS_PER_TOKEN * max_tokens
+    for name in STEP_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, (int, float)) and value > cap:
+            why = f"{STEPS_PER_TOKEN} per token of its max_tokens {max_tokens}"
+            raise ApiError(400, f"{name} {value} is above this server's cap of {cap} ({why})", name)
 
 
 def _preset(name: str, settings: dict, max_tokens: int) -> MaskedDiffusionGenerationConfig:
