@@ -75,6 +75,12 @@ class _Cancelled(StoppingCriteria):
         return torch.tensor(flags, device=input_ids.device)
 
 
+def _cancelled(jobs: list[Job], config: Any) -> Optional[StoppingCriteriaList]:
+    """The stopping criterion of rows whose client left; none for a reference sampler (LLaDA's, Dream's: the
+    ``llada`` and ``dream`` presets), which takes no stopping criteria and runs its rows to the end."""
+    return StoppingCriteriaList([_Cancelled(jobs)]) if config.reference in (None, "none") else None
+
+
 class Engine:
     """A model and its tokenizer behind the server: `prepare` checks a request, `run` generates a batch of jobs."""
 
@@ -198,7 +204,7 @@ class Engine:
         streams = [job.stream for job in jobs]
         out = diffusion_generate(
             self.model, ids, attention_mask=mask, generation_config=config, seed=seed,
-            stopping_criteria=StoppingCriteriaList([_Cancelled(jobs)]), streamer=streams if any(streams) else None,
+            stopping_criteria=_cancelled(jobs, config), streamer=streams if any(streams) else None,
         )  # fmt: skip
         return out.sequences[:, ids.shape[1] :].tolist()
 
