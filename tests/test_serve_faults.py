@@ -1,0 +1,130 @@
+"""Faults and stops: a forward that raises for one request of a batch fails that request only (a 500 with OpenAI's
+error object, or an error event and ``[DONE]`` when streamed), the others of the batch get what they get alone, the
+500s are counted and the server stays healthy; ``hf-mdm serve`` as a process drains on SIGTERM and Ctrl-C (a stream
+in flight ends with its final chunk and ``[DONE]``, a request sent meanwhile gets 503, the process exits 0); a model
+that cannot load ends the command with one error line. Every server binds a free loopback port; every wait is
+bounded and waits for an event (a chunk, a status), never for a fixed time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from test_serve import direct, engine_of, events, http
+
+from hf_mdm.harness.tiny import build_tiny_models
+from hf_mdm.serve import build_app, running
+from hf_mdm.serve.runner import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+TRIGGER = "\x01"  # a byte the tiny models never write: a prompt holding it makes the forward raise
+BODY = {"max_tokens": 8, "steps": 4, "block_length": 4, "temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_models(tmp_path_factory.mktemp("fault_models"))
+
+
+def test_a_failing_forward_fails_only_its_request(tiny):
+    """Three requests fill one batch (max_batch 3, no deadline); the forward raises on the batch holding TRIGGER,
+    so each request runs again alone: the faulty one fails, the others answer as ``generate`` does alone."""
+    engine, settings = engine_of(tiny["mdm"], max_batch=3, max_wait_ms=600_000.0)
+    (trigger,) = engine.tokenizer(TRIGGER, add_special_tokens=False)["input_ids"]
+
+    def fault(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None and bool((ids == trigger).any()):
+            raise RuntimeError("injected fault")
+
+    handle = engine.model.register_forward_pre_hook(fault, with_kwargs=True)
+    good = ["The answer is", "Once upon a time"]
+    url_of = "{}/v1/completions".format
+    engine.batches = []
+    try:
+        with running(build_app(engine, settings, "m")) as url, ThreadPoolExecutor(3) as pool:
+            plain = list(pool.map(lambda p: http(url_of(url), {"prompt": p, **BODY}), [TRIGGER + "x", *good]))
+            streamed = pool.submit(lambda: list(events(url_of(url), {"prompt": TRIGGER + "x", **BODY})))
+            good_streamed = pool.submit(lambda: list(events(url_of(url), {"prompt": good[0], **BODY})))
+            good_plain = http(url_of(url), {"prompt": good[1], **BODY})
+            streamed, good_streamed = streamed.result(timeout=120), good_streamed.result(timeout=120)
+            metrics, health = http(url + "/metrics").text, http(url + "/health")
+        alone = [direct(engine, p, max_tokens=8, steps=4, block_length=4) for p in good]
+    finally:
+        handle.remove()
+    error = plain[0].json()["error"]
+    assert plain[0].status_code == 500 and error["type"] == "server_error" and "injected fault" in error["message"]
+    assert [r.json()["choices"][0]["text"] for r in plain[1:]] == alone
+    assert json.loads(streamed[0])["error"]["type"] == "server_error" and streamed[1:] == ["[DONE]"]
+    assert _joined(good_streamed) == alone[0] and good_plain.json()["choices"][0]["text"] == alone[1]
+    assert [len(batch) for batch in engine.batches] == [3, 1, 1, 1] * 2  # each batch failed, then each job alone
+    assert 'hf_mdm_requests_total{endpoint="completions",status="500"} 2.0' in metrics
+    assert 'hf_mdm_requests_total{endpoint="completions",status="200"} 4.0' in metrics
+    assert health.json() == {"status": "ok"}
+
+
+def _joined(payloads: list[str]) -> str:
+    assert payloads[-1] == "[DONE]" and json.loads(payloads[-2])["choices"][0]["finish_reason"] in ("stop", "length")
+    return "".join(json.loads(p)["choices"][0]["text"] for p in payloads[:-1])
+
+
+def _start(arguments: list[str]) -> tuple[subprocess.Popen, str]:
+    """``hf-mdm serve`` on a free loopback port, once /health says ok (bounded)."""
+    port = free_port()
+    command = [sys.executable, "-m", "hf_mdm.cli", "serve", *arguments, "--port", str(port)]
+    process = subprocess.Popen(command, env=ENV, stderr=subprocess.PIPE, text=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if http(url + "/health", timeout=5).status_code == 200:
+                return process, url
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"the server did not become healthy: {process.communicate(timeout=30)[1][-2000:]}")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_drains_streams_and_refuses_new_requests(tiny, sig):
+    """A long streamed request, the signal after its first chunk: the stream still ends with its final chunk and
+    [DONE], a request sent during the drain gets 503, and the process exits 0. The server runs
+    with ``--preset llada`` (a request without llada's steps is told to send them)."""
+    process, url = _start([tiny["mdm"], "--preset", "llada", "--max-tokens", "512"])
+    try:
+        needs = http(url + "/v1/completions", {"prompt": "x", "max_tokens": 8})
+        assert needs.status_code == 400 and "needs steps and block_length" in needs.json()["error"]["message"]
+        long = {"prompt": "x", "max_tokens": 512, "steps": 512, "block_length": 8}
+        stream = events(url + "/v1/completions", long, timeout=120)
+        payloads = [next(stream)]  # the first chunk: the request is in flight
+        process.send_signal(sig)
+        deadline = time.monotonic() + 60
+        while http(url + "/health").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        refused = http(url + "/v1/completions", {"prompt": "x", **BODY})
+        payloads += list(stream)
+        assert process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate(timeout=30)
+    assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+    assert json.loads(payloads[-2])["choices"][0]["finish_reason"] in ("stop", "length") and payloads[-1] == "[DONE]"
+
+
+def test_a_model_that_cannot_load_ends_the_command_with_one_line(tmp_path):
+    missing = tmp_path / "nope"
+    command = [sys.executable, "-m", "hf_mdm.cli", "serve", str(missing), "--port", str(free_port())]
+    done = subprocess.run(command, env=ENV, capture_output=True, text=True, timeout=180)
+    errors = [line for line in done.stderr.splitlines() if "error" in line.lower()]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith(f"hf-mdm: error: cannot load the model '{missing}': ")
