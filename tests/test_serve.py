@@ -6,7 +6,10 @@ errors and cancellation. Every server here binds a free loopback port and stops 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -14,7 +17,8 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, Union
 
 import openai
 import pytest
@@ -23,7 +27,10 @@ import torch
 from hf_mdm.harness.tiny import build_tiny_models
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
 from hf_mdm.serve.loading import load_model
+from hf_mdm.serve.runner import free_port
 
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}  # a server process imports this checkout
 PROMPT = "The answer is"
 SETTINGS = dict(max_tokens=12, extra_body={"steps": 6, "block_length": 4})
 
@@ -54,9 +61,10 @@ class Reply:
         return json.loads(self.text)
 
 
-def http(url: str, body: dict = None, headers: dict = None, timeout: float = 60) -> Reply:
-    """A plain HTTP request (POST with a JSON body, else GET) with the standard library: the status and body."""
-    data = None if body is None else json.dumps(body).encode()
+def http(url: str, body: Union[dict, bytes, None] = None, headers: dict = None, timeout: float = 60) -> Reply:
+    """A plain HTTP request (POST with a JSON body, or bytes sent as they are; else GET) with the standard library:
+    the status and body."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
@@ -80,6 +88,23 @@ def events(url: str, body: dict, timeout: float = 60) -> Iterator[str]:
                 yield line[5:].strip().decode()
     finally:
         connection.close()
+
+
+def start_server(arguments: list[str]) -> tuple[subprocess.Popen, str]:
+    """``hf-mdm serve`` on a free loopback port, once /health says ok (bounded)."""
+    port = free_port()
+    command = [sys.executable, "-m", "hf_mdm.cli", "serve", *arguments, "--port", str(port)]
+    process = subprocess.Popen(command, env=ENV, stderr=subprocess.PIPE, text=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if http(url + "/health", timeout=5).status_code == 200:
+                return process, url
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"the server did not become healthy: {process.communicate(timeout=30)[1][-2000:]}")
 
 
 def client(url: str, **kw) -> openai.OpenAI:

@@ -8,24 +8,19 @@ bounded and waits for an event (a chunk, a status), never for a fixed time."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-from test_serve import direct, engine_of, events, http
+from test_serve import ENV, direct, engine_of, events, http, start_server
 
 from hf_mdm.harness.tiny import build_tiny_models
 from hf_mdm.serve import build_app, running
 from hf_mdm.serve.runner import free_port
 
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
 TRIGGER = "\x01"  # a byte the tiny models never write: a prompt holding it makes the forward raise
 BODY = {"max_tokens": 8, "steps": 4, "block_length": 4, "temperature": 0}
 
@@ -77,29 +72,12 @@ def _joined(payloads: list[str]) -> str:
     return "".join(json.loads(p)["choices"][0]["text"] for p in payloads[:-1])
 
 
-def _start(arguments: list[str]) -> tuple[subprocess.Popen, str]:
-    """``hf-mdm serve`` on a free loopback port, once /health says ok (bounded)."""
-    port = free_port()
-    command = [sys.executable, "-m", "hf_mdm.cli", "serve", *arguments, "--port", str(port)]
-    process = subprocess.Popen(command, env=ENV, stderr=subprocess.PIPE, text=True)
-    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if http(url + "/health", timeout=5).status_code == 200:
-                return process, url
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        time.sleep(0.1)
-    process.kill()
-    raise AssertionError(f"the server did not become healthy: {process.communicate(timeout=30)[1][-2000:]}")
-
-
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_drains_streams_and_refuses_new_requests(tiny, sig):
     """A long streamed request, the signal after its first chunk: the stream still ends with its final chunk and
     [DONE], a request sent during the drain gets 503, and the process exits 0. The server runs
     with ``--preset llada`` (a request without llada's steps is told to send them)."""
-    process, url = _start([tiny["mdm"], "--preset", "llada", "--max-tokens", "512"])
+    process, url = start_server([tiny["mdm"], "--preset", "llada", "--max-tokens", "512"])
     try:
         needs = http(url + "/v1/completions", {"prompt": "x", "max_tokens": 8})
         assert needs.status_code == 400 and "needs steps and block_length" in needs.json()["error"]["message"]

@@ -14,7 +14,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_serve import Reply, engine_of, http
+from test_serve import engine_of, http
 
 from hf_mdm import MaskedDiffusionGenerationConfig
 from hf_mdm.generation_presets import PRESET_NAMES
@@ -39,16 +39,6 @@ def server(tiny):
 AUTH = {"Authorization": "Bearer secret"}
 
 
-def raw(url: str, data: bytes, content_type: str = "application/json", path: str = "/v1/completions") -> Reply:
-    """A POST of ``data`` as it is (no JSON encoding on the way)."""
-    request = urllib.request.Request(url + path, data=data, headers={"Content-Type": content_type, **AUTH})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return Reply(answer.status, answer.read().decode())
-    except urllib.error.HTTPError as err:
-        return Reply(err.code, err.read().decode())
-
-
 @pytest.mark.parametrize(
     "data, says",
     [
@@ -60,7 +50,7 @@ def raw(url: str, data: bytes, content_type: str = "application/json", path: str
     ],
 )
 def test_no_body_is_a_500(server, data, says):
-    answer = raw(server[0], data)
+    answer = http(server[0] + "/v1/completions", data, AUTH)
     assert answer.status_code == 400 and says in answer.json()["error"]["message"]
     assert answer.json()["error"]["type"] == "invalid_request_error"
 
@@ -99,7 +89,7 @@ def test_model_content_type_and_open_endpoints(server):
     assert "'m'" in other.json()["error"]["message"]
     no_model = http(url + "/v1/completions", {k: v for k, v in BODY.items() if k != "model"}, AUTH)
     assert no_model.status_code == 200 and no_model.json()["model"] == "m"  # the served model, as vLLM does
-    form = raw(url, b"prompt=x", "application/x-www-form-urlencoded")
+    form = http(url + "/v1/completions", b"prompt=x", {"Content-Type": "application/x-www-form-urlencoded", **AUTH})
     assert form.status_code == 415 and "application/json" in form.json()["error"]["message"]
     assert http(url + "/v1/completions", BODY).status_code == 401  # the API key applies to the API
     assert http(url + "/health").json() == {"status": "ok"}  # ... not to /health nor /metrics
