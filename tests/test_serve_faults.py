@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -74,29 +76,50 @@ def _joined(payloads: list[str]) -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_drains_streams_and_refuses_new_requests(tiny, sig):
-    """A long streamed request, the signal after its first chunk: the stream still ends with its final chunk and
-    [DONE], a request sent during the drain gets 503, and the process exits 0. The server runs
-    with ``--preset llada`` (a request without llada's steps is told to send them)."""
-    process, url = start_server([tiny["mdm"], "--preset", "llada", "--max-tokens", "512"])
+    """A request held in flight (its body half sent) and a streamed one, the signal after the stream's first chunk:
+    a request sent during the drain gets 503, the stream ends with its final chunk and [DONE], the held request is
+    answered once its body arrives, and the process exits 0. The server runs with ``--preset llada`` (a request
+    without llada's steps is told to send them)."""
+    process, url = start_server([tiny["mdm"], "--preset", "llada"])
     try:
         needs = http(url + "/v1/completions", {"prompt": "x", "max_tokens": 8})
         assert needs.status_code == 400 and "needs steps and block_length" in needs.json()["error"]["message"]
-        long = {"prompt": "x", "max_tokens": 512, "steps": 512, "block_length": 8}
-        stream = events(url + "/v1/completions", long, timeout=120)
-        payloads = [next(stream)]  # the first chunk: the request is in flight
+        held, rest = _hold(url, {"prompt": "held", **BODY})
+        _wait_for(lambda: "hf_mdm_requests_in_flight 1.0" in http(url + "/metrics").text)
+        stream = events(url + "/v1/completions", {"prompt": "x", "max_tokens": 128, "steps": 128, "block_length": 8})
+        payloads = [next(stream)]  # the first chunk: the stream is in flight
         process.send_signal(sig)
-        deadline = time.monotonic() + 60
-        while http(url + "/health").status_code == 200 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        _wait_for(lambda: http(url + "/health").status_code == 503)
         refused = http(url + "/v1/completions", {"prompt": "x", **BODY})
         payloads += list(stream)
+        held.sendall(rest)
+        answer = held.makefile("rb").read().decode()
         assert process.wait(timeout=120) == 0
     finally:
         if process.poll() is None:
             process.kill()
         process.communicate(timeout=30)
     assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
-    assert json.loads(payloads[-2])["choices"][0]["finish_reason"] in ("stop", "length") and payloads[-1] == "[DONE]"
+    assert payloads[-1] == "[DONE]", payloads[-2:]
+    assert json.loads(payloads[-2])["choices"][0]["finish_reason"] in ("stop", "length"), payloads[-2:]
+    assert answer.startswith("HTTP/1.1 200") and '"finish_reason"' in answer
+
+
+def _hold(url: str, body: dict) -> tuple[socket.socket, bytes]:
+    """A POST whose body is sent but for its last bytes (returned): in flight until they are sent."""
+    data = json.dumps(body).encode()
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    parts = urllib.parse.urlsplit(url)
+    held = socket.create_connection((parts.hostname, parts.port), timeout=120)
+    held.sendall(f"{head}Content-Length: {len(data)}\r\n\r\n".encode() + data[:-2])
+    return held, data[-2:]
+
+
+def _wait_for(condition, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def test_a_model_that_cannot_load_ends_the_command_with_one_line(tmp_path):

@@ -53,6 +53,7 @@ class _Metrics:
         self.tokens = Counter("hf_mdm_generated_tokens", "completion tokens", registry=self.registry)
         self.queue = Gauge("hf_mdm_queue_depth", "requests waiting or running", registry=self.registry)
         self.forwards = Gauge("hf_mdm_model_forwards", "the model's forward passes so far", registry=self.registry)
+        self.in_flight = Gauge("hf_mdm_requests_in_flight", "generation requests in flight", registry=self.registry)
 
 
 @dataclass
@@ -134,6 +135,7 @@ def build_app(engine: Optional[Engine], settings: ServeSettings, model_name: str
     async def prometheus() -> Response:
         metrics.queue.set(sum(scheduler.busy for scheduler in state.schedulers))
         metrics.forwards.set(state.engine.forwards if state.engine is not None else 0)
+        metrics.in_flight.set(state.in_flight)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/completions")
@@ -170,8 +172,9 @@ async def _load(state: ServerState, loader: Any, metrics: _Metrics) -> None:
 
 class _Guard:
     """What is checked before a request reaches its route (the API key, the server's readiness, the body's type
-    and declared size), and the count of requests in flight (a drain waits for them). A plain ASGI middleware: it
-    leaves the route's view of the connection alone, so a client that leaves is seen there."""
+    and declared size), and the count of generation requests in flight, from their headers to their response's end
+    (a drain waits for them). A plain ASGI middleware: it leaves the route's view of the connection alone, so a
+    client that leaves is seen there."""
 
     def __init__(self, app: Any, state: ServerState, metrics: _Metrics):
         self.app, self.state, self.metrics = app, state, metrics
@@ -187,6 +190,9 @@ class _Guard:
             if scope["path"] in ENDPOINTS:
                 self.metrics.requests.labels(ENDPOINTS[scope["path"]], str(err.status)).inc()
             await _error(err)(scope, receive, send)
+            return
+        if scope["path"] not in ENDPOINTS:
+            await self.app(scope, receive, send)
             return
         self.state.in_flight += 1
         try:
