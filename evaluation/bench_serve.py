@@ -46,7 +46,7 @@ from bench_measure import parse_table_arguments, print_and_write  # noqa: E402
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion  # noqa: E402
 from hf_mdm.harness.tiny import build_tokenizer  # noqa: E402
 from hf_mdm.serve import Engine, ServeSettings, build_app, running  # noqa: E402
-from hf_mdm.serve.requests import parse_request  # noqa: E402
+from hf_mdm.serve.protocol import parse_request  # noqa: E402
 
 CLIENTS = 16
 SCHEDULERS = (("one request at a time", "one"), ("micro-batcher", "micro-batch"), ("joining", "join"))

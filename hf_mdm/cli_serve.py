@@ -12,7 +12,9 @@ def add_serve_command(commands: Any) -> None:
     defaults = ServeSettings()
     p = commands.add_parser("serve", help="serve a model behind an OpenAI-compatible HTTP API (needs hf_mdm[serve])")
     p.add_argument("model", help="a local checkpoint folder or a Hub id (diffusion or autoregressive)")
-    p.add_argument("--preset", help="start requests from this preset (llada2, llada21, diffusion_gemma, ...)")
+    p.add_argument(
+        "--preset", help="start every request from this preset, as a request's preset field does (llada, llada2, ...)"
+    )
     p.add_argument("--generation-config", help="start requests from this generation config (JSON file or folder)")
     p.add_argument("--host", default=defaults.host, help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=defaults.port)
@@ -44,7 +46,7 @@ def run_serve(args: argparse.Namespace) -> int:
     except ImportError as err:
         raise ValueError(f"hf-mdm serve needs the serve extra: pip install 'hf_mdm[serve]' ({err})") from err
     names = ("host", "port", "api_key", "max_batch", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes")
-    names += ("default_max_tokens", "max_wait_ms", "batch_invariant", "scheduler", "max_cache_tokens")
+    names += ("default_max_tokens", "max_wait_ms", "batch_invariant", "scheduler", "max_cache_tokens", "preset")
     settings = ServeSettings(**{name: getattr(args, name) for name in names})
     config = serving_config(args.preset, args.generation_config)  # checked before the model loads
 

@@ -410,7 +410,8 @@ PRESET_NAMES = tuple(name for name in vars(ReferencePresets) if not name.startsw
 def preset_config(config_class: Any, name: str, length: int, settings: dict) -> Any:
     """``config_class.<name>(...)`` with the ``settings`` the preset names and its length argument (``gen_length``
     / ``max_new_tokens``) set to ``length``; ``settings`` keeps the others, for the caller to apply after. A
-    ValueError names the preset when the name is unknown or an argument it needs is missing."""
+    ValueError names the preset when the name is unknown, and the settings to set when it needs ones ``settings``
+    lacks (``llada``'s ``steps`` and ``block_length``)."""
     import inspect
 
     if name not in PRESET_NAMES:
@@ -419,6 +420,11 @@ def preset_config(config_class: Any, name: str, length: int, settings: dict) -> 
     named = inspect.signature(method).parameters
     arguments = {k: settings.pop(k) for k in list(settings) if k in named}
     arguments.update({k: length for k in ("gen_length", "max_new_tokens") if k in named})
+    unset = [k for k, p in named.items() if p.default is p.empty and k not in arguments]
+    missing = [k for k in unset if named[k].kind not in (named[k].VAR_POSITIONAL, named[k].VAR_KEYWORD)]
+    if missing:
+        raise ValueError(f"preset {name!r} needs {' and '.join(missing)}: set {'it' if len(missing) == 1 else 'them'} "
+                         "beside the preset")  # fmt: skip
     try:
         return method(**arguments)
     except TypeError as err:

@@ -187,6 +187,8 @@ def get_schedule(name: Any = "linear", **kwargs: Any) -> Any:
     """
     if isinstance(name, dict):
         spec = dict(name)
+        if "name" not in spec:
+            raise ValueError(f"a schedule given as a dict names it: {{'name': ..., **kwargs}}, got {name!r}")
         return get_schedule(spec.pop("name"), **{**spec, **kwargs})
     if hasattr(name, "alpha") and hasattr(name, "weight") and not isinstance(name, str):
         if kwargs:

@@ -6,12 +6,19 @@ errors and cancellation. Every server here binds a free loopback port and stops 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from http.client import HTTPConnection
+from pathlib import Path
+from typing import Iterator, Union
 
 import openai
 import pytest
@@ -20,7 +27,10 @@ import torch
 from hf_mdm.harness.tiny import build_tiny_models
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
 from hf_mdm.serve.loading import load_model
+from hf_mdm.serve.runner import free_port
 
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}  # a server process imports this checkout
 PROMPT = "The answer is"
 SETTINGS = dict(max_tokens=12, extra_body={"steps": 6, "block_length": 4})
 
@@ -51,15 +61,50 @@ class Reply:
         return json.loads(self.text)
 
 
-def http(url: str, body: dict = None, headers: dict = None, timeout: float = 60) -> Reply:
-    """A plain HTTP request (POST with a JSON body, else GET) with the standard library: the status and body."""
-    data = None if body is None else json.dumps(body).encode()
+def http(url: str, body: Union[dict, bytes, None] = None, headers: dict = None, timeout: float = 60) -> Reply:
+    """A plain HTTP request (POST with a JSON body, or bytes sent as they are; else GET) with the standard library:
+    the status and body."""
+    data = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:
             return Reply(answer.status, answer.read().decode())
     except urllib.error.HTTPError as err:
         return Reply(err.code, err.read().decode())
+
+
+def events(url: str, body: dict, timeout: float = 60) -> Iterator[str]:
+    """The ``data:`` payloads of a streamed request (POST ``url`` with ``body`` and ``"stream": true``), as they
+    arrive; closing the generator closes the connection (a client that leaves)."""
+    parts = urllib.parse.urlsplit(url)
+    connection = HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    try:
+        headers = {"Content-Type": "application/json"}
+        connection.request("POST", parts.path, json.dumps({**body, "stream": True}), headers)
+        answer = connection.getresponse()
+        assert answer.status == 200, answer.read()
+        for line in answer:
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode()
+    finally:
+        connection.close()
+
+
+def start_server(arguments: list[str]) -> tuple[subprocess.Popen, str]:
+    """``hf-mdm serve`` on a free loopback port, once /health says ok (bounded)."""
+    port = free_port()
+    command = [sys.executable, "-m", "hf_mdm.cli", "serve", *arguments, "--port", str(port)]
+    process = subprocess.Popen(command, env=ENV, stderr=subprocess.PIPE, text=True)
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if http(url + "/health", timeout=5).status_code == 200:
+                return process, url
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"the server did not become healthy: {process.communicate(timeout=30)[1][-2000:]}")
 
 
 def client(url: str, **kw) -> openai.OpenAI:
@@ -94,7 +139,10 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(mdm_server
 
     def ask(i: int) -> None:
         answers[i] = (
-            client(url).completions.create(model="m", prompt=prompts[i], temperature=0, **SETTINGS).choices[0].text
+            client(url)
+            .completions.create(model="tiny-mdm", prompt=prompts[i], temperature=0, **SETTINGS)
+            .choices[0]
+            .text
         )
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(8)]
@@ -112,7 +160,7 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(mdm_server
 def test_seeds_repeat_and_differ(mdm_server):
     url, _ = mdm_server
     c = client(url)
-    kw = dict(model="m", prompt=PROMPT, temperature=1.0, **SETTINGS)
+    kw = dict(model="tiny-mdm", prompt=PROMPT, temperature=1.0, **SETTINGS)
     one, again, other = (c.completions.create(seed=s, **kw).choices[0].text for s in (5, 5, 6))
     assert one == again and one != other
 
@@ -121,12 +169,12 @@ def test_streaming_chunks_join_to_the_whole_text(mdm_server):
     url, _ = mdm_server
     c = client(url)
     for seed in range(3):
-        kw = dict(model="m", prompt=PROMPT, temperature=1.0, seed=seed, **SETTINGS)
+        kw = dict(model="tiny-mdm", prompt=PROMPT, temperature=1.0, seed=seed, **SETTINGS)
         whole = c.completions.create(**kw).choices[0]
         chunks = list(c.completions.create(stream=True, **kw))
         assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.text
         assert chunks[-1].choices[0].finish_reason == whole.finish_reason
-        chat = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True,
+        chat = list(c.chat.completions.create(model="tiny-mdm", messages=[{"role": "user", "content": "x"}], stream=True,
                                               stream_options={"include_usage": True}, temperature=1.0, seed=seed,
                                               **SETTINGS))  # fmt: skip
         assert chat[-1].usage is not None and chat[-1].usage.completion_tokens >= 0
@@ -135,12 +183,12 @@ def test_streaming_chunks_join_to_the_whole_text(mdm_server):
 def test_stop_strings_and_max_tokens(mdm_server):
     url, engine = mdm_server
     c = client(url)
-    full = c.completions.create(model="m", prompt=PROMPT, temperature=0, **SETTINGS).choices[0].text
+    full = c.completions.create(model="tiny-mdm", prompt=PROMPT, temperature=0, **SETTINGS).choices[0].text
     if len(full) > 2:
         stop = full[1:3]
-        cut = c.completions.create(model="m", prompt=PROMPT, temperature=0, stop=stop, **SETTINGS).choices[0]
+        cut = c.completions.create(model="tiny-mdm", prompt=PROMPT, temperature=0, stop=stop, **SETTINGS).choices[0]
         assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
-    short = c.completions.create(model="m", prompt=PROMPT, temperature=0, max_tokens=2, extra_body={"steps": 2})
+    short = c.completions.create(model="tiny-mdm", prompt=PROMPT, temperature=0, max_tokens=2, extra_body={"steps": 2})
     assert short.usage.completion_tokens <= 2
 
 
@@ -160,7 +208,7 @@ def test_stop_strings_and_max_tokens(mdm_server):
 )
 def test_bad_requests_are_400s_that_say_why(mdm_server, body, status, says):
     url, _ = mdm_server
-    answer = http(url + "/v1/completions", {"model": "m", **body}, timeout=30)
+    answer = http(url + "/v1/completions", {"model": "tiny-mdm", **body}, timeout=30)
     assert answer.status_code == status and says in answer.json()["error"]["message"]
 
 
@@ -257,38 +305,3 @@ def test_serve_cli_parses_and_refuses_before_loading(tmp_path, capsys):
     assert main(["serve", str(tmp_path), "--preset", "llada2", "--generation-config", "x.json"]) == 2
     assert "not both" in capsys.readouterr().err
     assert torch.get_num_threads() >= 1
-
-
-def test_the_command_serves_and_sigterm_drains(tiny):
-    """``hf-mdm serve`` as a process on a free loopback port: 503 or 200 on /health while it loads, an answer, then
-    SIGTERM during a request: the request still gets its answer, and the process exits cleanly."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from hf_mdm.serve.runner import free_port
-
-    port = free_port()
-    command = [sys.executable, "-m", "hf_mdm.cli", "serve", tiny["mdm"], "--port", str(port), "--max-tokens", "256"]
-    process = subprocess.Popen(command, env={**os.environ, "HF_HUB_OFFLINE": "1"}, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if http(url + "/health", timeout=2).status_code == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError, socket.timeout):
-                pass
-            time.sleep(0.2)
-        body = {"prompt": "x", "max_tokens": 64, "steps": 64, "block_length": 8}
-        with ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(http, url + "/v1/completions", body, None, 120)
-            time.sleep(0.5)
-            process.send_signal(signal.SIGTERM)
-            assert pending.result().status_code == 200  # in flight when SIGTERM came: answered
-        assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()

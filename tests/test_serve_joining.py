@@ -1,9 +1,10 @@
-"""Continuous batching at the model call (`hf_mdm.serve.joining`, `hf_mdm.serve.forwards`): every request runs its
-own ``generate`` call and the forwards asked at the same time run batched, so a request joins at the next forward
-and leaves after its last. Every answer is its ``generate`` call alone, bit for bit, whatever else runs and whenever
-it arrives (the CPU in float32 batches rows of one shape invariantly): a bidirectional MDM and a block-causal LLaDA2,
-without a cache and with each request's own prefix / dual / exact block cache, greedy and seeded. None of these
-tests depends on arrival timing: what they compare holds under any interleaving."""
+"""Continuous batching at the model call (`hf_mdm.serve.joining`, `hf_mdm.serve.forwards`): cohorts of requests run
+as their own ``generate`` calls and the forwards asked at the same time run batched, so a request joins at the next
+forward and leaves after its last. Every answer is its ``generate`` call alone, bit for bit, whatever else runs and
+whenever it arrives (the CPU in float32 batches rows of one shape invariantly): requests of one prompt length by
+default, any lengths with ``--batch-invariant``; a bidirectional MDM and a block-causal LLaDA2, without a cache and
+with each request's own prefix / dual / exact block cache, greedy and seeded. None of these tests depends on arrival
+timing: what they compare holds under any interleaving."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from hf_mdm.harness.tiny import build_tiny_models, build_tokenizer
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
 from hf_mdm.serve.forwards import RowLeft, SharedForwards
 from hf_mdm.serve.loading import load_model
-from hf_mdm.serve.requests import parse_request
+from hf_mdm.serve.protocol import parse_request
 
 PROMPTS = ["a", "hello there", "what is two plus two", "xyz" * 5, "The answer", "ok", "hello there", "ab"]
 LENGTHS = [13, 7, 24, 13, 9, 5, 16, 8]
@@ -63,6 +64,11 @@ def alone(engine: Engine, prompt: str, body: dict) -> str:
     return engine.tokenizer.decode(tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
+def invariant(engine: Engine) -> Engine:
+    """The engine's model and tokenizer served with ``--batch-invariant``."""
+    return Engine(engine.model, engine.tokenizer, ServeSettings(max_batch=8, max_tokens=512, batch_invariant=True))
+
+
 def served(url: str, bodies: list[dict]) -> list[str]:
     """The texts of ``bodies``, sent all at once (each in its own client thread)."""
     with ThreadPoolExecutor(len(bodies)) as pool:
@@ -73,9 +79,9 @@ def served(url: str, bodies: list[dict]) -> list[str]:
 
 @pytest.mark.parametrize("name, cache", [("mdm", None), ("mdm", "prefix"), ("mdm", "dual"), ("llada2", "prefix")])
 def test_concurrent_requests_answer_as_their_call_alone(engines, name, cache):
-    """Eight requests of six prompt lengths and six output lengths at once: each answer is its call alone (with a
-    cache, the request's own keys/values, kept from its first forward to its last)."""
-    engine = engines[name]
+    """Eight requests of six prompt lengths and six output lengths at once, with --batch-invariant: each answer is its
+    call alone (with a cache, the request's own keys/values, kept from its first forward to its last)."""
+    engine = invariant(engines[name])
     extra = {} if cache is None else {"kv_cache": cache}
     bodies = [dict(BODIES[name], prompt=p, max_tokens=n, **extra) for p, n in zip(PROMPTS, LENGTHS)]
     before = engine.forwards
@@ -84,8 +90,20 @@ def test_concurrent_requests_answer_as_their_call_alone(engines, name, cache):
     assert engine.forwards > before
 
 
+@pytest.mark.parametrize("name", ["mdm", "llada2"])
+def test_requests_of_one_prompt_length_answer_as_alone_by_default(engines, name):
+    """Without --batch-invariant: eight requests of one prompt length (three output lengths, with and without the
+    cache) in whatever cohorts their arrival makes: no row is padded, so each answer is its call alone."""
+    engine = engines[name]
+    prompts = ["alpha", "bravo", "delta", "gamma", "omega", "sigma", "kappa", "theta"]
+    bodies = [dict(BODIES[name], prompt=p, max_tokens=(6, 9, 12)[i % 3]) for i, p in enumerate(prompts)]
+    bodies = [dict(b, kv_cache="prefix") if i % 2 else b for i, b in enumerate(bodies)]
+    with running(build_app(engine, engine.settings, name)) as url:
+        assert served(url, bodies) == [alone(engine, b["prompt"], b) for b in bodies]
+
+
 def test_a_seeded_request_draws_what_its_call_draws_beside_others(engines):
-    engine = engines["mdm"]
+    engine = invariant(engines["mdm"])
     body = dict(BODIES["mdm"], temperature=1.0, seed=11, prompt="seeded", max_tokens=16)
     others = [dict(BODIES["mdm"], prompt=p, max_tokens=n) for p, n in zip(PROMPTS[:5], LENGTHS[:5])]
     with running(build_app(engine, engine.settings, "m")) as url:

@@ -1,12 +1,13 @@
 """``hf-mdm serve``: an OpenAI-compatible server for every diffusion LM hf_mdm loads, and AR models beside them.
 
-- `hf_mdm.serve.requests`: an OpenAI request body checked (400s for what the server does not do);
+- `hf_mdm.serve.protocol`: the OpenAI request and response bodies (pydantic; 400s naming the field);
 - `hf_mdm.serve.engine`: the model and tokenizer: configs checked as ``generate`` checks them, batches run;
 - `hf_mdm.serve.joining`: continuous batching (each request its own call, joining the others at their next forward),
   over `hf_mdm.serve.forwards` (concurrent calls' forwards run batched, each row its own arithmetic);
 - `hf_mdm.serve.batcher`: the micro-batcher (requests with one config run as one batch);
 - `hf_mdm.serve.streaming`: chunks of final text only, joining to the whole answer;
-- `hf_mdm.serve.app`: the FastAPI app (routes, limits, metrics); `hf_mdm.serve.runner`: uvicorn.
+- `hf_mdm.serve.app`: the FastAPI app (routes, limits, errors, metrics); `hf_mdm.serve.runner`: uvicorn, draining
+  on SIGTERM / Ctrl-C.
 
 Needs the ``serve`` extra (``pip install 'hf_mdm[serve]'``: FastAPI, uvicorn, sse-starlette, prometheus-client).
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .engine import Answer, Engine, Job
-from .requests import ApiError
+from .protocol import ApiError
 
 __all__ = ["Scheduler", "MicroBatcher"]
 
@@ -105,14 +105,30 @@ class MicroBatcher(Scheduler):
                 for waiting, answer in zip(batch, answers):
                     if not waiting.future.done():
                         waiting.future.set_result(answer)
-            except Exception as err:  # a failure of the batch is every request's
-                for waiting in batch:
-                    if not waiting.future.done():
-                        waiting.future.set_exception(err)
+            except Exception as err:  # each job again alone: only a request at fault gets the error
+                await self._alone(batch, err)
             finally:
                 self.running_jobs = 0
             if self.on_batch is not None:
                 self.on_batch(len(batch), time.monotonic() - start)
+
+    async def _alone(self, batch: list[_Waiting], err: Exception) -> None:
+        """Answers the jobs of a batch that raised ``err``: each job run again alone (a streamed one only if it
+        streamed nothing yet), so only a request at fault gets its error."""
+        loop = asyncio.get_running_loop()
+        for waiting in batch:
+            outcome, stream = err, waiting.job.stream
+            again = len(batch) > 1 and not waiting.future.done() and not waiting.job.cancelled.is_set()
+            if again and (stream is None or stream.restart()):
+                try:
+                    outcome = (await loop.run_in_executor(self._executor, self.engine.run, [waiting.job]))[0]
+                except Exception as own:
+                    outcome = own
+            if not waiting.future.done():
+                if isinstance(outcome, Exception):
+                    waiting.future.set_exception(outcome)
+                else:
+                    waiting.future.set_result(outcome)
 
     async def _gather(self) -> list[_Waiting]:
         """The next batch: the oldest job's config, up to ``max_batch`` jobs, after waiting out ``max_wait``."""

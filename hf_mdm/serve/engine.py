@@ -27,12 +27,14 @@ from ..generation_resolve import resolve_config
 from ..generation_rows import batches_invariantly, draws_random_numbers
 from ..generation_uniform import check_uniform_config
 from .forwards import SharedForwards
-from .requests import ApiError, Asked
+from .protocol import ApiError, Asked
 from .settings import ServeSettings
 
 __all__ = ["Engine", "Job", "Answer", "PRESETS"]
 
 PRESETS = PRESET_NAMES
+STEPS_PER_TOKEN = 4  # a request's step counts are capped at this many per token of the server's max_tokens
+STEP_FIELDS = ("steps", "max_denoising_steps", "max_post_steps")
 
 
 @dataclass
@@ -73,6 +75,12 @@ class _Cancelled(StoppingCriteria):
         return torch.tensor(flags, device=input_ids.device)
 
 
+def _cancelled(jobs: list[Job], config: Any) -> Optional[StoppingCriteriaList]:
+    """The stopping criterion of rows whose client left; none for a reference sampler (LLaDA's, Dream's: the
+    ``llada`` and ``dream`` presets), which takes no stopping criteria and runs its rows to the end."""
+    return StoppingCriteriaList([_Cancelled(jobs)]) if config.reference in (None, "none") else None
+
+
 class Engine:
     """A model and its tokenizer behind the server: `prepare` checks a request, `run` generates a batch of jobs."""
 
@@ -83,6 +91,10 @@ class Engine:
         self.uniform = facts is not None and facts.corruption == "uniform"  # DiffusionGemma
         base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
         self.base = MaskedDiffusionGenerationConfig.from_any(base) if self.diffusion else base
+        if settings.preset is not None and not self.diffusion:
+            raise ValueError(
+                f"preset {settings.preset!r}: presets are diffusion samplers, and this model is autoregressive"
+            )
         self._eos: Optional[set[int]] = None
         self.forwards = 0  # forward passes so far (the model's forward hook)
         model.register_forward_pre_hook(self._count)
@@ -118,6 +130,13 @@ class Engine:
         return Job(ids, config, key, asked.seed, asked.stop, max_tokens)
 
     def _encode(self, asked: Asked) -> list[int]:
+        try:
+            return self._tokenize(asked)
+        except (TypeError, ValueError) as err:  # what the client sent cannot be tokenized (a lone surrogate, ...)
+            field = "messages" if asked.chat else "prompt"
+            raise ApiError(400, f"the {field} cannot be tokenized: {err}", field) from err
+
+    def _tokenize(self, asked: Asked) -> list[int]:
         if not asked.chat:
             return list(self.tokenizer(asked.prompt, add_special_tokens=False)["input_ids"])
         if getattr(self.tokenizer, "chat_template", None) is None:
@@ -127,7 +146,7 @@ class Engine:
 
     def _diffusion_config(self, asked: Asked, max_tokens: int) -> MaskedDiffusionGenerationConfig:
         settings = dict(asked.settings)
-        preset = settings.pop("preset", None)
+        preset = settings.pop("preset", None) or self.settings.preset
         base = copy.deepcopy(self.base) if preset is None else _preset(preset, settings, max_tokens)
         settings.update(max_new_tokens=max_tokens, batch_invariant=self.settings.batch_invariant)
         settings.update(return_dict_in_generate=True)
@@ -135,9 +154,10 @@ class Engine:
             config = resolve_config(self.model, base, settings, fallback=self.tokenizer)
             if self.uniform:
                 check_uniform_config(self.model, config)  # its own sampler's settings only
-            return config
         except (ValueError, TypeError) as err:
             raise ApiError(400, str(err)) from err
+        _check_steps(config, self.settings.max_tokens)
+        return config
 
     def _ar_config(self, asked: Asked, max_tokens: int) -> dict:
         extra = sorted(set(asked.settings) - {"temperature", "top_p", "top_k"})
@@ -153,6 +173,16 @@ class Engine:
 
     def run(self, jobs: list[Job]) -> list[Answer]:
         """Generate a batch of jobs with one config (in the calling thread; one call on the model at a time)."""
+        with self.lock:
+            return self._run(jobs)
+
+    def run_joined(self, jobs: list[Job]) -> list[Answer]:
+        """Generate a batch of jobs with one config as a call whose forwards join the other running calls' (in its
+        own thread: `hf_mdm.serve.joining`); the call ends at its next forward once every job's client left."""
+        with self.share_forwards().member(lambda: all(job.cancelled.is_set() for job in jobs)):
+            return self._run(jobs)
+
+    def _run(self, jobs: list[Job]) -> list[Answer]:
         if self.batches is not None:
             self.batches.append(list(jobs))
         width = max(len(job.ids) for job in jobs)
@@ -162,7 +192,7 @@ class Engine:
             ids[b, width - len(job.ids) :], mask[b, width - len(job.ids) :] = torch.tensor(job.ids), 1
         device = next(self.model.parameters()).device
         ids, mask = ids.to(device), mask.to(device)
-        with self.lock, torch.no_grad():
+        with torch.no_grad():
             tokens = self._diffusion(jobs, ids, mask) if self.diffusion else self._autoregressive(jobs, ids, mask)
         return [self.answer(job, row) for job, row in zip(jobs, tokens)]
 
@@ -186,7 +216,7 @@ class Engine:
         streams = [job.stream for job in jobs]
         out = diffusion_generate(
             self.model, ids, attention_mask=mask, generation_config=config, seed=seed,
-            stopping_criteria=StoppingCriteriaList([_Cancelled(jobs)]), streamer=streams if any(streams) else None,
+            stopping_criteria=_cancelled(jobs, config), streamer=streams if any(streams) else None,
         )  # fmt: skip
         return out.sequences[:, ids.shape[1] :].tolist()
 
@@ -231,20 +261,6 @@ class Engine:
             self.shared.on_forward = on_forward  # the latest app's metrics
         return self.shared
 
-    def run_joined(self, job: Job) -> Answer:
-        """``job``'s own generate call, its forwards joining the other running calls' (in its own thread)."""
-        if self.batches is not None:
-            self.batches.append([job])
-        device = next(self.model.parameters()).device
-        ids = torch.tensor([job.ids], device=device)
-        try:
-            with self.share_forwards().member(job.cancelled.is_set), torch.no_grad():
-                tokens = self._diffusion([job], ids, torch.ones_like(ids))
-        finally:
-            if job.stream is not None:
-                job.stream.end()  # (again, harmlessly, after a call that ended it): a failed call's stream ends
-        return self.answer(job, tokens[0])
-
     def answer(self, job: Job, tokens: list[int]) -> Answer:
         """The answer from a row's generated tokens: cut at the first EOS, decoded, cut at the first stop string.
         Streaming applies the same cuts to the final tokens it has, so the chunks join to this text."""
@@ -273,6 +289,16 @@ class Engine:
             eos = getattr(self.tokenizer, "eos_token_id", None) if eos is None else eos
             self._eos = set() if eos is None else set([eos] if isinstance(eos, int) else eos)
         return self._eos
+
+
+def _check_steps(config: MaskedDiffusionGenerationConfig, max_tokens: int) -> None:
+    """A 400 for a step count above the server's cap: `STEPS_PER_TOKEN` per token of its ``max_tokens``."""
+    cap = STEPS_PER_TOKEN * max_tokens
+    for name in STEP_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, (int, float)) and value > cap:
+            why = f"{STEPS_PER_TOKEN} per token of its max_tokens {max_tokens}"
+            raise ApiError(400, f"{name} {value} is above this server's cap of {cap} ({why})", name)
 
 
 def _preset(name: str, settings: dict, max_tokens: int) -> MaskedDiffusionGenerationConfig:

@@ -1,15 +1,24 @@
-"""Continuous batching for every diffusion family: a request joins the running ones at their next forward.
+"""Continuous batching for every masked diffusion family: requests join the running ones at their next forward.
 
-Each admitted request runs its own ``generate`` call (`Engine.run_joined`) in a generation thread of its own;
-their forwards run as batched forwards (`hf_mdm.serve.forwards.SharedForwards`), so a request that arrives joins
-at the next step (no cache) or whenever its own call asks (its own prefix or dual cache, its own exact block cache on
-a block-causal model: keys/values kept per request for its whole life), and a finished request leaves after its
-last forward: a short request never waits for a long one to finish. Every answer is its ``generate`` call alone
-(bit for bit where batched forwards are row-invariant: see `hf_mdm.serve.forwards`).
+Requests that arrive together with one generation config (`Job.key`) form a *cohort*: after waiting at most
+``max_wait_ms`` from the oldest's arrival for more, up to the free slots, they run as one ``generate`` call
+(`Engine.run_joined`, the call the micro-batcher makes) in a generation thread of its own. The cohorts running at
+once share their forwards (`hf_mdm.serve.forwards.SharedForwards`): a cohort that arrives while others run joins them
+at their next forward (no cache: the next step; with a prefix or dual cache, or a block-causal model's exact block
+cache, its own keys/values, kept for its whole life), and a cohort that is done leaves after its last forward, so a
+short request never waits for a long one to finish. Within a cohort, a finished row leaves at its block's end and a
+row whose client left at the next block boundary; a cohort whose clients all left stops at its next forward.
+
+Tokens: every request gets its cohort's call, which is its ``generate`` call alone wherever its cohort's rows have
+one prompt length (no padding; bit for bit where batched forwards are row-invariant, the CPU in float32), and with
+``batch_invariant`` always (the call then groups its rows by length, and forwards are batched only where the device
+keeps rows invariant). Rows of other lengths in one cohort are left-padded as in the micro-batcher: equal to the
+row alone up to the last bits, so a near tie may break the other way.
 
 Admission: at most ``max_batch`` requests run; a request whose call keeps keys/values holds its canvas' positions
 (`Engine.cache_tokens`) against the ``max_cache_tokens`` budget while it runs: one that does not fit beside the
-running ones waits (oldest first), one that can never fit is refused when it arrives (a 400 saying why).
+running ones waits (oldest first), one that can never fit is refused when it arrives (a 400 saying why). A cohort
+whose call raises runs again request by request, so only a request at fault gets the error.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from typing import Callable, Optional
 from .batcher import Scheduler
 from .engine import Answer, Engine, Job
 from .forwards import RowLeft
-from .requests import ApiError
+from .protocol import ApiError
 
 __all__ = ["JoinScheduler"]
 
@@ -37,20 +46,21 @@ class _Waiting:
 
 
 class JoinScheduler(Scheduler):
-    """Runs each request's own ``generate`` call as soon as it fits (see the module docstring); the interface of
-    `hf_mdm.serve.batcher.MicroBatcher`. ``on_batch(rows, calls)`` observes every batched forward."""
+    """Runs cohorts of requests as calls whose forwards are shared (see the module docstring); the interface of
+    `hf_mdm.serve.batcher.MicroBatcher`. ``on_batch(rows, calls)`` observes every forward run."""
 
     def __init__(
         self,
         engine: Engine,
         max_batch: int,
+        max_wait_ms: float,
         max_queue: int,
         max_cache_tokens: int,
         on_batch: Optional[Callable] = None,
     ):
         super().__init__(engine, max_batch, max_queue, on_batch, "hf-mdm-join")
         self._executor = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="hf-mdm-join")
-        self.max_cache_tokens = max_cache_tokens
+        self.max_wait, self.max_cache_tokens = max_wait_ms / 1000.0, max_cache_tokens
         self.cache_in_use = 0
         engine.share_forwards(on_batch)
 
@@ -72,40 +82,73 @@ class JoinScheduler(Scheduler):
 
     async def _work(self) -> None:
         while True:
-            self._admit()
-            self._wake.clear()
-            await self._wake.wait()
+            self._start(await self._next_cohort())
 
-    def _admit(self) -> None:
-        """Waiting jobs start, oldest first, while a slot and the cache budget allow (a cancelled one is dropped)."""
-        while self.waiting:
-            head = self.waiting[0]
-            if head.job.cancelled.is_set() or head.future.done():
-                self.waiting.pop(0)
-                head.future.cancel()
+    def _fits(self, waiting: _Waiting, rows: int = 0, tokens: int = 0) -> bool:
+        return (
+            self.running_jobs + rows < self.max_batch
+            and self.cache_in_use + tokens + waiting.cache_tokens <= self.max_cache_tokens
+        )
+
+    async def _next_cohort(self) -> list[_Waiting]:
+        """The oldest waiting job's cohort: once it fits, after waiting out ``max_wait`` for more of its config
+        (or until they fill the free slots), the jobs of its config that fit, oldest first."""
+        while True:
+            self._drop_left()
+            if not self.waiting or not self._fits(self.waiting[0]):
+                self._wake.clear()
+                await self._wake.wait()
                 continue
-            if self.running_jobs >= self.max_batch or self.cache_in_use + head.cache_tokens > self.max_cache_tokens:
-                return
-            self.waiting.pop(0)
-            self._start(head)
+            head = self.waiting[0]
+            same = [w for w in self.waiting if w.job.key == head.job.key]
+            left = head.arrived + self.max_wait - time.monotonic()
+            if len(same) >= self.max_batch - self.running_jobs or left <= 0:
+                break
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=left)
+            except asyncio.TimeoutError:
+                pass
+        cohort: list[_Waiting] = []
+        for waiting in same:
+            if not self._fits(waiting, len(cohort), sum(w.cache_tokens for w in cohort)):
+                break
+            cohort.append(waiting)
+            self.waiting.remove(waiting)
+        return cohort
 
-    def _start(self, waiting: _Waiting) -> None:
-        self.running_jobs += 1
-        self.cache_in_use += waiting.cache_tokens
-        loop = asyncio.get_running_loop()
-        task = loop.run_in_executor(self._executor, self.engine.run_joined, waiting.job)
-        task.add_done_callback(lambda done: self._finished(waiting, done))
+    def _drop_left(self) -> None:
+        """Waiting jobs whose client left are dropped."""
+        for waiting in list(self.waiting):
+            if waiting.job.cancelled.is_set() or waiting.future.done():
+                self.waiting.remove(waiting)
+                waiting.future.cancel()
 
-    def _finished(self, waiting: _Waiting, done: asyncio.Future) -> None:
-        self.running_jobs -= 1
-        self.cache_in_use -= waiting.cache_tokens
+    def _start(self, cohort: list[_Waiting]) -> None:
+        self.running_jobs += len(cohort)
+        self.cache_in_use += sum(w.cache_tokens for w in cohort)
+        call = asyncio.get_running_loop().run_in_executor(
+            self._executor, self.engine.run_joined, [w.job for w in cohort]
+        )
+        call.add_done_callback(lambda done: self._finished(cohort, done))
+
+    def _finished(self, cohort: list[_Waiting], done: asyncio.Future) -> None:
+        self.running_jobs -= len(cohort)
+        self.cache_in_use -= sum(w.cache_tokens for w in cohort)
         self._wake.set()
-        if waiting.future.done():
-            return
         error = None if done.cancelled() else done.exception()
-        if done.cancelled() or isinstance(error, RowLeft):
-            waiting.future.cancel()
-        elif error is not None:
-            waiting.future.set_exception(error)
-        else:
-            waiting.future.set_result(done.result())
+        if error is None and not done.cancelled():
+            for waiting, answer in zip(cohort, done.result()):
+                if not waiting.future.done():
+                    waiting.future.set_result(answer)
+            return
+        for waiting in cohort:
+            stream = waiting.job.stream
+            if waiting.future.done():
+                continue
+            if done.cancelled() or isinstance(error, RowLeft) or waiting.job.cancelled.is_set():
+                waiting.future.cancel()
+            elif len(cohort) > 1 and (stream is None or stream.restart()):
+                self._start([waiting])  # again alone: only a request at fault gets the error
+            else:
+                waiting.future.set_exception(error)

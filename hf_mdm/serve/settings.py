@@ -27,6 +27,7 @@ class ServeSettings:
     port: int = 8000
     api_key: Optional[str] = None
     served_model_name: Optional[str] = None
+    preset: Optional[str] = None  # the preset a request starts from when it names none (`generation_presets`)
     max_prompt_tokens: int = 4096
     max_tokens: int = 1024
     default_max_tokens: int = 128

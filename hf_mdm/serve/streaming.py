@@ -20,21 +20,33 @@ _END = object()
 
 class RowStream:
     """A transformers-style streamer (``put``, ``end``) for one row that forwards its tokens to an asyncio queue;
-    the first ``put`` (the prompt) is skipped."""
+    the first ``put`` (the prompt) is skipped. `close` ends it from the event loop (a job that failed ends no
+    stream); `restart` readies it for running its job again, when nothing was forwarded yet."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop, self.queue = loop, asyncio.Queue()
         self._prompt_seen = False
+        self.forwarded = False
 
     def put(self, value: Any) -> None:
         if not self._prompt_seen:
             self._prompt_seen = True
             return
         tokens = value.flatten().tolist()
+        self.forwarded = True
         self.loop.call_soon_threadsafe(self.queue.put_nowait, tokens)
 
     def end(self) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, _END)
+
+    def close(self) -> None:
+        """Ends the stream (from the event loop's thread)."""
+        self.queue.put_nowait(_END)
+
+    def restart(self) -> bool:
+        """Whether the job may run again on this stream (nothing forwarded yet); if so its prompt is skipped again."""
+        self._prompt_seen = self.forwarded
+        return not self.forwarded
 
     async def next(self) -> Optional[list[int]]:
         """The next final tokens, or None at the end."""
