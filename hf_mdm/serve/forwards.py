@@ -49,6 +49,7 @@ class _Call:
     kwargs: dict
     key: tuple
     rows: int
+    since: int  # the member's registration order: older calls' forwards run first in a round
     output: Any = None
     error: Optional[BaseException] = None
     done: bool = False
@@ -70,7 +71,7 @@ class SharedForwards:
         self.model, self.batched, self.on_forward = model, batched, on_forward
         self._lock = lock if lock is not None else contextlib.nullcontext()
         self._cond = threading.Condition()
-        self._members = 0
+        self._members = self._registered = 0
         self._pending: list[_Call] = []
         self._leading = False
         self._local = threading.local()
@@ -94,6 +95,8 @@ class SharedForwards:
         raise `RowLeft`."""
         with self._cond:
             self._members += 1
+            self._registered += 1
+            self._local.since = self._registered
         self._local.left, self._local.leading = left, False
         try:
             yield
@@ -106,7 +109,7 @@ class SharedForwards:
     def _call(self, args: tuple, kwargs: dict) -> Any:
         if self._local.left():
             raise RowLeft("the client left")
-        call = _Call(args, kwargs, _key(args, kwargs), _rows(args, kwargs))
+        call = _Call(args, kwargs, _key(args, kwargs), _rows(args, kwargs), self._local.since)
         with self._cond:
             self._pending.append(call)
             self._cond.notify_all()
@@ -129,9 +132,10 @@ class SharedForwards:
         return call.result()
 
     def _round(self, batch: list[_Call]) -> None:
-        """Every waiting forward: calls of one shape as one batched forward (retried alone if it raises)."""
+        """Every waiting forward: calls of one shape as one batched forward (retried alone if it raises), the group
+        of the oldest member first (the requests that have waited longest go on first)."""
         groups: dict[tuple, list[_Call]] = {}
-        for call in batch:
+        for call in sorted(batch, key=lambda call: call.since):
             groups.setdefault(call.key if self.batched else (id(call),), []).append(call)
         for calls in groups.values():
             if len(calls) > 1:
@@ -142,7 +146,9 @@ class SharedForwards:
                     try:
                         self._run([call])
                     except BaseException as err:  # the call's own failure, raised in its thread
-                        call.error, call.done = err, True
+                        with self._cond:
+                            call.error, call.done = err, True
+                            self._cond.notify_all()
 
     def _run(self, calls: list[_Call]) -> None:
         if len(calls) == 1:
@@ -161,8 +167,10 @@ class SharedForwards:
                 start += call.rows
         if self.on_forward is not None:
             self.on_forward(sum(call.rows for call in calls), len(calls))
-        for call in calls:
-            call.done = True
+        with self._cond:  # these calls go on (their host work beside the round's next forwards)
+            for call in calls:
+                call.done = True
+            self._cond.notify_all()
 
 
 def _batched(name: Optional[str], value: torch.Tensor) -> bool:
