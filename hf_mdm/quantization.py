@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 import torch
 
-__all__ = ["QUANTIZATIONS", "quantization_config", "weight_bytes", "linear_weight_bytes"]
+__all__ = ["QUANTIZATIONS", "quantization_config", "tensor_bytes", "weight_bytes", "linear_weight_bytes"]
 
 QUANTIZATIONS = ("int8", "int4")
 INT4_DEVICES = ("cpu", "cuda")
