@@ -145,6 +145,8 @@ def test_bad_names_devices_and_a_missing_torchao_are_refused(checkpoints, monkey
     with pytest.raises(SystemExit):
         main(["serve", checkpoints["mdm"], "--quantization", "fp8"])
     assert "invalid choice: 'fp8'" in capsys.readouterr().err
+    assert main(["serve", checkpoints["mdm"], "--quantization", "int4", "--device", "mps"]) == 2  # before loading
+    assert "torchao packs int4 weights for ['cpu', 'cuda'] only" in capsys.readouterr().err
     import importlib.util
 
     find_spec = importlib.util.find_spec
