@@ -74,7 +74,9 @@ lock: test-newest
 # 1 thread, interleaved rounds. About 20 minutes on 2 CPU cores; BENCH_ARGS="--batches 1" for 2. Then batch invariance
 # (evaluation/bench_invariance.py): rows differing from themselves alone by default and with batch_invariant=True,
 # and its cost, written to evaluation/BATCH_INVARIANCE.md (a few minutes); the LM head only at the still-masked
-# positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md); hf_mdm beside
+# positions at LLaDA's and Qwen2.5's vocabularies (evaluation/bench_lm_head.py -> evaluation/LM_HEAD.md); int8 and int4
+# weights against bfloat16 for each family: memory, token agreement, ms per forward (evaluation/bench_quant.py ->
+# evaluation/QUANTIZATION.md, under a minute; needs the quant extra); hf_mdm beside
 # diffusers' LLaDA2Pipeline and transformers' DiffusionGemma generate, same tokens (evaluation/bench_peers.py ->
 # evaluation/PEERS.md, about 11 minutes: the pipeline at 256 + 512 tokens, batch 8); SFT memory and time against AR, with and without LoRA and checkpointing
 # (evaluation/bench_sft_memory.py -> evaluation/SFT_MEMORY.md); hf-mdm serve against generate called directly:
@@ -87,6 +89,7 @@ bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench.py $(BENCH_ARGS)
 	$(OFFLINE) $(PY) evaluation/bench_invariance.py --output evaluation/BATCH_INVARIANCE.md
 	$(OFFLINE) $(PY) evaluation/bench_lm_head.py --output evaluation/LM_HEAD.md
+	$(OFFLINE) $(PY) evaluation/bench_quant.py --output evaluation/QUANTIZATION.md
 	$(OFFLINE) $(PY) evaluation/bench_peers.py --output evaluation/PEERS.md
 	$(OFFLINE) $(PY) evaluation/bench_sft_memory.py --output evaluation/SFT_MEMORY.md
 	$(OFFLINE) $(PY) evaluation/bench_serve.py --output evaluation/SERVE.md

@@ -22,6 +22,10 @@ def add_serve_command(commands: Any) -> None:
     p.add_argument("--served-model-name", help="the model's id in the API (default: the MODEL argument)")
     p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--device", default="cpu")
+    p.add_argument(
+        "--quantization", choices=("int8", "int4"),
+        help="weight-only quantization through torchao as the model loads (needs hf_mdm[quant]; load in bfloat16)",
+    )  # fmt: skip
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--batch-invariant", action="store_true", help="every answer exactly what its request gets alone")
     p.add_argument(
@@ -40,6 +44,8 @@ def add_serve_command(commands: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from .quantization import quantization_config
+
     try:
         from .serve import Engine, ServeSettings, build_app, serve
         from .serve.loading import load_model, serving_config
@@ -49,9 +55,10 @@ def run_serve(args: argparse.Namespace) -> int:
     names += ("default_max_tokens", "max_wait_ms", "batch_invariant", "scheduler", "max_cache_tokens", "preset")
     settings = ServeSettings(**{name: getattr(args, name) for name in names})
     config = serving_config(args.preset, args.generation_config)  # checked before the model loads
+    quantization_config(args.quantization, args.device)  # torchao present, int4 on a device it packs for
 
     def loader() -> Engine:
-        model, tokenizer = load_model(args.model, args.dtype, args.device, args.trust_remote_code)
+        model, tokenizer = load_model(args.model, args.dtype, args.device, args.trust_remote_code, args.quantization)
         return Engine(model, tokenizer, settings, config)
 
     app = build_app(None, settings, args.served_model_name or args.model, loader=loader)

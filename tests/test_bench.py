@@ -189,6 +189,23 @@ def test_lm_head_bench_quick_run_counts_rows_and_checks_tokens(tmp_path):
     assert all(row[-1] in ("yes |", "- |") for row in rows)
 
 
+def test_quant_bench_quick_run_measures_every_family(tmp_path):
+    """``make bench``'s quantization table: each family in bfloat16, int8 and int4, int8's and int4's weights smaller
+    than bfloat16's, the agreements shares."""
+    pytest.importorskip("torchao", reason="torchao is not installed (the quant extra)")
+    import bench_quant
+
+    text = bench_quant.main(["--quick", "--output", str(tmp_path / "quant.md")])
+    rows = [line.strip("| ").split(" | ") for line in text.splitlines() if line.startswith("| ") and "|" in line[2:]]
+    rows = [row for row in rows if row[1] in bench_quant.VARIANTS]
+    assert len(rows) == 4 * len(bench_quant.VARIANTS)
+    assert all(
+        float(row[3]) < 1 and 0 <= float(row[6]) <= 1 and 0 <= float(row[7]) <= 1
+        for row in rows
+        if row[1] != "bfloat16"
+    )
+
+
 def test_peers_bench_quick_run_times_every_peer_on_equal_tokens(tmp_path):
     """``make bench``'s peer table: diffusers' LLaDA2Pipeline and transformers' DiffusionGemma generate beside
     hf_mdm's presets, every row's tokens equal to its peer's."""

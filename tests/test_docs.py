@@ -41,7 +41,11 @@ RUNNERS = {
     "python -m hf_mdm.gpu_check --device cpu --tiny": "test_docs.py::test_gpu_check_cpu_block_runs_as_written",
 }
 # What a page's python blocks import from an optional extra: without it the page is skipped, saying which.
-OPTIONAL = {"from diffusers import": "diffusers", "from hf_mdm.rl.trainer import": "trl"}
+OPTIONAL = {
+    "from diffusers import": "diffusers",
+    "from hf_mdm.rl.trainer import": "trl",
+    "from hf_mdm.quantization import": "torchao",
+}
 
 
 def code_blocks(path: Path) -> list[dict]:

@@ -9,7 +9,7 @@
 ``locked`` installs exactly the versions in ``constraints.txt`` (the suite last passed with them); ``newest`` the
 newest releases the ranges in ``pyproject.toml`` admit; ``lowest`` every direct dependency at the lower bound of its
 range (``name>=X`` pinned to ``X``; what they pull in resolved by pip). ``locked`` and ``newest`` install the ``test``,
-``serve``, ``peers``, ``rl`` and ``docs`` extras, ``lowest`` the ``test`` and ``serve`` extras (diffusers, the ``peers`` extra, needs a
+``serve``, ``peers``, ``rl``, ``quant`` and ``docs`` extras, ``lowest`` the ``test``, ``serve`` and ``quant`` extras (diffusers, the ``peers`` extra, needs a
 newer huggingface_hub than hf_mdm's lower bound, and TRL, the ``rl`` extra, a newer datasets; their tests skip with
 the reason). PyTorch is installed first from
 ``TORCH_SPEC`` (default ``torch==2.13.0``, which takes a local CPU wheel where one lies on disk), so that the rest
@@ -60,12 +60,12 @@ def python_of(venv: Path) -> Path:
 
 
 def direct_requirements() -> list[str]:
-    """The ``dependencies`` and the ``test`` and ``serve`` extras of pyproject.toml."""
+    """The ``dependencies`` and the ``test``, ``serve`` and ``quant`` extras of pyproject.toml."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
-    return list(project["dependencies"]) + list(extras["test"]) + list(extras["serve"])
+    return list(project["dependencies"]) + list(extras["test"]) + list(extras["serve"]) + list(extras["quant"])
 
 
 def lower_bound_pins(requirements: list[str]) -> list[str]:
@@ -91,7 +91,7 @@ def create(venv: Path, versions: str, fresh: bool) -> None:
         run(*pip, TORCH_SPEC)
     except subprocess.CalledProcessError:
         run(*pip, TORCH_FALLBACK)
-    package = f"{ROOT}[test,serve]" if versions == "lowest" else f"{ROOT}[test,peers,serve,rl,docs]"
+    package = f"{ROOT}[test,serve,quant]" if versions == "lowest" else f"{ROOT}[test,peers,serve,rl,quant,docs]"
     if versions == "locked":
         run(*pip, "-c", str(LOCK), "-e", package)
     elif versions == "newest":

@@ -17,18 +17,31 @@ from ..generation_presets import PRESET_NAMES
 __all__ = ["load_model", "serving_config"]
 
 
-def load_model(name: str, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False) -> tuple:
+def load_model(
+    name: str,
+    dtype: str = "auto",
+    device: str = "cpu",
+    trust_remote_code: bool = False,
+    quantization: Optional[str] = None,
+) -> tuple:
     """(model, tokenizer) from a local folder or Hub id: a masked diffusion family with ``AutoModelForMaskedLM``
     (hf_mdm's, LLaDA, Dream, LLaDA2), DiffusionGemma with transformers' ``AutoModelForImageTextToText``, anything
-    else as an autoregressive ``AutoModelForCausalLM``; a ValueError naming ``name`` and the reason otherwise."""
+    else as an autoregressive ``AutoModelForCausalLM``; a ValueError naming ``name`` and the reason otherwise.
+    ``quantization`` (``"int8"``, ``"int4"``): weight-only through torchao (`hf_mdm.quantization`), the weights
+    quantized as they load onto ``device``."""
     try:
-        return _load(name, dtype, device, trust_remote_code)
+        return _load(name, dtype, device, trust_remote_code, quantization)
     except Exception as err:
         raise ValueError(f"cannot load the model {name!r}: {_one_line(err)}") from err
 
 
-def _load(name: str, dtype: str, device: str, trust_remote_code: bool) -> tuple:
+def _load(name: str, dtype: str, device: str, trust_remote_code: bool, quantization: Optional[str]) -> tuple:
     import transformers
+
+    from ..quantization import quantization_config
+
+    quantized = quantization_config(quantization, device)
+    extra = {} if quantized is None else {"quantization_config": quantized, "device_map": device}
 
     config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
     if getattr(config, "model_type", None) == "diffusion_gemma":
@@ -38,7 +51,8 @@ def _load(name: str, dtype: str, device: str, trust_remote_code: bool) -> tuple:
     else:
         auto = transformers.AutoModelForCausalLM
     torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    model = auto.from_pretrained(name, dtype=torch_dtype, trust_remote_code=trust_remote_code).to(device).eval()
+    model = auto.from_pretrained(name, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
+    model = model.eval() if quantized is not None else model.to(device).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
     return model, tokenizer
 
