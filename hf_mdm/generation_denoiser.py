@@ -18,7 +18,9 @@ exact-posterior oracle) and is the only place that calls it:
   (``"prefix"``) or the block alone (``"dual"``) against them. With a logits shift the span starts one column
   before the block, so the logits predicting the block's first position come from a fresh hidden state;
 - ``compile_forward``: the model's forward compiled with ``torch.compile`` (`compile_options`, `compiled_forward`),
-  once per model and options and kept on the model, so later calls reuse its graphs;
+  once per model and options and kept on the model, so later calls reuse its graphs; with static shapes
+  (``dynamic=False``, CUDA graphs: `Denoiser.static_shapes`) every forward of a block keeps one shape: the LM head
+  over the block's fixed rows, a cached span at a fixed width (`hf_mdm.generation_static`);
 - block-causal models (`attention_block_size`: ``config.block_size`` set): every forward takes ``block_size`` = the
   decoding block length, so attention blocks are the decoding blocks (as LLaDA2's generate builds its mask), and
   the rows' positions when they are padded (a row's blocks count from its first token). Under such attention a
@@ -111,7 +113,8 @@ def compile_options(config: Any) -> Optional[dict[str, Any]]:
     """The ``torch.compile`` arguments of the model call of ``config``, or None (eager): ``compile_forward=True``
     without ``disable_compile``. From ``config.compile_config`` (a `transformers.CompileConfig`) when given:
     ``fullgraph``, ``backend``, ``dynamic`` (None, CompileConfig's default, reads True: the positions a step asks
-    logits for change in number from step to step, and fixed shapes would compile a graph for each), and for the
+    logits for change in number from step to step; with False the model call keeps one shape a block instead,
+    `hf_mdm.generation_static`), and for the
     inductor backend ``options`` or else ``mode``; without it, ``dynamic=True`` with inductor's default mode."""
     if not getattr(config, "compile_forward", False) or getattr(config, "disable_compile", False):
         return None
