@@ -17,6 +17,7 @@ as remote code, so they import only torch, transformers and each other):
 - `hf_mdm.generation_transfer`: how many positions a step reveals (time grid, steps per block, counts);
 - `hf_mdm.generation_strategy`: which positions (proposals, scores, choice);
 - `hf_mdm.generation_denoiser`: the one model call (``logits_to_keep``, guidance, logits shift, NFE);
+- `hf_mdm.generation_static`: static shapes for a compiled model call (fixed LM-head rows, fixed-width spans);
 - `hf_mdm.generation_sampler`: the sampler's pieces, the denoising steps of a block and the tokens they write;
 - `hf_mdm.generation_speculative`: exact speculative decoding of the left-to-right factorisation;
 - `hf_mdm.generation_remask`: the remasking samplers (ReMDM), steps of a block that may take tokens back;

@@ -18,7 +18,9 @@ exact-posterior oracle) and is the only place that calls it:
   (``"prefix"``) or the block alone (``"dual"``) against them. With a logits shift the span starts one column
   before the block, so the logits predicting the block's first position come from a fresh hidden state;
 - ``compile_forward``: the model's forward compiled with ``torch.compile`` (`compile_options`, `compiled_forward`),
-  once per model and options and kept on the model, so later calls reuse its graphs;
+  once per model and options and kept on the model, so later calls reuse its graphs; with static shapes
+  (``dynamic=False``, CUDA graphs: `Denoiser.static_shapes`) every forward of a block keeps one shape: the LM head
+  over the block's fixed rows, a cached span at a fixed width (`hf_mdm.generation_static`);
 - block-causal models (`attention_block_size`: ``config.block_size`` set): every forward takes ``block_size`` = the
   decoding block length, so attention blocks are the decoding blocks (as LLaDA2's generate builds its mask), and
   the rows' positions when they are padded (a row's blocks count from its first token). Under such attention a
@@ -41,6 +43,7 @@ import torch
 from transformers import CompileConfig
 
 from .families import attention_block_size, facts_of
+from .generation_static import fixed_width, head_rows, static_copy, static_forward, take_rows, window
 from .kv_cache import output_cache
 from .modeling_blocks import shift_logits
 
@@ -110,7 +113,8 @@ def compile_options(config: Any) -> Optional[dict[str, Any]]:
     """The ``torch.compile`` arguments of the model call of ``config``, or None (eager): ``compile_forward=True``
     without ``disable_compile``. From ``config.compile_config`` (a `transformers.CompileConfig`) when given:
     ``fullgraph``, ``backend``, ``dynamic`` (None, CompileConfig's default, reads True: the positions a step asks
-    logits for change in number from step to step, and fixed shapes would compile a graph for each), and for the
+    logits for change in number from step to step; with False the model call keeps one shape a block instead,
+    `hf_mdm.generation_static`), and for the
     inductor backend ``options`` or else ``mode``; without it, ``dynamic=True`` with inductor's default mode."""
     if not getattr(config, "compile_forward", False) or getattr(config, "disable_compile", False):
         return None
@@ -170,18 +174,6 @@ def supports_kv_cache(model: Any) -> bool:
     return bool(getattr(model, "supports_diffusion_cache", False)) and accepts(model, "cache_position")
 
 
-def static_copy(cache: Any) -> Any:
-    """A transformers `Cache` of `StaticLayer`s holding ``cache``'s keys/values: buffers of fixed addresses
-    (marked static for torch.compile), written in place by every later forward, so that a forward compiled into
-    CUDA graphs replays against the same memory."""
-    from transformers.cache_utils import Cache, StaticLayer
-
-    static = Cache(layers=[StaticLayer(layer.keys.shape[2]) for layer in cache.layers])
-    for index, layer in enumerate(cache.layers):
-        static.update(layer.keys, layer.values, index)
-    return static
-
-
 def _device_of(model: Any) -> torch.device:
     """The device of the model's first parameter (the CPU for a model without any)."""
     parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
@@ -225,6 +217,7 @@ class Denoiser:
     pass_block_size: bool = False
     forward: Optional[Callable[..., Any]] = None  # the compiled forward (`compiled_forward`); None: the model itself
     cuda_graphs: bool = False  # the compiled forward replays CUDA graphs: a step asks logits at fixed positions
+    static_forward: bool = False  # the compiled forward traces static shapes (dynamic=False): see `static_shapes`
     static: Any = None  # under CUDA graphs, the call's keys/values in preallocated buffers (`static_copy`)
     hidden_from: Optional[int] = None  # columns from here on are computed but never attended to (hide_block_tail)
     nfe: int = 0
@@ -232,6 +225,9 @@ class Denoiser:
     forward_tokens: int = 0
     block: Optional[BlockCache] = None
     exact: Optional[ExactCache] = None
+    columns: Optional[tuple[int, int]] = None  # the current block's columns [start, end) (`begin_block`)
+    block_length: int = 0  # the decoding blocks' length: under static shapes, the LM head's rows (`head_rows`)
+    span_width: int = 0  # under static shapes, the widest cached span of the call: every span is padded to it
 
     @classmethod
     def for_model(
@@ -277,6 +273,8 @@ class Denoiser:
             exact=ExactCache() if kv_cache is not None and attention_block_size(model) is not None else None,
             forward=None if compile is None else compiled_forward(model, compile),
             cuda_graphs=cuda_graphs,
+            static_forward=static_forward(compile),
+            block_length=int(block_length or 0),
             hidden_from=hidden_from,
         )
 
@@ -284,6 +282,21 @@ class Denoiser:
     def block_causal(self) -> bool:
         """Whether the model attends block-causally (its decoding blocks are then aligned to attention blocks)."""
         return self.block_size is not None
+
+    @property
+    def static_shapes(self) -> bool:
+        """Whether every forward of a block keeps one shape (`hf_mdm.generation_static`): a compiled forward with
+        static shapes, or replaying CUDA graphs. The LM head then runs over the block's fixed rows and a cached span
+        is padded to a fixed width; a step asks logits at every column of its block."""
+        return self.cuda_graphs or self.static_forward
+
+    def fixed_columns(self, length: int) -> Optional[tuple[int, int]]:
+        """Under static shapes, the columns [lo, hi) a step asks logits at, of a canvas of ``length``: the current
+        block's, widened to ``block_length`` (a shorter block, at the end: columns before it, never revealed), so
+        that every step of every block has one shape; else None."""
+        if not self.static_shapes or self.columns is None:
+            return None
+        return window(*self.columns, self.block_length, length)
 
     @property
     def static_cache(self) -> bool:
@@ -303,6 +316,7 @@ class Denoiser:
     def begin_block(self, start: int, end: int) -> None:
         """A semi-autoregressive block of columns [start, end) begins: the next forward refreshes the cache."""
         self.block = BlockCache(start, end) if self.kv_cache is not None else None
+        self.columns = (start, end)
 
     def logits(self, rows: Rows, keep: torch.Tensor) -> torch.Tensor:
         """Logits predicting the tokens at positions ``keep``: (B, K, V) for columns ``keep`` (K,), or for per-row
@@ -320,10 +334,13 @@ class Denoiser:
         self._hide_columns(inputs, mask, kwargs)
         start = self._cache_arguments(inputs, kwargs)
         if start is not None:
-            inputs, query = inputs[:, start : start + kwargs["cache_position"].numel()], (query - start).clamp(min=0)
+            inputs, query = self._span_inputs(inputs, kwargs["cache_position"], start), (query - start).clamp(min=0)
+        fixed = self._head_rows(query, start, inputs.shape[1])
         if self.pass_logits_to_keep:
-            kwargs["logits_to_keep"] = query
+            kwargs["logits_to_keep"] = query if fixed is None else fixed
         logits = self._forward(inputs, kwargs)
+        if fixed is not None:
+            return self._combine(take_rows(logits, fixed, query))
         if not self.pass_logits_to_keep or logits.shape[1] != query.shape[-1]:
             if query.dim() == 2:
                 logits = logits.gather(1, query[..., None].expand(-1, -1, logits.shape[-1]))
@@ -361,6 +378,32 @@ class Denoiser:
         seen = torch.arange(inputs.shape[1], device=inputs.device) < self.hidden_from
         kwargs["attention_mask"] = mask.bool() & seen
 
+    def _head_rows(self, query: torch.Tensor, start: Optional[int], length: int) -> Optional[torch.Tensor]:
+        """Under static shapes, the fixed rows the LM head runs over (`head_rows`: the block's, ``block_length``
+        of them) of an input of ``length`` columns from canvas column ``start``; else None (``query`` itself)."""
+        if not self.static_shapes or not self.pass_logits_to_keep or self.columns is None:
+            return None
+        width = max(self.block_length, self.columns[1] - self.columns[0])
+        return head_rows(self.columns, width, query, self.shift, (start or 0, length))
+
+    def _span_inputs(self, inputs: torch.Tensor, columns: torch.Tensor, start: int) -> torch.Tensor:
+        """The input ids of a span forward: the canvas columns ``columns`` (from ``start``; under static shapes
+        padded with copies of the last, `fixed_width`)."""
+        if self.static_shapes:
+            return inputs[:, columns]
+        return inputs[:, start : start + columns.numel()]
+
+    def _span_columns(self, start: int, end: int, device: torch.device) -> torch.Tensor:
+        """The canvas columns [start, end) of a span forward; under static shapes padded to the widest span of the
+        call (the prefix cache's first: spans shrink as blocks advance; the exact cache's: two blocks), so that every
+        span forward has one shape."""
+        columns = torch.arange(start, end, device=device)
+        if not self.static_shapes:
+            return columns
+        widest = 2 * (self.block.end - self.block.start) + self.shift if self.exact is not None else 0
+        self.span_width = max(self.span_width, columns.numel(), widest)  # exact cache: a block and the one before
+        return fixed_width(columns, self.span_width)
+
     def _cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:
         """Adds the cache arguments of this forward to ``kwargs``: a full forward that keeps keys/values at a
         refresh, else the span against the cache. Returns the span's first column (None for a full forward)."""
@@ -379,7 +422,7 @@ class Denoiser:
             return None
         start = max(block.start - self.shift, 0)
         end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
-        kwargs.update(cache=block.cache, cache_position=torch.arange(start, end, device=inputs.device))
+        kwargs.update(cache=block.cache, cache_position=self._span_columns(start, end, inputs.device))
         return start
 
     def _exact_cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:
@@ -394,7 +437,7 @@ class Denoiser:
             return None
         start = max(min(exact.final, block.start) - self.shift, 0)
         exact.final = block.start  # every block before this one is complete: this forward makes it final
-        kwargs.update(cache=exact.cache, cache_position=torch.arange(start, block.end, device=inputs.device))
+        kwargs.update(cache=exact.cache, cache_position=self._span_columns(start, block.end, inputs.device))
         return start
 
     def full_logits(

@@ -227,7 +227,10 @@ def _reveal_step(sampler: Sampler, rows: Rows, block_mask, keep, counts, steps_l
         if most is not None:
             return reveal_top(sampler, rows, scores, block_mask, counts, most)  # fixed shapes
         return reveal_rows(sampler, rows, choose(scores, block_mask, counts, most))
-    gather = sampler.gather_still_masked and not sampler.denoiser.cuda_graphs  # CUDA graphs: one shape a block
+    block = sampler.denoiser.fixed_columns(rows.x.shape[1])  # static shapes: the block's columns, one shape
+    if block is not None:
+        keep = torch.arange(*block, device=keep.device)
+    gather = sampler.gather_still_masked and block is None
     positions = still_masked_positions(block_mask, keep, width if gather else None)
     proposals = propose_at(sampler, rows, positions, block_mask.gather(1, positions))
     scores = sampler.strategy.scores(proposals, positions, rows.x.shape[1], sampler.generator)
@@ -320,8 +323,11 @@ def reveal_top(
     """Propose and write tokens at the ``counts`` (B,) best-``scores`` (B, L) ``candidates`` of each row (the
     positions `hf_mdm.generation_strategy.choose` takes), ``kmax`` the largest count: logits at every row's
     ``kmax`` best positions (B, kmax), each row writing its first ``counts`` of them (``confidence`` as
-    `reveal_rows`'). Every row runs, whether it reveals anything or not, and nothing is read back."""
+    `reveal_rows`'). Every row runs, whether it reveals anything or not, and nothing is read back. Under static
+    shapes every step asks the block's width of positions a row (``kmax`` at least; one shape a block)."""
     x, bsz = rows.x, rows.x.shape[0]
+    block = sampler.denoiser.fixed_columns(x.shape[1])
+    kmax = kmax if block is None else max(kmax, block[1] - block[0])
     positions = torch.topk(scores.masked_fill(~candidates, -float("inf")), kmax, dim=-1).indices
     take = (torch.arange(kmax, device=x.device)[None, :] < counts[:, None]) & candidates.gather(1, positions)
     logits = _logits_at(sampler, rows, positions.masked_fill(~take, 0))  # unused slots: position 0, in any span

@@ -1,0 +1,154 @@
+"""Static shapes (``compile_config.dynamic=False``, what CUDA graphs need): a compiled generate of 8 blocks builds at
+most 3 graphs for every model family and cache kind (the forward over the canvas, a cached span's forward, the
+step's proposals), a second call builds none, and the tokens and forwards are eager's in float32. Dynamo's graphs
+are counted with a `CompileCounter` backend (static shapes, not the backend, decide the count)."""
+
+import llada2_tiny as tiny
+import pytest
+import torch
+from tiny_mdm import tiny_mdm
+from torch._dynamo.testing import CompileCounter
+from transformers import AutoConfig, AutoModel, CompileConfig
+
+from hf_mdm.generation_static import fixed_width, take_rows, window
+from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
+
+MASK, VOCAB = 30, 31
+BLOCK = 4
+SETTINGS = dict(max_new_tokens=8 * BLOCK, block_length=BLOCK, steps=16, seed=3, return_dict_in_generate=True)
+SAMPLERS = {
+    "confidence": {},
+    "threshold": dict(transfer="threshold", threshold=0.6, steps=None),
+    "paper": dict(transfer="stochastic", strategy="random"),
+}
+MAX_GRAPHS = 3
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _sharpen(model, head):
+    with torch.no_grad():  # a sharper random network: fewer near-ties among the confidences
+        head.weight.mul_(20)
+    return model.eval()
+
+
+def _build(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if family == "mdm":
+        return tiny_mdm(sharpen=20)
+    if family == "llada":
+        config = LLaDAConfig(
+            d_model=32,
+            n_heads=4,
+            n_kv_heads=2,
+            n_layers=2,
+            mlp_hidden_size=64,
+            vocab_size=VOCAB,
+            embedding_size=VOCAB,
+            mask_token_id=MASK,
+            eos_token_id=1,
+            pad_token_id=1,
+            weight_tying=False,
+        )
+        model = LLaDAModelLM(config)
+        return _sharpen(model, model.model.transformer["ff_out"])
+    if family == "dream":
+        config = DreamConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            mask_token_id=MASK,
+            pad_token_id=1,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+        model = DreamModel(config)
+        return _sharpen(model, model.lm_head)
+    fields = dict(tiny.CONFIGS["llada2_moe"], mask_token_id=tiny.MASK_ID, eos_token_id=tiny.MASK_ID - 1)
+    model = AutoModel.from_config(AutoConfig.for_model(**fields)).eval()
+    tiny.fill_weights(model, tiny.SEEDS["llada2_moe"])
+    return model
+
+
+@pytest.fixture(scope="module")
+def models() -> dict:
+    return {family: _build(family) for family in ("mdm", "llada", "dream", "llada2")}
+
+
+# (family, kv_cache, sampler): every family under each of its cache kinds (LLaDA2: none and its exact block cache),
+# the confidence sampler; the threshold and the paper's sampler on the MDM
+CASES = [
+    *[(family, cache, "confidence") for family in ("mdm", "llada", "dream") for cache in ("none", "prefix", "dual")],
+    ("llada2", "none", "confidence"),
+    ("llada2", "prefix", "confidence"),
+    *[("mdm", cache, sampler) for cache in ("none", "prefix", "dual") for sampler in ("threshold", "paper")],
+]
+
+
+@pytest.mark.parametrize("family, cache, sampler", CASES)
+def test_eight_blocks_compile_at_most_three_graphs_and_give_eager_tokens(models, family, cache, sampler):
+    model = models[family]
+    prompt = torch.randint(1, 28, (2, 5), generator=torch.Generator().manual_seed(1))
+    settings = {**SETTINGS, "kv_cache": cache, **SAMPLERS[sampler]}
+    eager = model.generate(prompt, **settings)
+    counter = CompileCounter()
+    static = CompileConfig(backend=counter, dynamic=False, fullgraph=True)
+    first = model.generate(prompt, compile_forward=True, compile_config=static, **settings)
+    graphs = counter.frame_count
+    second = model.generate(prompt, compile_forward=True, compile_config=static, **settings)
+    assert 1 <= graphs <= MAX_GRAPHS, f"{graphs} graphs for {eager.nfe} forwards"
+    assert counter.frame_count == graphs  # the second call replays the first's graphs
+    assert torch.equal(first.sequences, eager.sequences) and torch.equal(second.sequences, eager.sequences)
+    assert first.nfe == second.nfe == eager.nfe
+    assert not bool((first.sequences == model.config.mask_token_id).any())
+
+
+def test_dynamic_shapes_keep_asking_the_still_masked_positions(models):
+    """Without static shapes nothing changes: the compiled forward is asked what eager asks (logits at the
+    still-masked positions only), so a dynamic compile's LM head runs over fewer rows as the block fills."""
+    from hf_mdm.generation_denoiser import Denoiser
+
+    asked, original = [], Denoiser._forward
+
+    def forward(self, inputs, kwargs):
+        asked.append((self.static_shapes, kwargs["logits_to_keep"].shape[-1]))
+        return original(self, inputs, kwargs)
+
+    prompt = torch.randint(1, 28, (1, 5), generator=torch.Generator().manual_seed(1))
+    settings = dict(max_new_tokens=8, block_length=4, steps=8)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Denoiser, "_forward", forward)
+        models["mdm"].generate(prompt, compile_forward=True, compile_config=CompileConfig(backend="eager"), **settings)
+        dynamic, asked[:] = list(asked), []
+        static = CompileConfig(backend="eager", dynamic=False)
+        models["mdm"].generate(prompt, compile_forward=True, compile_config=static, **settings)
+    assert dynamic == [(False, 4), (False, 3), (False, 2), (False, 1)] * 2
+    assert asked == [(True, 4)] * 8
+
+
+def test_window_holds_the_block_at_a_fixed_width():
+    assert window(5, 9, 4, 37) == (5, 9)
+    assert window(36, 37, 4, 37) == (33, 37)  # a short last block: the columns before it
+    assert window(2, 4, 8, 6) == (0, 6)  # never wider than the input
+    assert window(3, 9, 4, 20) == (3, 9)  # never narrower than the block
+
+
+def test_fixed_width_pads_a_span_with_its_last_column():
+    assert fixed_width(torch.arange(5, 9), 6).tolist() == [5, 6, 7, 8, 8, 8]
+    assert fixed_width(torch.arange(5, 9), 3).tolist() == [5, 6, 7, 8]
+
+
+def test_take_rows_reads_the_asked_positions_of_the_fixed_rows():
+    logits = torch.arange(2 * 4, dtype=torch.float32).view(1, 4, 2).expand(2, -1, -1)  # rows 10..13 of the input
+    rows = torch.arange(10, 14)
+    assert take_rows(logits, rows, torch.tensor([11, 13]))[0, :, 0].tolist() == [2.0, 6.0]
+    per_row = take_rows(logits, rows, torch.tensor([[13, 10], [12, 0]]))  # 0: outside, clamped to the first row
+    assert per_row[..., 0].tolist() == [[6.0, 0.0], [4.0, 0.0]]
