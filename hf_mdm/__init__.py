@@ -50,4 +50,5 @@ def _register_auto_classes() -> None:
     from . import models  # noqa: F401  (registers the native LLaDA and Dream classes)
 
 
+import_module(".quantization", __name__).quiet_import_noise()  # before transformers imports torchao
 _register_auto_classes()

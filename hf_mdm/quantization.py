@@ -19,15 +19,40 @@ experts keep the dtype they load in. Activations stay in that dtype too (weight-
 from __future__ import annotations
 
 import importlib.util
+import logging
 from typing import Any, Optional
 
 import torch
 
-__all__ = ["QUANTIZATIONS", "quantization_config", "tensor_bytes", "weight_bytes", "linear_weight_bytes"]
+__all__ = [
+    "QUANTIZATIONS",
+    "quantization_config",
+    "tensor_bytes",
+    "weight_bytes",
+    "linear_weight_bytes",
+    "quiet_import_noise",
+]
 
 QUANTIZATIONS = ("int8", "int4")
 INT4_DEVICES = ("cpu", "cuda")
 INSTALL = "pip install 'hf_mdm[quant]'"
+
+
+class _ImportNoise(logging.Filter):
+    """Two records every process logs once torchao is imported (transformers imports it as it loads any model when
+    it is installed) on a CPU build of torch, neither anything a user acts on: torchao's optional CUDA kernels that do
+    not load, and torch's deprecation note on torchao's registrations of Enum classes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        kernels = message.startswith("Failed to load") and "torchao" in message
+        return not kernels and "is an Enum subclass and is now natively supported" not in message
+
+
+def quiet_import_noise() -> None:
+    """Drops `_ImportNoise`'s records (called once, by ``import hf_mdm``); torchao's other records pass."""
+    for name in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(name).addFilter(_ImportNoise())
 
 
 def quantization_config(

@@ -7,6 +7,8 @@ names and devices are refused with the reason. Skipped with the reason where tor
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -155,3 +157,13 @@ def test_bad_names_devices_and_a_missing_torchao_are_refused(checkpoints, monkey
     )
     with pytest.raises(ValueError, match=r"needs torchao: pip install 'hf_mdm\[quant\]'"):
         quantization_config("int8")
+
+
+def test_importing_torchao_after_hf_mdm_logs_nothing():
+    """On a CPU build of torch, torchao's import logs that its CUDA kernels do not load and torch's note on its Enum
+    registrations; after ``import hf_mdm`` neither reaches the user (transformers imports torchao with any model)."""
+    code = "import hf_mdm, torchao"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    bare = subprocess.run([sys.executable, "-c", "import torchao"], capture_output=True, text=True, timeout=120)
+    assert bare.returncode == 0  # (what torchao alone logs depends on the build: not asserted)
