@@ -268,6 +268,11 @@ def _row(r: dict) -> str:
     )
 
 
+def _better(micro: float, join: float) -> str:
+    """How joining's latency compares with the micro-batcher's: "2.00x better" or "1.50x worse"."""
+    return f"{micro / join:.2f}x better" if micro >= join else f"{join / micro:.2f}x worse"
+
+
 def trace_tables(args: argparse.Namespace, title: str, trace: dict[str, list[dict]]) -> list[str]:
     burst, stream = trace["burst"], trace["stream"]
     micro, join = stream[1], stream[2]
@@ -281,8 +286,8 @@ def trace_tables(args: argparse.Namespace, title: str, trace: dict[str, list[dic
         *map(_row, stream),
         "",
         f"Joining against the micro-batcher: p99 {join['p99']:.3f} s against {micro['p99']:.3f} s "
-        f"({micro['p99'] / join['p99']:.2f}x better), short requests' median {join['short']:.3f} s against "
-        f"{micro['short']:.3f} s ({micro['short'] / join['short']:.2f}x better).",
+        f"({_better(micro['p99'], join['p99'])}), short requests' median {join['short']:.3f} s against "
+        f"{micro['short']:.3f} s ({_better(micro['short'], join['short'])}).",
         "",
         f"A burst: 4 long requests of {args.long} tokens at once, then 12 short ones of {args.block} tokens every "
         "50 ms (a quarter of the requests are long: the p99 is a long request's).",
