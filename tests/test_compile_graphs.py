@@ -6,14 +6,12 @@ are counted with a `CompileCounter` backend (static shapes, not the backend, dec
 import llada2_tiny as tiny
 import pytest
 import torch
-from tiny_mdm import tiny_mdm
+from tiny_mdm import tiny_dream, tiny_llada, tiny_mdm
 from torch._dynamo.testing import CompileCounter
 from transformers import AutoConfig, AutoModel, CompileConfig
 
 from hf_mdm.generation_static import fixed_width, take_rows, window
-from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 
-MASK, VOCAB = 30, 31
 BLOCK = 4
 SETTINGS = dict(max_new_tokens=8 * BLOCK, block_length=BLOCK, steps=16, seed=3, return_dict_in_generate=True)
 SAMPLERS = {
@@ -31,47 +29,10 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-def _sharpen(model, head):
-    with torch.no_grad():  # a sharper random network: fewer near-ties among the confidences
-        head.weight.mul_(20)
-    return model.eval()
-
-
 def _build(family: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if family == "mdm":
-        return tiny_mdm(sharpen=20)
-    if family == "llada":
-        config = LLaDAConfig(
-            d_model=32,
-            n_heads=4,
-            n_kv_heads=2,
-            n_layers=2,
-            mlp_hidden_size=64,
-            vocab_size=VOCAB,
-            embedding_size=VOCAB,
-            mask_token_id=MASK,
-            eos_token_id=1,
-            pad_token_id=1,
-            weight_tying=False,
-        )
-        model = LLaDAModelLM(config)
-        return _sharpen(model, model.model.transformer["ff_out"])
-    if family == "dream":
-        config = DreamConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            mask_token_id=MASK,
-            pad_token_id=1,
-            bos_token_id=1,
-            eos_token_id=1,
-        )
-        model = DreamModel(config)
-        return _sharpen(model, model.lm_head)
+    """A sharper random network than the default: fewer near-ties among the confidences."""
+    if family in ("mdm", "llada", "dream"):
+        return {"mdm": tiny_mdm, "llada": tiny_llada, "dream": tiny_dream}[family](sharpen=20)
     fields = dict(tiny.CONFIGS["llada2_moe"], mask_token_id=tiny.MASK_ID, eos_token_id=tiny.MASK_ID - 1)
     model = AutoModel.from_config(AutoConfig.for_model(**fields)).eval()
     tiny.fill_weights(model, tiny.SEEDS["llada2_moe"])
