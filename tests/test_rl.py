@@ -238,3 +238,21 @@ def test_bad_settings_are_one_line_errors(model, tmp_path):
         words.train()
     with pytest.raises(ValueError, match="cannot import"):
         reward_by_name("no_such_module:reward")
+
+
+def test_the_trl_fence_swaps_one_function_and_restores_it(monkeypatch):
+    """`reference_as_copy` is the one place hf_mdm reaches into TRL's module: inside it TRL's reference builder
+    returns a copy of the given model, after it the original is back; a TRL without that function is refused."""
+    import trl.trainer.grpo_trainer as grpo_module
+
+    from hf_mdm.rl.trainer import reference_as_copy
+
+    original, model = grpo_module.create_model_from_path, torch.nn.Linear(2, 2)
+    with reference_as_copy(model):
+        copied = grpo_module.create_model_from_path("any/path", dtype="auto")
+    assert grpo_module.create_model_from_path is original
+    assert copied is not model and torch.equal(copied.weight, model.weight)
+    monkeypatch.delattr(grpo_module, "create_model_from_path")
+    with pytest.raises(RuntimeError, match="create_model_from_path: install the TRL range"):
+        with reference_as_copy(model):
+            pass

@@ -17,14 +17,15 @@ checkpoints, ``accelerate launch``, PEFT: the reference is the base with the ada
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import json
 import os
-from typing import Any, Optional
-from unittest import mock
+from typing import Any, Iterator, Optional
 
 import torch
+import trl
 import trl.trainer.grpo_trainer as grpo_module
 from trl import GRPOConfig, GRPOTrainer
 
@@ -88,14 +89,32 @@ def estimator_options(args: DiffusionGRPOConfig, rollout: MaskedDiffusionGenerat
     return options
 
 
+@contextlib.contextmanager
+def reference_as_copy(model: Any) -> Iterator[None]:
+    """The one place hf_mdm reaches into TRL's module: while ``GRPOTrainer.__init__`` runs, its
+    ``create_model_from_path`` (which builds a full fine-tune's reference by loading the model's path again through
+    ``AutoModelForCausalLM``, which maps no masked diffusion class, and a model built in memory has no path) returns
+    a frozen copy of ``model``; restored after. TRL's range is pinned in the ``rl`` extra; a TRL without that
+    function is refused by name rather than patched blindly."""
+    original = getattr(grpo_module, "create_model_from_path", None)
+    if original is None:
+        raise RuntimeError(
+            f"trl {trl.__version__}'s GRPOTrainer no longer builds its reference with create_model_from_path: "
+            "install the TRL range of hf_mdm's rl extra (pip install 'hf_mdm[rl]')"
+        )
+    grpo_module.create_model_from_path = lambda *_, **__: copy.deepcopy(model)
+    try:
+        yield
+    finally:
+        grpo_module.create_model_from_path = original
+
+
 class DiffusionGRPOTrainer(GRPOTrainer):
     """TRL's `GRPOTrainer` for hf_mdm's masked diffusion classes (see the module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         model = kwargs.get("model", args[0] if args else None)
-        # TRL builds a full fine-tune's reference by loading the model's path again (through AutoModelForCausalLM,
-        # which does not map every hf_mdm class, and a model built in memory has no path): a frozen copy instead.
-        with mock.patch.object(grpo_module, "create_model_from_path", lambda *_, **__: copy.deepcopy(model)):
+        with reference_as_copy(model):
             super().__init__(*args, **kwargs)
         config = self.args
         self.rollout_generation_config = rollout_config(config, inner_model(self.model))
