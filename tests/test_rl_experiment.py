@@ -3,6 +3,7 @@ sentences; a rerun takes every cell from the cache (no GRPO run, no sampling).""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from unittest import mock
 
@@ -13,6 +14,7 @@ pytest.importorskip("trl")
 from hf_mdm.experiments import load_preset, miniature, run_experiment  # noqa: E402
 from hf_mdm.experiments import rl as rl_experiment  # noqa: E402
 from hf_mdm.report import write_report  # noqa: E402
+from hf_mdm.report_summary import verdict_of  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +50,17 @@ def test_the_rl_experiment_writes_its_table_report_and_resumes(small, tmp_path):
     assert sentences[-1].startswith(f"chain: {sum(1 for r in after if good(r, result))} of {len(after)} GRPO runs")
     report = write_report(tmp_path).read_text()
     assert "## Reinforcement learning for few-step correctness" in report and sentences[0] in report
+    # a TER cell past the estimator's variance limit is a bound: no rise or fall said, no ratio, "<=" in the table
+    bounded = copy.deepcopy(result)
+    for row in bounded["rows"]:
+        if row["model"] == "MDM after RL":
+            row[f"n{row['rollout_steps']}"]["ter_kind"] = "upper bound"
+    said = rl_experiment.rl_verdicts(bounded)
+    ter_sentences = said[1:pairs:2]
+    assert all("these cells hold only an upper bound (after RL" in s for s in ter_sentences)
+    assert not any(word in s for s in ter_sentences for word in (" rose", " fell", "no resolved amount"))
+    assert verdict_of(ter_sentences[0]) == "bound only" and "times the MDM's before RL" not in said[-1]
+    assert "| <= " in rl_experiment.rl_table(bounded["rows"], bounded["preset"])
 
     def fail(*args, **kwargs):
         raise AssertionError("a cached cell was recomputed")

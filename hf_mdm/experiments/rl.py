@@ -169,6 +169,11 @@ def seed_summary(values: list[float], key: str = "") -> tuple[float, float, floa
     return mean, max(mean - half, low), min(mean + half, high)
 
 
+def _bound(cell: dict) -> bool:
+    """Whether a measured cell's TER is only an upper bound (`hf_mdm.experiments.ter_cells`)."""
+    return cell.get("ter_kind") == "upper bound"
+
+
 def summary_rows(rows: list[dict], preset: dict) -> list[dict]:
     """Per language and rollout N: before, after (over seeds) and AR, for SER at every N, distinct share and TER."""
     out = []
@@ -185,6 +190,9 @@ def summary_rows(rows: list[dict], preset: dict) -> list[dict]:
                     for key in ("ser", "distinct") + (("ter", "ter_increase") if steps == trained else ()):
                         entry[f"before_{key}_n{steps}"] = before[f"n{steps}"][key]
                         entry[f"after_{key}_n{steps}"] = seed_summary([r[f"n{steps}"][key] for r in after], key)
+                    if steps == trained:  # TER cells past the estimator's variance limit hold only an upper bound
+                        entry[f"before_ter_bound_n{steps}"] = _bound(before[f"n{steps}"])
+                        entry[f"after_ter_bound_n{steps}"] = any(_bound(r[f"n{steps}"]) for r in after)
                     for key in ("ser", "ter"):  # the measured cell's own 95% interval before RL
                         if f"{key}_ci_low" in before[f"n{steps}"]:
                             interval = (before[f"n{steps}"][f"{key}_ci_low"], before[f"n{steps}"][f"{key}_ci_high"])
@@ -217,10 +225,11 @@ def rl_table(rows: list[dict], preset: dict) -> str:
                 if f"after_{key}_n{steps}" not in entry:
                     continue
                 mean, low, high = entry[f"after_{key}_n{steps}"]
+                before_bound, after_bound = (entry.get(f"{when}_ter_bound_n{steps}") for when in ("before", "after"))
                 lines.append(
                     f"| {entry['language']} | {entry['estimator']} | {trained} | {label} at N = {steps} | "
-                    f"{entry[f'before_{key}_n{steps}']:.3f} | {mean:.3f} [{low:.3f}, {high:.3f}] | "
-                    f"{entry['ar'][key]:.3f} |"
+                    f"{'<= ' if before_bound else ''}{entry[f'before_{key}_n{steps}']:.3f} | "
+                    f"{'<= ' if after_bound else ''}{mean:.3f} [{low:.3f}, {high:.3f}] | {entry['ar'][key]:.3f} |"
                 )
         first, last = entry["reward_first"], entry["reward_last"]
         lines.append(
@@ -289,9 +298,17 @@ def rl_verdicts(result: dict) -> list[str]:
             f"{fmt(*ser)} (the trained AR's: {e['ar']['ser']:.3f}), the share of distinct samples from "
             f"{e[f'before_distinct_n{n}']:.3f} to {fmt(*distinct)}."
         )
+        change = f"from {fmt(*before_ter, percent=True)} to {fmt(*ter, percent=True)}"
+        if e[f"before_ter_bound_n{n}"] or e[f"after_ter_bound_n{n}"]:  # a bound is no value: no rise or fall said
+            which = " and ".join(w for w in ("before", "after") if e[f"{w}_ter_bound_n{n}"])
+            lines.append(
+                f"{subject}: the paper's TER at N = {n}, as a relative increase over the language's own, {change}: "
+                f"these cells hold only an upper bound ({which} RL, the estimator's variance past its limit)."
+            )
+            continue
         lines.append(
             f"{subject}: the paper's TER at N = {n}, as a relative increase over the language's own, "
-            f"{moved(before_ter[1:], ter[1:])}, from {fmt(*before_ter, percent=True)} to {fmt(*ter, percent=True)}."
+            f"{moved(before_ter[1:], ter[1:])}, {change}."
         )
     return lines + [run_sentence(result, name) for name in dict.fromkeys(r["language"] for r in result["rows"])]
 
@@ -308,8 +325,15 @@ def run_sentence(result: dict, name: str, margin: float = 0.05) -> str:
     if not good:
         return head + "."
     distinct = max(r[f"n{r['rollout_steps']}"]["distinct"] for r in good)
-    ratio = min(r[f"n{r['rollout_steps']}"]["ter"] / before[f"n{r['rollout_steps']}"]["ter"] for r in good)
+    estimated = [
+        r for r in good if not _bound(r[f"n{r['rollout_steps']}"]) and not _bound(before[f"n{r['rollout_steps']}"])
+    ]
+    if not estimated:  # a ratio of bounds says nothing
+        return (
+            f"{head}; those runs kept at most {distinct:.3f} of their samples distinct (their TER: upper bounds only)."
+        )
+    ratio = min(r[f"n{r['rollout_steps']}"]["ter"] / before[f"n{r['rollout_steps']}"]["ter"] for r in estimated)
     return (
-        f"{head}; those runs kept at most {distinct:.3f} of their samples distinct, and their TER at that N was at "
-        f"least {ratio:.2f} times the MDM's before RL."
+        f"{head}; those runs kept at most {distinct:.3f} of their samples distinct, and the TER at that N of those "
+        f"with estimates was at least {ratio:.2f} times the MDM's before RL."
     )
