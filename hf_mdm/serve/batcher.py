@@ -19,14 +19,18 @@ from typing import Callable, Optional
 from .engine import Answer, Engine, Job
 from .protocol import ApiError
 
-__all__ = ["Scheduler", "MicroBatcher"]
+__all__ = ["Scheduler", "MicroBatcher", "Waiting"]
 
 
 @dataclass
-class _Waiting:
+class Waiting:
+    """A submitted job: its answer's future, when it arrived, and the positions of keys/values its call keeps (the
+    join scheduler's cache budget; 0 elsewhere)."""
+
     job: Job
     future: asyncio.Future
     arrived: float = field(default_factory=time.monotonic)
+    cache_tokens: int = 0
 
 
 class Scheduler(ABC):
@@ -84,7 +88,7 @@ class MicroBatcher(Scheduler):
     async def submit(self, job: Job) -> Answer:
         """The job's answer once its batch ran; `ApiError` 429 when the queue is full."""
         self.check_room()
-        waiting = _Waiting(job, asyncio.get_running_loop().create_future())
+        waiting = Waiting(job, asyncio.get_running_loop().create_future())
         self.waiting.append(waiting)
         self._wake.set()
         return await waiting.future
@@ -112,7 +116,7 @@ class MicroBatcher(Scheduler):
             if self.on_batch is not None:
                 self.on_batch(len(batch), time.monotonic() - start)
 
-    async def _alone(self, batch: list[_Waiting], err: Exception) -> None:
+    async def _alone(self, batch: list[Waiting], err: Exception) -> None:
         """Answers the jobs of a batch that raised ``err``: each job run again alone (a streamed one only if it
         streamed nothing yet), so only a request at fault gets its error."""
         loop = asyncio.get_running_loop()
@@ -130,7 +134,7 @@ class MicroBatcher(Scheduler):
                 else:
                     waiting.future.set_result(outcome)
 
-    async def _gather(self) -> list[_Waiting]:
+    async def _gather(self) -> list[Waiting]:
         """The next batch: the oldest job's config, up to ``max_batch`` jobs, after waiting out ``max_wait``."""
         first = self.waiting[0]
         while True:

@@ -26,23 +26,14 @@ from __future__ import annotations
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from .batcher import Scheduler
+from .batcher import Scheduler, Waiting
 from .engine import Answer, Engine, Job
 from .forwards import RowLeft
 from .protocol import ApiError
 
 __all__ = ["JoinScheduler"]
-
-
-@dataclass
-class _Waiting:
-    job: Job
-    future: asyncio.Future
-    cache_tokens: int
-    arrived: float = field(default_factory=time.monotonic)
 
 
 class JoinScheduler(Scheduler):
@@ -75,7 +66,7 @@ class JoinScheduler(Scheduler):
                 f"{self.max_cache_tokens}: ask fewer max_tokens, a shorter prompt, or kv_cache 'none'",
                 "max_tokens",
             )
-        waiting = _Waiting(job, asyncio.get_running_loop().create_future(), need)
+        waiting = Waiting(job, asyncio.get_running_loop().create_future(), cache_tokens=need)
         self.waiting.append(waiting)
         self._wake.set()
         return await waiting.future
@@ -84,13 +75,13 @@ class JoinScheduler(Scheduler):
         while True:
             self._start(await self._next_cohort())
 
-    def _fits(self, waiting: _Waiting, rows: int = 0, tokens: int = 0) -> bool:
+    def _fits(self, waiting: Waiting, rows: int = 0, tokens: int = 0) -> bool:
         return (
             self.running_jobs + rows < self.max_batch
             and self.cache_in_use + tokens + waiting.cache_tokens <= self.max_cache_tokens
         )
 
-    async def _next_cohort(self) -> list[_Waiting]:
+    async def _next_cohort(self) -> list[Waiting]:
         """The oldest waiting job's cohort: once it fits, after waiting out ``max_wait`` for more of its config
         (or until they fill the free slots), the jobs of its config that fit, oldest first."""
         while True:
@@ -109,7 +100,7 @@ class JoinScheduler(Scheduler):
                 await asyncio.wait_for(self._wake.wait(), timeout=left)
             except asyncio.TimeoutError:
                 pass
-        cohort: list[_Waiting] = []
+        cohort: list[Waiting] = []
         for waiting in same:
             if not self._fits(waiting, len(cohort), sum(w.cache_tokens for w in cohort)):
                 break
@@ -124,7 +115,7 @@ class JoinScheduler(Scheduler):
                 self.waiting.remove(waiting)
                 waiting.future.cancel()
 
-    def _start(self, cohort: list[_Waiting]) -> None:
+    def _start(self, cohort: list[Waiting]) -> None:
         self.running_jobs += len(cohort)
         self.cache_in_use += sum(w.cache_tokens for w in cohort)
         call = asyncio.get_running_loop().run_in_executor(
@@ -132,7 +123,7 @@ class JoinScheduler(Scheduler):
         )
         call.add_done_callback(lambda done: self._finished(cohort, done))
 
-    def _finished(self, cohort: list[_Waiting], done: asyncio.Future) -> None:
+    def _finished(self, cohort: list[Waiting], done: asyncio.Future) -> None:
         self.running_jobs -= len(cohort)
         self.cache_in_use -= sum(w.cache_tokens for w in cohort)
         self._wake.set()
