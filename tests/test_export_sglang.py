@@ -260,6 +260,18 @@ def test_tokenizer_generation_config_and_launch_line(source, exported, capsys, t
     assert argv[argv.index("--model-path") + 1] == str(tmp_path / "out") and "--trust-remote-code" in argv
     assert argv[argv.index("--dllm-algorithm") + 1] in FACTS["algorithms"]
     assert argv[argv.index("--dllm-algorithm-config") + 1] == str(tmp_path / "out" / "dllm_algorithm.yaml")
+    record = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert record["launch"] == argv and record["target"] == "sglang"
+    assert record["engine_version"] == FACTS["sglang_version"]
+    assert record["source"] == {
+        "checkpoint": str(source[0]),
+        "base_model": str(source[0]),
+        "model_type": "llada2_moe",
+        "lora_adapter": None,
+        "lora_merged": False,
+    }
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert line in readme and f"sglang {FACTS['sglang_version']}" in readme and "as saved" in readme
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -295,6 +307,9 @@ def test_a_lora_adapter_is_merged_into_its_base(source, exported, tmp_path, caps
     assert not torch.allclose(merged, source[1], atol=1e-3)  # the adapter changed the model
     assert set(exported_shapes(tmp_path / "out")) == set(exported_shapes(exported))
     assert (tmp_path / "out" / "tokenizer.json").read_bytes() == (source[0] / "tokenizer.json").read_bytes()
+    record = json.loads((tmp_path / "out" / "export.json").read_text())["source"]
+    assert record["lora_merged"] and record["lora_adapter"] == str(tmp_path / "adapter")
+    assert record["base_model"] == str(source[0]) and "LoRA adapter" in (tmp_path / "out" / "README.md").read_text()
 
 
 def test_llada21_with_the_settings_sglang_reads_differently(tmp_path, capsys):
@@ -367,6 +382,9 @@ def test_diffusion_gemma_is_saved_in_transformers_format(target, tmp_path, capsy
         )
     else:
         assert f"vllm serve {tmp_path / 'out'}" in out
+    record = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert record["target"] == target and str(tmp_path / "out") in record["launch"]
+    assert record["engine_version"] == {"sglang": FACTS["sglang_version"], "vllm": "0.33.0"}[target]
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from .record import export_record, write_record
 from .source import GENERATION_CONFIG, Checkpoint, copy_side_files, ensure_shard_index, load_model, read_checkpoint
 
 __all__ = [
@@ -45,11 +46,14 @@ __all__ = [
     "sglang_config",
     "launch_command",
     "SGLANG_VERSION",
+    "VLLM_VERSION",
     "TARGETS",
 ]
 
 #: The SGLang release whose loader and diffusion settings this export follows.
 SGLANG_VERSION = "0.5.23"
+#: The vLLM release whose loader the DiffusionGemma export (transformers' own format) follows.
+VLLM_VERSION = "0.33.0"
 TARGETS = ("sglang", "vllm")
 LLADA2_ARCHITECTURE, DIFFUSION_GEMMA_ARCHITECTURE = "LLaDA2MoeModelLM", "DiffusionGemmaForBlockDiffusion"
 #: What SGLang's diffusion mode assumes for ``LLaDA2MoeModelLM`` (``sglang/srt/dllm/config.py``).
@@ -273,6 +277,9 @@ def export_for_serving(
         max_shard_size: the largest safetensors shard (transformers' ``save_pretrained``), e.g. ``"5GB"``.
         dtype: the weights' dtype (``"auto"``: as saved).
 
+    The folder also holds ``export.json`` and ``README.md`` (`hf_mdm.export.record`): the engine and the release it was
+    checked against, the launch line, the source checkpoint and whether a LoRA adapter was merged.
+
     Returns:
         An `ExportResult` with the launch command. Bad input is a one-line ValueError, raised before anything is
         written.
@@ -293,15 +300,22 @@ def export_for_serving(
         check_servable(model_class.config_class.from_pretrained(checkpoint.base))  # before loading the weights
     loaded = load_model(checkpoint, model_class, dtype)
     if family == "llada2":
-        write, notes, algorithm = _write_llada2(loaded, checkpoint, max_shard_size)
+        write_weights, notes, algorithm = _write_llada2(loaded, checkpoint, max_shard_size)
     else:
         algorithm, notes = None, []
 
-        def write(folder: Path) -> None:
+        def write_weights(folder: Path) -> None:
             loaded.save_pretrained(folder, max_shard_size=max_shard_size)
             ensure_shard_index(folder)
             copy_side_files(checkpoint, folder)
 
-    write_directory_atomic(out, write)
     launch = launch_command(str(out), family, target, algorithm)
+    version = SGLANG_VERSION if target == "sglang" else VLLM_VERSION
+    record = export_record(checkpoint, target, version, launch, str(loaded.dtype).removeprefix("torch."), notes)
+
+    def write(folder: Path) -> None:
+        write_weights(folder)
+        write_record(folder, record)
+
+    write_directory_atomic(out, write)
     return ExportResult(str(out), family, checkpoint.adapter is not None, launch, notes)
