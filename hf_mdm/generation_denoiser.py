@@ -174,7 +174,7 @@ def supports_kv_cache(model: Any) -> bool:
     return bool(getattr(model, "supports_diffusion_cache", False)) and accepts(model, "cache_position")
 
 
-def _device_of(model: Any) -> torch.device:
+def model_device(model: Any) -> torch.device:
     """The device of the model's first parameter (the CPU for a model without any)."""
     parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return parameter.device if parameter is not None else torch.device("cpu")
@@ -254,10 +254,10 @@ class Denoiser:
                 f"{type(model).__name__} does not: drop kv_cache"
             )
         cuda_graphs = compile is not None and compile.get("mode") in CUDA_GRAPH_MODES
-        if cuda_graphs and _device_of(model).type != "cuda":
+        if cuda_graphs and model_device(model).type != "cuda":
             raise ValueError(
                 f"compile_config.mode={compile['mode']!r} replays CUDA graphs, which need the model on a CUDA device "
-                f"(it is on {_device_of(model)}): move the model to CUDA, or use mode='default'"
+                f"(it is on {model_device(model)}): move the model to CUDA, or use mode='default'"
             )
         return cls(
             model=model,

@@ -39,6 +39,7 @@ from typing import Any, Iterator, Optional
 
 import torch
 
+from .generation_denoiser import model_device
 from .generation_transfer import deterministic_counts, draw_steps, normalised_alpha, time_grid
 from .languages import OracleDenoiser
 from .sampler_smc import MAX_PARTICLES, NUM_REPLICATES, Denoiser, SMCEstimate, smc_log_probs
@@ -157,7 +158,7 @@ def token_log_probs(model: Any, canvases: torch.Tensor, vocab_size: int, batch_s
         raise ValueError("the sampler's likelihood is computed for models with logits_shift=0")
     mask_id = int(config.mask_token_id)
     out = []
-    device = _device(model)
+    device = model_device(model)
     with torch.no_grad():
         for start in range(0, canvases.shape[0], batch_size):
             x = canvases[start : start + batch_size].to(device)
@@ -298,10 +299,3 @@ def prior_sampling_log_probs(
         log_prob.index_add_(0, r, torch.where(own, logp, torch.zeros_like(logp)).sum(1))
     per_order = log_prob.view(num, num_orders)
     return torch.logsumexp(per_order, dim=1) - math.log(num_orders)
-
-
-def _device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")

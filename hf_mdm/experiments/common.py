@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 
 from ..fileio import write_atomic
 from ..generation import diffusion_generate
+from ..generation_denoiser import model_device
 from ..languages import OracleDenoiser, SyntheticLanguage, build_language
 
 #: Fields of a preset's language entry that belong to the experiment, not to the language: ``name`` (for tables),
@@ -122,7 +123,7 @@ def sample_mdm(model: Any, num: int, length: int, steps: int, seed: int, batch_s
         out.append(
             diffusion_generate(
                 model,
-                torch.zeros(rows, 0, dtype=torch.long, device=_device(model)),
+                torch.zeros(rows, 0, dtype=torch.long, device=model_device(model)),
                 max_new_tokens=length,
                 steps=steps,
                 schedule="linear",
@@ -142,7 +143,7 @@ def sample_ar(model: Any, num: int, length: int, seed: int, batch_size: int = 51
     out = []
     for start in range(0, num, batch_size):
         rows = min(batch_size, num - start)
-        prompt = torch.full((rows, 1), bos, dtype=torch.long, device=_device(model))
+        prompt = torch.full((rows, 1), bos, dtype=torch.long, device=model_device(model))
         seq = model.generate(
             prompt,
             attention_mask=torch.ones_like(prompt),
@@ -158,13 +159,6 @@ def sample_ar(model: Any, num: int, length: int, seed: int, batch_size: int = 51
         )
         out.append(seq[:, 1:].cpu())
     return torch.cat(out)
-
-
-def _device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (StopIteration, AttributeError):
-        return torch.device("cpu")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from ..generation_denoiser import model_device
 from ..likelihood import left_to_right_log_probs
 from .block_cells import PAPER_SAMPLER, ar_cell, measure
-from .common import _device
 
 #: One token a step, left to right (with ``steps_per_block`` = the block size: N = L in all).
 LEARNED = {"transfer": "deterministic", "strategy": "left_to_right"}
@@ -40,7 +40,7 @@ ELBO_GAP = ("elbo_gap", "ELBO bound / entropy - 1")
 def ar_log_probs(model: Any, sequences: torch.Tensor, batch_size: int = 512) -> torch.Tensor:
     """(n,) float64: the exact log p(x) of each row under the AR model's ancestral sampling (BOS first, BOS
     suppressed: `hf_mdm.experiments.common.sample_ar`)."""
-    bos, device, parts = int(model.config.bos_token_id), _device(model), []
+    bos, device, parts = int(model.config.bos_token_id), model_device(model), []
     with torch.no_grad():
         for start in range(0, sequences.shape[0], batch_size):
             x = sequences[start : start + batch_size].to(device)

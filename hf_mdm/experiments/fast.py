@@ -29,8 +29,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ..generation import diffusion_generate
+from ..generation_denoiser import model_device
 from ..languages import OracleDenoiser
-from .common import CellCache, _device, language_name, lazy_pair, make_language
+from .common import CellCache, language_name, lazy_pair, make_language
 
 #: The costs of each cell, and their names in tables.
 FAST_COSTS = {
@@ -93,7 +94,7 @@ def generate_batches(
     its step canvases (``output_history``)."""
     kwargs = {"steps": None, **settings, "temperature": 1.0}
     for start in range(0, num, batch_size):
-        empty = torch.zeros(min(batch_size, num - start), 0, dtype=torch.long, device=_device(model))
+        empty = torch.zeros(min(batch_size, num - start), 0, dtype=torch.long, device=model_device(model))
         yield diffusion_generate(
             model,
             empty,

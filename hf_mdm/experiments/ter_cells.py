@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from ..generation_denoiser import model_device
 from ..metrics import GenerativePerplexity, TokenErrorRate
 from ..sampler_likelihood import RevealLaw, estimate_sampler_log_probs, exact_sampler_log_probs
 
@@ -97,7 +98,7 @@ def ar_log_probs(model: Any, x: torch.Tensor, batch_size: int = 256) -> torch.Te
     """(B,) log p(x) of the AR baseline for rows of ``x`` (B, L) after its BOS, exact: the sum of its conditionals
     with BOS removed from each (as `sample_ar` samples)."""
     bos = int(model.config.bos_token_id)
-    device = next(model.parameters()).device
+    device = model_device(model)
     out = []
     for start in range(0, x.shape[0], batch_size):
         rows = x[start : start + batch_size].to(device)

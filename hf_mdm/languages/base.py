@@ -266,7 +266,7 @@ class SyntheticLanguage(ABC):
         """``log_posterior`` with a chosen number of output columns and dtype, log probabilities below ``floor``
         raised to it (the oracle's entry point)."""
         observed = self._check_partly_masked(x_t, mask_token_id)
-        positions = _check_positions(positions, x_t.shape, x_t.device)
+        positions = check_positions(positions, x_t.shape, x_t.device)
         out, log_evidence = self._log_posterior_and_evidence(x_t, observed, positions, num_columns, dtype)
         impossible = torch.isneginf(log_evidence)
         if impossible.any():
@@ -386,7 +386,7 @@ def load_language(source: Union[str, os.PathLike, Dict[str, Any]]) -> SyntheticL
     return _LANGUAGE_CLASSES[config["language_class"]].from_pretrained(source)
 
 
-def _check_positions(
+def check_positions(
     positions: Optional[torch.Tensor], shape: torch.Size, device: torch.device
 ) -> Optional[torch.LongTensor]:
     """Validates 1-D or ``(B, K)`` positions for ``x_t`` of ``shape`` ``(B, L)``; negative ones count from the end."""

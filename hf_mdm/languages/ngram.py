@@ -19,7 +19,7 @@ from .base import (
     DEFAULT_PRUNE_THRESHOLD,
     ExpectedNLL,
     SyntheticLanguage,
-    _check_positions,
+    check_positions,
     check_stochastic,
     cumulative_rows,
     random_stochastic_rows,
@@ -231,7 +231,7 @@ class NGramLanguage(SyntheticLanguage):
             return super()._log_posterior(x_t, mask_token_id, positions, smoothing, num_columns, dtype, floor)
         # 2-grams: one fused pass, the smoothed fallback tables sit next to the exact ones.
         observed = self._check_partly_masked(x_t, mask_token_id)
-        positions = _check_positions(positions, x_t.shape, x_t.device)
+        positions = check_positions(positions, x_t.shape, x_t.device)
         bridge = self._bridge(smoothing)
         out, log_evidence = bridge.log_posterior(x_t, observed, positions, num_columns, dtype, floor)
         if smoothing == 0:

@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import nn
 
-from .base import DEFAULT_SMOOTHING, SyntheticLanguage, _check_positions
+from .base import DEFAULT_SMOOTHING, SyntheticLanguage, check_positions
 from .inference import select_positions
 
 #: Logit of a token with posterior probability 0. Finite, so that guidance arithmetic (``u + s (c - u)``) and
@@ -172,7 +172,7 @@ def _positions_to_keep(
         if logits_to_keep < 0:
             raise ValueError(f"logits_to_keep must be >= 0, got {logits_to_keep}.")
         return torch.arange(max(length - logits_to_keep, 0), length, device=input_ids.device)
-    return _check_positions(logits_to_keep, input_ids.shape, input_ids.device)
+    return check_positions(logits_to_keep, input_ids.shape, input_ids.device)
 
 
 __all__ = ["OracleDenoiser", "OracleConfig", "OracleOutput", "IMPOSSIBLE_LOGIT"]

@@ -60,14 +60,14 @@ def language_membership(language: Any) -> Reward:
 
 def gsm8k_correct(completions: Sequence[Any], answer: Sequence[str], **_: Any) -> list[float]:
     """1.0 where the extracted answer matches the ``answer`` column (the harness's gsm8k scoring), else 0.0."""
-    from ..harness.tasks.utils import GSM8K_FLEXIBLE, GSM8K_STRICT, _exact_match, _extract
+    from ..harness.tasks.utils import GSM8K_FLEXIBLE, GSM8K_STRICT, exact_match, extract_answer
 
     out = []
     for completion, target in zip(completions, answer):
         text = completion_text(completion)
-        strict = _extract(GSM8K_STRICT, text)
-        guess = strict if strict != GSM8K_STRICT.fallback else _extract(GSM8K_FLEXIBLE, text)
-        out.append(_exact_match(guess, target))
+        strict = extract_answer(GSM8K_STRICT, text)
+        guess = strict if strict != GSM8K_STRICT.fallback else extract_answer(GSM8K_FLEXIBLE, text)
+        out.append(exact_match(guess, target))
     return out
 
 

@@ -21,7 +21,8 @@ from typing import Any, Callable, Optional
 
 from tqdm.auto import tqdm
 
-from ..experiments.common import CellCache, _device
+from ..experiments.common import CellCache
+from ..generation_denoiser import model_device
 from ..timer import interleaved_times
 from .space import setting_key
 from .tasks import Counts
@@ -39,7 +40,7 @@ def time_settings(
     runs.update(extra or {})
     key = f"timing|{task.key}|{rows}|{rounds}|" + "|".join(sorted(runs))
     tokens = rows * task.length  # the tokens a call may generate (a task stopping early is faster per token)
-    return cache.get(key, lambda: _speeds(timed_rounds(runs, rounds, cache, key, _device(model)), tokens))
+    return cache.get(key, lambda: _speeds(timed_rounds(runs, rounds, cache, key, model_device(model)), tokens))
 
 
 def timed_rounds(runs: dict, rounds: int, cache: CellCache, key: str, device: Any) -> dict[str, list[float]]:

@@ -22,9 +22,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..experiments.common import _device, sample_ar
+from ..experiments.common import sample_ar
 from ..experiments.fast import active_steps, generate_batches
 from ..generation import diffusion_generate
+from ..generation_denoiser import model_device
 from ..metrics.common import wilson_interval
 
 #: Seeds of the first sample of each split; chunk k of a split starts at its seed + the samples before it.
@@ -140,7 +141,7 @@ class SyntheticTask:
 
     def timed_run(self, model: Any, setting: dict, rows: int) -> Callable[[], Any]:
         """One `generate` call of ``rows`` sequences with ``setting``: what the tokens/s axis times."""
-        empty = torch.zeros(rows, 0, dtype=torch.long, device=_device(model))
+        empty = torch.zeros(rows, 0, dtype=torch.long, device=model_device(model))
         kwargs = {"steps": None, **setting, **self.generation_fields}
         return lambda: diffusion_generate(model, empty, seed=0, **kwargs)
 

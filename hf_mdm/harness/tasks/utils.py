@@ -91,11 +91,13 @@ def pass_at_k(references: Sequence[Any], predictions: Sequence[Sequence[dict]], 
 # -- GSM8K chain ---------------------------------------------------------------------------------------------------
 
 
-def _extract(pattern: RegexFilter, text: str) -> str:
+def extract_answer(pattern: RegexFilter, text: str) -> str:
+    """The answer ``pattern`` (lm-eval's GSM8K strict or flexible filter) takes from ``text`` (its fallback when none)."""
     return pattern.apply([[text]], [{}])[0][0]
 
 
-def _exact_match(prediction: str, reference: str) -> float:
+def exact_match(prediction: str, reference: str) -> float:
+    """1.0 where ``prediction`` equals ``reference`` under lm-eval's GSM8K exact-match settings, else 0.0."""
     return float(exact_match_hf_evaluate([prediction], [reference], **GSM8K_EXACT_MATCH)["exact_match"])
 
 
@@ -108,13 +110,13 @@ def process_gsm8k_chain(doc: dict, results: Sequence[str]) -> dict[str, float]:
     """
     text = results[0]
     target = doc["answer"]
-    strict = _extract(GSM8K_STRICT, text)
-    flexible = _extract(GSM8K_FLEXIBLE, text)
-    correct = _exact_match(strict, target)
+    strict = extract_answer(GSM8K_STRICT, text)
+    flexible = extract_answer(GSM8K_FLEXIBLE, text)
+    correct = exact_match(strict, target)
     check = check_chain(text, answer=strict if strict != GSM8K_STRICT.fallback else flexible, question=doc["question"])
     return {
         "exact_match": correct,
-        "flexible_match": _exact_match(flexible, target),
+        "flexible_match": exact_match(flexible, target),
         "chain_valid": float(check.valid),
         "valid_and_correct": float(check.valid and correct == 1.0),
         "statements": float(check.num_statements),
