@@ -236,7 +236,7 @@ def test_a_checkpoint_neither_local_nor_on_the_hub_is_named_at_once(tiny, tmp_pa
     import huggingface_hub
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    from hf_mdm.harness.model_args import check_pretrained
+    from hf_mdm.harness.argument_checks import check_pretrained
 
     monkeypatch.chdir(tmp_path)
     asked = []

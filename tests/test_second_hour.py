@@ -80,9 +80,10 @@ def test_a_broken_experiment_config_is_one_line_before_any_experiment(config_dir
 
 def test_a_misspelled_model_argument_is_one_short_line(capsys):
     from hf_mdm.harness import model_args
-    from hf_mdm.harness.mdm import _known_arguments
+    from hf_mdm.harness.argument_checks import unknown_argument
+    from hf_mdm.harness.mdm import MaskedDiffusionLM
 
-    err = model_args.unknown_argument("hf_mdm", "stepz", _known_arguments())
+    err = unknown_argument("hf_mdm", "stepz", MaskedDiffusionLM.known_arguments())
     message = str(err)
     assert message == (
         "unknown model argument 'stepz' for --model hf_mdm (did you mean 'steps'?); every argument it takes: "

@@ -32,7 +32,7 @@ from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
 from ..generation_rows import invariance_guarantee
 from ..likelihood import ELBOEstimator, greedy_matches
-from .model_args import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
+from .argument_checks import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
 from .reproducible import reproducibility_info
 from .sampler_config import (
     RequestConfigs,
@@ -117,6 +117,14 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
     uses the tokenizer's chat template (LLaDA's and Dream's -Instruct tokenizers ship theirs) through HFLM.
     """
 
+    registered_name = "hf_mdm"  # the lm-eval model name, for messages about its arguments
+
+    @classmethod
+    def known_arguments(cls) -> dict[str, list[str]]:
+        """The arguments of ``hf_mdm`` by kind (for the message about an unknown one)."""
+        own = [name for name in inspect.signature(cls.__init__).parameters if name not in ("self", "kwargs")]
+        return {"hf_mdm's": own, "the sampler's": sorted(sampler_fields()), "lm-eval HFLM's": hflm_arguments()}
+
     def __init__(
         self,
         pretrained: Any,
@@ -131,13 +139,13 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
         choice = canonical_reference(_former_preset_argument(reference, kwargs))
         own = dict(max_gen_toks=max_gen_toks, mc_num=mc_num, greedy_check=greedy_check, seed=seed)
         check_model_args(kwargs, **own, per_request_seeds=per_request_seeds)
-        check_near_misses("hf_mdm", kwargs, _known_arguments(), inspect.signature(HFLM.__init__).parameters)
+        check_near_misses("hf_mdm", kwargs, self.known_arguments(), inspect.signature(HFLM.__init__).parameters)
         overrides = {key: kwargs.pop(key) for key in list(kwargs) if key in sampler_fields()}
         if choice in REFERENCE_ARGS:  # fail before loading the weights
             check_reference_args(choice, overrides, "requested")
         kwargs.setdefault("backend", "causal")
         check_pretrained(pretrained)
-        with explain_model_arguments("hf_mdm", kwargs, _known_arguments()):
+        with explain_model_arguments("hf_mdm", kwargs, self.known_arguments()):
             super().__init__(pretrained, **kwargs)
         self._explicit_max_gen_toks = None if max_gen_toks is None else int(max_gen_toks)
         self.mc_num, self.greedy_check, self._seed_argument = int(mc_num), bool(greedy_check), seed
@@ -381,12 +389,6 @@ def _former_preset_argument(reference: Any, kwargs: dict[str, Any]) -> Any:
     if reference not in ("auto", None) and canonical_reference(reference) != canonical_reference(preset):
         raise ValueError(f"reference={reference!r} and preset={preset!r} disagree: pass reference=... alone")
     return preset
-
-
-def _known_arguments() -> dict[str, list[str]]:
-    """The arguments of ``hf_mdm`` by kind (for the message about an unknown one)."""
-    own = [name for name in inspect.signature(MaskedDiffusionLM.__init__).parameters if name not in ("self", "kwargs")]
-    return {"hf_mdm's": own, "the sampler's": sorted(sampler_fields()), "lm-eval HFLM's": hflm_arguments()}
 
 
 def _auto_model_class(config: Any, trust_remote_code: bool) -> type:

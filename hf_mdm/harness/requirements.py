@@ -6,7 +6,7 @@
   (``HF_MDM_ALLOW_UNISOLATED_EXECUTION=1``);
 - offline (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``) the benchmarks come from ``HF_MDM_DATA_DIR``, which must
   then be set (`hf_mdm.harness.data`);
-- checkpoints must be local folders or models the Hub can give (`hf_mdm.harness.model_args.check_pretrained`).
+- checkpoints must be local folders or models the Hub can give (`hf_mdm.harness.argument_checks.check_pretrained`).
 
 `check_requirements` collects every unmet requirement of a whole run (``hf-mdm compare``'s matrix, or one
 ``hf-mdm-eval run``) into one ValueError that says what to change.
@@ -17,8 +17,8 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable, Optional
 
+from .argument_checks import check_pretrained
 from .data import DATA_DIR_ENV, data_dir
-from .model_args import check_pretrained
 from .sandbox import ALLOW_ENV, code_execution_allowed, isolation_layer
 
 __all__ = ["unsafe_tasks", "check_requirements"]

@@ -24,7 +24,7 @@ from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, po
 from tqdm import tqdm
 from transformers import StoppingCriteria
 
-from .model_args import check_pretrained, explain_model_arguments, hflm_arguments
+from .argument_checks import check_pretrained, explain_model_arguments, hflm_arguments
 from .reproducible import generate_alone, reproducibility_info, request_seed, run_seed
 from .timing import RequestTag, Stopwatch, TimingRecorder, tag_requests
 
