@@ -373,7 +373,6 @@ class LLaDA2Transfer(AdaptiveTransfer):
 
 
 TRANSFERS = tuple(TRANSFER_REGISTRY)  # the built-in transfers, in registration order
-ADAPTIVE_TRANSFERS = tuple(name for name, cls in TRANSFER_REGISTRY.items() if cls.adaptive)
 
 
 def check_transfer_parameters(transfer: str, given: dict[str, Any], remdm: Optional[str] = None) -> None:

@@ -7,7 +7,7 @@ extracted and compared with lm-eval's own ``regex`` filter and ``exact_match`` m
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import datasets
 from lm_eval.api.metrics import exact_match_hf_evaluate
@@ -121,9 +121,3 @@ def process_gsm8k_chain(doc: dict, results: Sequence[str]) -> dict[str, float]:
         "valid_and_correct": float(check.valid and correct == 1.0),
         "statements": float(check.num_statements),
     }
-
-
-def chain_details(text: str, question: Optional[str] = None) -> list[dict]:
-    """The statements of a chain as dicts (for inspection)."""
-    statements = check_chain(text, question=question).statements
-    return [{"text": s.text, "holds": s.holds, "source": s.source} for s in statements]
