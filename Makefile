@@ -96,9 +96,10 @@ bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench_grpo.py --output evaluation/GRPO.md
 	$(OFFLINE) $(PY) evaluation/rl_estimators.py --output evaluation/RL_ESTIMATORS.md
 
-# Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
-# table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.
-# Meant to end in about 8 minutes (rows past --budget-s are skipped; first runs: results/gpu/README.md); GPU_CHECK_ARGS="--quick" for batch 1 only.
+# Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the real-shape table, then the
+# CUDA tests; the table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.
+# Ends in about 8 minutes: it prints its plan (hf_mdm.gpu_check.schedule) and skips, named, what --budget-s leaves
+# out; GPU_CHECK_ARGS="--quick" for batch 1 only.
 GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(OFFLINE) $(PY) -m hf_mdm.gpu_check $(GPU_CHECK_ARGS)

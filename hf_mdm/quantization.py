@@ -27,6 +27,7 @@ import torch
 __all__ = [
     "QUANTIZATIONS",
     "quantization_config",
+    "quantize_weights",
     "tensor_bytes",
     "weight_bytes",
     "linear_weight_bytes",
@@ -93,6 +94,26 @@ def quantization_config(
             "(use 'int8', which runs on any device)"
         )
     return TorchAoConfig(weights, modules_to_not_convert=modules_to_not_convert)
+
+
+def quantize_weights(model: torch.nn.Module, name: Optional[str], device: Any = "cpu", group_size: int = 128) -> None:
+    """Quantizes the weights of a model already built (random weights, say: there is no checkpoint to load) in
+    place, as ``from_pretrained`` with `quantization_config` would as it loads: the ``nn.Linear`` layers but the
+    output layer, and for int4 only those whose input width is a multiple of ``group_size``. None or ``"none"``
+    leaves the model as it is."""
+    config = quantization_config(name, device, group_size)
+    if config is None:
+        return
+    from torchao.quantization import quantize_
+
+    head = model.get_output_embeddings()
+
+    def converted(module: torch.nn.Module, _name: str) -> bool:
+        if not isinstance(module, torch.nn.Linear) or module is head:
+            return False
+        return name != "int4" or module.in_features % group_size == 0
+
+    quantize_(model, config.quant_type, filter_fn=converted)
 
 
 def _check_group_size(group_size: int, choices: tuple) -> None:

@@ -16,7 +16,8 @@ def test_the_cpu_run_writes_every_row(tmp_path, capsys):
     assert main(["--device", "cpu", "--tiny", "--output-dir", str(tmp_path)]) == 0
     payload = json.loads((tmp_path / "gpu_check.json").read_text())
     table = (tmp_path / "gpu_check.md").read_text()
-    assert table in capsys.readouterr().out  # printed as written
+    out = capsys.readouterr().out
+    assert table in out and out.index("gpu-check: the plan") < out.index(table)  # the plan printed before the run
     assert payload["environment"]["device"].startswith("CPU") and payload["environment"]["cuda"] is None
     assert "skipped" in payload["cuda_tests"]["summary"] and payload["cuda_tests"]["returncode"] == 0
     rows = payload["rows"]
@@ -28,17 +29,32 @@ def test_the_cpu_run_writes_every_row(tmp_path, capsys):
                 assert [r["nfe"] for r in mine] == [settings["new_tokens"]] * 2  # one forward a token
             else:
                 samplers = {r["sampler"] for r in mine}
-                assert samplers >= {name for name in SAMPLERS if not (shape.block_causal and "dual" in name)}
+                wanted = set(SAMPLERS) if batch == 1 else {n for n in SAMPLERS if n.startswith("confidence")}
+                assert samplers >= {name for name in wanted if not (shape.block_causal and "dual" in name)}
                 fixed = [r for r in mine if "threshold" not in r["sampler"] and "llada2" not in r["sampler"]]
                 # the block-causal LLaDA2 takes its family's steps per attention block (at least the call's)
                 ok = (lambda n: n >= settings["steps"]) if shape.block_causal else (lambda n: n == settings["steps"])
                 assert all(ok(r["nfe"]) for r in fixed), (shape.name, fixed)
             assert all(r["tokens_per_s"] > 0 and r["ms_per_forward"] > 0 and r["note"] == "" for r in mine)
+    for r in rows:  # each row beside its two limits, the ratio over the larger
+        assert r["flop_limit_ms"] > 0 and r["byte_limit_ms"] > 0
+        assert r["limit_ratio"] == pytest.approx(r["ms_per_forward"] / max(r["flop_limit_ms"], r["byte_limit_ms"]))
+    dual = {
+        r["weights"]: r
+        for r in rows
+        if (r["model"], r["batch"], r["sampler"]) == ("LLaDA-8B", 1, "confidence, dual cache")
+    }
+    assert set(dual) == {"none", "int8", "int4"} and all(r["tokens_per_s"] > 0 for r in dual.values())
+    assert dual["int8"]["byte_limit_ms"] < dual["none"]["byte_limit_ms"]  # quantized weights are fewer bytes to read
     (published,) = [r for r in rows if r["sampler"] == "llada2 published loop (no cache)"]
     assert published["tokens_equal"] is True  # the exact block cache gives the published loop's tokens
-    assert "| LLaDA2.0-mini | 1 | llada2 preset, exact block cache |" in table
+    assert "| LLaDA2.0-mini | 1 | llada2 preset, exact block cache | none |" in table
     assert table.startswith("# GPU check: tiny stand-ins, not the named models' shapes\n")
     assert payload["settings"]["tiny"] is True
+    assert all(p["planned"] for p in payload["plan"]["parts"]) and "| Fast-dLLM | arXiv 2505.22618 |" in table
+    order = [s.name for s in shapes(tiny=True)]
+    keys = [(order.index(r["model"]), r["batch"]) for r in rows]
+    assert keys == sorted(keys) and len({k[0] for k in keys}) == len(order)  # run by the plan, shown by model
     # on the CPU in float32 rows of one length batch invariantly (hf_mdm.generation_rows.batches_invariantly)
     invariance = payload["batch_invariance"]
     assert [r["model"] for r in invariance] == [s.name for s in shapes(tiny=True) if s.kind == "diffusion"]
@@ -69,16 +85,11 @@ def test_without_cuda_the_gpu_run_says_what_to_do(tmp_path, capsys):
     assert "--device cpu --tiny" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
-def test_rows_come_in_table_order_and_differences_are_located(tmp_path):
+def test_differences_are_located():
     import torch
 
     from hf_mdm.gpu_check.table import first_difference
 
-    assert main(["--device", "cpu", "--tiny", "--output-dir", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / "gpu_check.json").read_text())["rows"]
-    order = [s.name for s in shapes(tiny=True)]
-    keys = [(order.index(r["model"]), r["batch"]) for r in rows]
-    assert keys == sorted(keys) and len({k[0] for k in keys}) == len(order)  # measured in passes, shown by model
     a = torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]])
     b = a.clone()
     assert first_difference(a, b) is None

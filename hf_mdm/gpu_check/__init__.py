@@ -1,14 +1,22 @@
 """``make gpu-check``: everything hf_mdm measures on a GPU, in one unattended command that ends in minutes.
 
-1. The CUDA tests (``pytest -m cuda``, `tests/test_cuda.py`; skipped, with the reason, where there is no GPU).
-2. The real-shape table with random weights (`hf_mdm.gpu_check.table`, models in `hf_mdm.gpu_check.shapes`):
-   LLaDA-8B, Dream-7B, LLaDA2.0-mini and the autoregressive Qwen2.5-7B and Llama-3-8B, batch 1 and 32, in passes
-   (``measure_in_passes``) so that the time budget skips the costly rows (CUDA graphs) rather than whole models.
-3. Batch invariance (`hf_mdm.gpu_check.invariance`): whether rows of one length batched together get the bits each
-   gets alone on this device, for each diffusion model, while the budget lasts.
-4. Serving (`hf_mdm.gpu_check.serving`): concurrent requests as joined calls (``hf-mdm serve --scheduler join``)
-   against one batched call, LLaDA-8B and LLaDA2.0-mini, 1 / 8 / 32 at once, while the budget lasts.
-5. ``results/gpu/gpu_check.json`` and ``gpu_check.md``, naming the device and the torch and CUDA versions, printed.
+First the plan (`hf_mdm.gpu_check.schedule`): every part below with its estimated seconds on one H200, measured
+where ``results/gpu`` timed it and estimated otherwise, kept in order while it fits the budget (8 minutes), printed
+before anything runs; a part whose estimate would end past the deadline is skipped and named.
+
+1. The real-shape table with random weights (`hf_mdm.gpu_check.table`, models in `hf_mdm.gpu_check.shapes`):
+   LLaDA-8B, Dream-7B, LLaDA2.0-mini and the autoregressive Qwen2.5-7B and Llama-3-8B, every model's eager rows at
+   batch 1, then at batch 32, then LLaDA-8B's dual cache with int8 and int4 weights; each row beside its two limits
+   (`hf_mdm.gpu_check.limits`).
+2. Batch invariance (`hf_mdm.gpu_check.invariance`): whether rows of one length batched together get the bits each
+   gets alone on this device, for each diffusion model.
+3. Serving (`hf_mdm.gpu_check.serving`): concurrent requests as joined calls (``hf-mdm serve --scheduler join``)
+   against one batched call, LLaDA-8B and LLaDA2.0-mini, 1 / 8 / 32 at once.
+4. The costly rows, last: CUDA graphs (bfloat16, then int8 and int4), transformers' static cache, model by model so
+   that each model's compiled forwards serve its later rows.
+5. The CUDA tests (``pytest -m cuda``, `tests/test_cuda.py`; skipped, with the reason, where there is no GPU).
+6. ``results/gpu/gpu_check.json`` and ``gpu_check.md``: the device, torch and CUDA versions, the plan, the tables,
+   tokens/s beside published figures (`hf_mdm.gpu_check.published`); printed.
 
 The same command runs on the CPU with tiny shapes (``--device cpu --tiny``), as part of ``make test``.
 """
@@ -24,13 +32,15 @@ from typing import Any, Optional
 
 import torch
 
+from ..quantization import quantize_weights
 from .invariance import measure_invariance
 from .report import environment, write_report
-from .serving import SERVED_MODELS, measure_serving
-from .shapes import shapes
-from .table import Row, Settings, measure_shape
+from .schedule import BUDGET_S, Planned, Schedule, compile_caches, plan
+from .serving import Serving, measure_serving
+from .shapes import Shape, shapes
+from .table import Row, RowSpec, Settings, measure_row, skipped_row, table_rows
 
-__all__ = ["run", "run_cuda_tests"]
+__all__ = ["run", "run_cuda_tests", "execute"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,24 +61,89 @@ def run_cuda_tests(timeout_s: float) -> dict[str, Any]:
     return {"summary": summary, "returncode": done.returncode, "output_tail": done.stdout[-4000:]}
 
 
-def measure_in_passes(models: list, settings: Settings) -> list[Row]:
-    """Cheapest first, so that the budget skips the costly rows rather than whole models: every model's eager rows at
-    the first batch size, then at the others, then (on CUDA) the CUDA-graph rows, whose compilation dominates. Rows are
-    returned in table order: model, batch, then pass."""
-    cuda = torch.device(settings.device).type == "cuda"
-    first, rest = settings.batches[:1], settings.batches[1:]
-    passes = [(first, False), (rest, False)] + ([(settings.batches, True)] if cuda else [])
-    rows: list[Row] = []
-    for part, (batches, graphs) in enumerate(passes):
-        for order, shape in enumerate(models):
-            if not batches or (graphs and shape.kind != "diffusion"):
-                continue
-            print(f"gpu-check: {shape.name}, batch {', '.join(map(str, batches))}{', CUDA graphs' if graphs else ''}")
-            rows += [
-                (order, row.batch, part, row)
-                for row in measure_shape(shape, settings, batches, graphs, [r[3] for r in rows])
-            ]
-    return [row for *_, row in sorted(rows, key=lambda r: r[:3])]
+class _Models:
+    """The model rows run on, kept built while consecutive rows share its model and weights (so its compiled
+    forwards serve them all), then freed."""
+
+    def __init__(self, shapes: dict[str, Shape], settings: Settings):
+        self.shapes, self.settings, self.key, self.network = shapes, settings, None, None
+
+    def get(self, spec: RowSpec):
+        if self.key != (spec.model, spec.weights):
+            self.free()
+            network = self.shapes[spec.model].build(self.settings.dtype, self.settings.device)
+            if spec.weights != "none":
+                quantize_weights(network, spec.weights, self.settings.device, self.settings.group_size)
+            self.key, self.network = (spec.model, spec.weights), network
+        return self.network
+
+    def prompt(self, batch: int) -> torch.Tensor:
+        generator = torch.Generator(device="cpu").manual_seed(batch)
+        vocab = self.network.config.vocab_size
+        ids = torch.randint(3, min(vocab, 30000) - 2, (batch, self.settings.prompt), generator=generator)
+        return ids.to(self.settings.device)
+
+    def free(self) -> None:
+        self.key, self.network = None, None
+        if torch.device(self.settings.device).type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _measure(models: _Models, planned: Planned, done: list[Row]) -> Row:
+    spec, settings = planned.item.spec, models.settings
+    if not planned.planned:
+        return skipped_row(spec, "not in the plan (past the budget)")
+    if time.monotonic() + planned.seconds > settings.deadline:
+        return skipped_row(spec, "time budget")
+    try:
+        network = models.get(spec)
+    except ValueError as error:  # a quantization this machine cannot run (no torchao, a device int4 does not pack for)
+        return skipped_row(spec, str(error))
+    return measure_row(network, models.shapes[spec.model], spec, models.prompt(spec.batch), settings, done)
+
+
+def _serve(shape: Shape, entries: list[Planned], settings: Settings) -> list[Serving]:
+    """One model's serving rows: the planned counts in one call (one build), the others named as left out."""
+    counts = tuple(e.item.count for e in entries if e.planned)
+    rows = measure_serving(
+        shape, settings.device, settings.dtype, settings.prompt, settings.new_tokens, counts, settings.deadline,
+        settings.steps,
+    ) if counts else []  # fmt: skip
+    left_out = [e.item.count for e in entries if not e.planned]
+    return rows + [Serving(shape.name, n, 0.0, 0.0, 0, "skipped: not in the plan (past the budget)") for n in left_out]
+
+
+def execute(schedule: Schedule, shapes: list[Shape], settings: Settings, cuda: bool) -> dict[str, Any]:
+    """Runs the planned parts in order (a part whose estimate would end past the deadline is skipped); returns the
+    table's rows in table order, the invariance and serving rows and the CUDA tests' outcome."""
+    by_name = {shape.name: shape for shape in shapes}
+    models, rows, invariance, serving = _Models(by_name, settings), [], [], []
+    tests = {"summary": "not run: not in the plan (past the budget)", "returncode": None}
+    for planned in schedule.entries:
+        item = planned.item
+        if item.kind != "row":
+            models.free()
+        if item.kind == "row":
+            rows.append(_measure(models, planned, rows))
+        elif item.kind == "serving" and item.model not in {r.model for r in serving}:
+            entries = [e for e in schedule.entries if e.item.kind == "serving" and e.item.model == item.model]
+            serving += _serve(by_name[item.model], entries, settings)
+        elif not planned.planned or time.monotonic() + planned.seconds > settings.deadline:
+            continue
+        elif item.kind == "invariance":
+            shape = by_name[item.model]
+            measured = measure_invariance(
+                shape, settings.device, settings.dtype, settings.prompt, settings.new_tokens, settings.steps
+            )
+            invariance.append(measured)
+        elif item.kind == "cuda tests":
+            tests = run_cuda_tests(min(240.0, max(planned.seconds, settings.deadline - time.monotonic())))
+            print(f"gpu-check: CUDA tests: {tests['summary']}", flush=True)
+    models.free()
+    order = [s for shape in shapes for b in settings.batches for s in table_rows(shape, b, cuda)]
+    key = {(s.model, s.batch, s.sampler, s.weights): n for n, s in enumerate(order)}
+    rows.sort(key=lambda r: key[(r.model, r.batch, r.sampler, r.weights)])
+    return {"rows": rows, "invariance": invariance, "serving": serving, "tests": tests}
 
 
 def run(
@@ -76,39 +151,26 @@ def run(
     tiny: bool = False,
     quick: bool = False,
     output_dir: Path = Path("results/gpu"),
-    budget_s: float = 330.0,
-    tests_timeout_s: float = 240.0,
+    budget_s: float = BUDGET_S,
     models: Optional[list[str]] = None,
 ) -> tuple[dict[str, Path], list[Row]]:
-    """The five steps (see the module docstring); returns the written paths and the table's rows."""
+    """The plan (`hf_mdm.gpu_check.schedule`), printed, then run; returns the written paths and the table's rows."""
     start = time.monotonic()
-    tests = run_cuda_tests(tests_timeout_s)
-    print(f"gpu-check: CUDA tests: {tests['summary']}", flush=True)
-    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    settings = Settings(device=device, dtype=dtype, deadline=start + budget_s)
+    cuda = torch.device(device).type == "cuda"
+    caches = compile_caches(Path("runs/inductor-cache").resolve()) if cuda else {}
+    settings = Settings(device=device, dtype=torch.bfloat16 if cuda else torch.float32, deadline=start + budget_s)
     if tiny:
         settings.prompt, settings.new_tokens, settings.block, settings.steps = 32, 32, 8, 8
-        settings.batches = (1, 3)
+        settings.batches, settings.group_size = (1, 3), 32
     if quick:
         settings.batches = settings.batches[:1]
-    rows = measure_in_passes(shapes(tiny=tiny, names=models), settings)
-    invariance = [
-        measure_invariance(shape, device, dtype, settings.prompt, settings.new_tokens)
-        for shape in shapes(tiny=tiny, names=models)
-        if shape.kind == "diffusion" and time.monotonic() < settings.deadline
-    ]
-    counts = (1, 3) if tiny else (1, 8, 32)
-    serving = [
-        row
-        for shape in shapes(tiny=tiny, names=models)
-        if shape.name in SERVED_MODELS
-        for row in measure_serving(
-            shape, device, dtype, settings.prompt, settings.new_tokens, counts, settings.deadline
-        )
-    ]
+    chosen = shapes(tiny=tiny, names=models)
+    schedule = plan(chosen, settings, cuda, budget_s, None if not tiny else lambda item, builds: (0.0, "tiny: none"))
+    print("\n".join(["gpu-check: the plan", *schedule.lines()]), flush=True)
+    done = execute(schedule, chosen, settings, cuda)
     recorded = {k: str(v) if k == "dtype" else v for k, v in vars(settings).items() if k != "deadline"}
-    recorded["tiny"] = tiny  # the table then says its rows are tiny stand-ins of the named shapes
-    paths = write_report(Path(output_dir), environment(device), tests, rows, recorded, invariance, serving)
+    recorded.update(tiny=tiny, compile_caches=caches)  # tiny: the table says its rows are tiny stand-ins
+    paths = write_report(Path(output_dir), environment(device), done, recorded, schedule)
     print(paths["markdown"].read_text(encoding="utf-8"))
     print(f"gpu-check: wrote {paths['json']} and {paths['markdown']} in {time.monotonic() - start:.0f} s")
-    return paths, rows
+    return paths, done["rows"]

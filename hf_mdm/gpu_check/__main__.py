@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 import torch
 
 from . import run
+from .schedule import BUDGET_S
 from .shapes import shapes
 
 
@@ -18,13 +19,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hf_mdm.gpu_check", description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (with --tiny)")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (the CPU run of make test)")
-    parser.add_argument("--quick", action="store_true", help="batch 1 only (about 3 minutes on one H100)")
+    parser.add_argument("--quick", action="store_true", help="batch 1 only")
     parser.add_argument("--output-dir", type=Path, default=Path("results/gpu"))
     parser.add_argument(
         "--budget-s",
         type=float,
-        default=330.0,
-        help="rows started past this many seconds (from the command's start) are skipped; 0 skips every row",
+        default=BUDGET_S,
+        help="the plan keeps what its estimates fit in this many seconds (default 480); a part whose estimate would "
+        "end past it (from the command's start) is skipped; 0 skips every part",
     )
     parser.add_argument("--models", nargs="+", choices=[s.name for s in shapes()], default=None)
     args = parser.parse_args(argv)

@@ -10,7 +10,7 @@ kernels (split-K) by the number of rows, so this is measured rather than assumed
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -32,8 +32,11 @@ class Invariance:
 
 
 @torch.no_grad()
-def measure_invariance(shape: Shape, device: Any, dtype: torch.dtype, prompt: int, new_tokens: int) -> Invariance:
-    """One model's row (see the module docstring); its weights random, seeded by the shape's builder."""
+def measure_invariance(
+    shape: Shape, device: Any, dtype: torch.dtype, prompt: int, new_tokens: int, steps: Optional[int] = None
+) -> Invariance:
+    """One model's row (see the module docstring); its weights random, seeded by the shape's builder; the sampler
+    takes ``steps`` (default: one token a step)."""
     model = shape.build(dtype, device)
     ids_of = dict(shape.token_ids)
     vocab = int(getattr(model.config, "vocab_size", 512))
@@ -42,7 +45,7 @@ def measure_invariance(shape: Shape, device: Any, dtype: torch.dtype, prompt: in
     batched = model(ids).logits
     alone = torch.cat([model(ids[b : b + 1]).logits for b in range(ROWS)])
     equal = (batched == alone).flatten(1).all(1)
-    settings = dict(max_new_tokens=new_tokens, steps=new_tokens, block_length=min(32, new_tokens), **ids_of)
+    settings = dict(max_new_tokens=new_tokens, steps=steps or new_tokens, block_length=min(32, new_tokens), **ids_of)
     together = model.generate(ids, **settings)[:, prompt:]
     own = torch.cat([model.generate(ids[b : b + 1], **settings)[:, prompt:] for b in range(ROWS)])
     difference = float((batched.float() - alone.float()).abs().max())

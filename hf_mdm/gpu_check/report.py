@@ -1,5 +1,6 @@
 """What the GPU check writes: ``gpu_check.json`` and ``gpu_check.md`` (the device, torch and CUDA versions, the CUDA
-tests' outcome and the timing table), whole or not at all."""
+tests' outcome, the plan, the timing table with its limits, invariance, serving and the published figures), whole or
+not at all."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import transformers
 
 from ..fileio import write_atomic
 from .invariance import Invariance
+from .limits import PEAK_BANDWIDTH, PEAK_FLOPS
+from .published import published_lines
+from .schedule import Schedule
 from .serving import serving_lines
 from .table import Row
 
@@ -44,14 +48,13 @@ def _cell(value: Optional[float], digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def markdown(
-    env: dict[str, Any],
-    tests: dict[str, Any],
-    rows: list[Row],
-    settings: dict[str, Any],
-    invariance: list = (),
-    serving: list = (),
-) -> str:
+def _limit_cells(r: Row) -> str:
+    return f"{_cell(r.flop_limit_ms, 2)} | {_cell(r.byte_limit_ms, 2)} | {_cell(r.limit_ratio, 2)}"
+
+
+def markdown(env: dict[str, Any], done: dict[str, Any], settings: dict[str, Any], schedule: Schedule) -> str:
+    """The report: the machine, the plan, the table, invariance, serving and the published figures."""
+    tests = done["tests"]
     lines = [
         "# GPU check" + (": tiny stand-ins, not the named models' shapes" if settings.get("tiny") else ""),
         "",
@@ -59,20 +62,28 @@ def markdown(
         f"CUDA tests: {tests.get('summary', '-')}.",
         "",
         *([TINY_NOTE, ""] if settings.get("tiny") else []),
+        *schedule.lines(),
+        "",
         f"Random weights, {settings['dtype']}; prompt {settings['prompt']} + {settings['new_tokens']} new tokens, blocks "
         f"of {settings['block']}, {settings['steps']} steps; median of {settings['repeats']} timed call(s) after a "
-        "warm-up. Timing does not depend on the weights for fixed-step samplers; threshold decoding's does.",
+        "warm-up. Timing does not depend on the weights for fixed-step samplers; threshold decoding's does. *FLOP "
+        f"limit*: a forward's FLOPs at {PEAK_FLOPS / 1e12:.0f} TFLOP/s; *byte limit*: the bytes it must read (weights "
+        f"once, keys and values attended) at {PEAK_BANDWIDTH / 1e12:.1f} TB/s; *x limit*: ms / forward over the "
+        "larger (`hf_mdm.gpu_check.limits`; an H200's rates, so on another device only the code path is checked).",
         "",
-        "| model | batch | sampler | tokens/s | ms / forward | NFE | peak GiB | tokens equal | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| model | batch | sampler | quantized | tokens/s | ms / forward | FLOP limit ms | byte limit ms | x limit | NFE | "
+        "peak GiB | tokens equal | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in rows:
+    for r in done["rows"]:
         equal = "-" if r.tokens_equal is None else ("yes" if r.tokens_equal else "NO")
         lines.append(
-            f"| {r.model} | {r.batch} | {r.sampler} | {_cell(r.tokens_per_s, 1)} | {_cell(r.ms_per_forward, 2)} | "
-            f"{r.nfe if r.nfe is not None else '-'} | {_cell(r.peak_memory_gib, 2)} | {equal} | {r.note} |"
+            f"| {r.model} | {r.batch} | {r.sampler} | {r.weights} | {_cell(r.tokens_per_s, 1)} | "
+            f"{_cell(r.ms_per_forward, 2)} | {_limit_cells(r)} | {r.nfe if r.nfe is not None else '-'} | "
+            f"{_cell(r.peak_memory_gib, 2)} | {equal} | {r.note} |"
         )
-    return "\n".join(lines + invariance_lines(invariance) + serving_lines(list(serving))) + "\n"
+    lines += invariance_lines(done["invariance"]) + serving_lines(list(done["serving"]))
+    return "\n".join(lines + published_lines(done["rows"])) + "\n"
 
 
 def invariance_lines(invariance: list[Invariance]) -> list[str]:
@@ -96,14 +107,19 @@ def invariance_lines(invariance: list[Invariance]) -> list[str]:
 
 
 def write_report(
-    output_dir: Path, env: dict, tests: dict, rows: list[Row], settings: dict, invariance: list = (), serving: list = ()
+    output_dir: Path, env: dict, done: dict[str, Any], settings: dict, schedule: Schedule
 ) -> dict[str, Path]:
-    """Both files under ``output_dir``; returns their paths."""
-    records = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} for r in rows]
-    payload = {"environment": env, "cuda_tests": tests, "settings": settings, "rows": records}
-    payload["batch_invariance"] = [dataclasses.asdict(r) for r in invariance]
-    payload["serving"] = [dataclasses.asdict(r) for r in serving]
+    """Both files under ``output_dir`` (``done``: `hf_mdm.gpu_check.execute`'s); returns their paths."""
+    records = [{k: v for k, v in dataclasses.asdict(r).items() if k != "tokens"} for r in done["rows"]]
+    plan = [
+        {"part": e.item.label(), "kind": e.item.kind, "estimated_s": e.seconds, "basis": e.basis, "planned": e.planned}
+        for e in schedule.entries
+    ]
+    payload = {"environment": env, "cuda_tests": done["tests"], "settings": settings, "rows": records}
+    payload["plan"] = {"budget_s": schedule.budget_s, "total_s": schedule.total_s, "parts": plan}
+    payload["batch_invariance"] = [dataclasses.asdict(r) for r in done["invariance"]]
+    payload["serving"] = [dataclasses.asdict(r) for r in done["serving"]]
     paths = {"json": output_dir / "gpu_check.json", "markdown": output_dir / "gpu_check.md"}
     write_atomic(paths["json"], json.dumps(payload, indent=2, default=str))
-    write_atomic(paths["markdown"], markdown(env, tests, rows, settings, invariance, serving))
+    write_atomic(paths["markdown"], markdown(env, done, settings, schedule))
     return paths

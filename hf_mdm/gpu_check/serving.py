@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -61,15 +61,23 @@ def _joined(model: Any, shared: SharedForwards, ids: torch.Tensor, settings: dic
 
 @torch.no_grad()
 def measure_serving(
-    shape: Shape, device: Any, dtype: torch.dtype, prompt: int, new_tokens: int, counts: tuple, deadline: float
+    shape: Shape,
+    device: Any,
+    dtype: torch.dtype,
+    prompt: int,
+    new_tokens: int,
+    counts: tuple,
+    deadline: float,
+    steps: Optional[int] = None,
 ) -> list[Serving]:
-    """One model's rows (see the module docstring); rows started past ``deadline`` are skipped."""
+    """One model's rows (see the module docstring), each call with ``steps`` (default: one token a step); rows
+    started past ``deadline`` are skipped."""
     model = shape.build(dtype, device)
     vocab = int(getattr(model.config, "vocab_size", 512))
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(3, min(vocab, 30000) - 2, (max(counts), prompt), generator=generator).to(device)
     settings = dict(
-        max_new_tokens=new_tokens, steps=new_tokens, block_length=min(32, new_tokens), **dict(shape.token_ids)
+        max_new_tokens=new_tokens, steps=steps or new_tokens, block_length=min(32, new_tokens), **dict(shape.token_ids)
     )
     if shape.block_causal:
         settings["kv_cache"] = "prefix"  # the exact block cache, kept per request

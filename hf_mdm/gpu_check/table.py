@@ -2,13 +2,16 @@
 
 Diffusion models, each row a sampler: the paper's (stochastic transfer, random order, temperature 1), confidence
 decoding without a cache, the prefix and dual caches (the exact block cache for the block-causal LLaDA2), threshold
-decoding, and on CUDA the same confidence decoding, without and with the caches, with its forwards compiled into
-CUDA graphs (``compile_config`` mode ``"reduce-overhead"``, the caches then static; tokens checked against eager); for LLaDA2 at batch 1 also its published generate()'s loop
-(no cache, `hf_mdm.gpu_check.llada2_loop`) against hf_mdm's exact block cache, tokens checked. Autoregressive
-baselines: transformers' ``generate``, greedy, with its dynamic cache and with its static cache (compiled by
-transformers on CUDA). Every row: a warm-up call (and compilation), then ``repeats`` timed calls, device
-synchronised; tokens/s, ms per forward, NFE and peak memory. Rows past the time budget are listed as skipped, so the
-command ends in its time whatever the device.
+decoding (batch 1; at batch 32 the three cache rows), and on CUDA the same confidence decoding, without and with the
+caches, with its forwards compiled into CUDA graphs (``compile_config`` mode ``"reduce-overhead"``, the caches then
+static; tokens checked against eager); for LLaDA2 at batch 1 also its published generate()'s loop (no cache,
+`hf_mdm.gpu_check.llada2_loop`) against hf_mdm's exact block cache, tokens checked; for LLaDA-8B at batch 1 the dual
+cache with int8 and int4 weights (`hf_mdm.quantization.quantize_weights`), eager and on CUDA in CUDA graphs.
+Autoregressive baselines: transformers' ``generate``, greedy, with its dynamic cache and with its static cache
+(compiled by transformers on CUDA). Every row: a warm-up call (an eager diffusion row's with one step a block: the
+same shapes, an eighth of the forwards; a compiled row's the whole call, which compiles), then ``repeats`` timed
+calls, device synchronised; tokens/s, ms per forward, NFE, peak memory and the two limits of
+`hf_mdm.gpu_check.limits`. Which rows run, in which order, is `hf_mdm.gpu_check.schedule`'s.
 """
 
 from __future__ import annotations
@@ -22,10 +25,21 @@ import torch
 from transformers import CompileConfig
 
 from ..timer import Stopwatch
+from .limits import forward_work, limit_ratio, limits_ms, model_size, positions
 from .llada2_loop import cut_at_eos, published_loop
 from .shapes import Shape
 
-__all__ = ["Settings", "Row", "measure_shape", "first_difference", "SAMPLERS"]
+__all__ = [
+    "Settings",
+    "Row",
+    "RowSpec",
+    "table_rows",
+    "measure_row",
+    "skipped_row",
+    "first_difference",
+    "SAMPLERS",
+    "QUANTIZED",
+]
 
 SAMPLERS: dict[str, dict[str, Any]] = {
     "paper's sampler (stochastic, random, T=1)": dict(transfer="stochastic", strategy="random", temperature=1.0),
@@ -36,6 +50,10 @@ SAMPLERS: dict[str, dict[str, Any]] = {
 }
 CACHE_ROWS = {"none": "confidence, no cache", "prefix": "confidence, prefix cache", "dual": "confidence, dual cache"}
 CUDA_GRAPHS = {f"{row}, CUDA graphs": cache for cache, row in CACHE_ROWS.items()}  # checked against the eager row
+LLADA2_ROWS = {"llada2 preset, exact block cache": "exact", "llada2 published loop (no cache)": "loop"}
+AR_ROWS = ("transformers generate, dynamic cache", "transformers generate, static cache")
+QUANTIZED = ("int8", "int4")  # weight-only, beside bfloat16
+QUANTIZED_ROWS = {"LLaDA-8B": ("confidence, dual cache", "confidence, dual cache, CUDA graphs")}  # at batch 1
 
 
 @dataclass
@@ -48,7 +66,30 @@ class Settings:
     block: int = 32
     steps: int = 64
     repeats: int = 1
+    group_size: int = 128  # int4's
     deadline: float = float("inf")  # time.monotonic() after which rows are skipped
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """A row to measure: the model, the batch, the sampler, the weights (``"none"``: as built, or one of `QUANTIZED`) and
+    whether its forwards compile (the costly rows)."""
+
+    model: str
+    batch: int
+    sampler: str
+    weights: str = "none"  # quantized: "none" or one of QUANTIZED
+    compiled: bool = False
+
+    @property
+    def cache(self) -> str:
+        """The positions its forwards compute, by `hf_mdm.gpu_check.limits.positions`'s names."""
+        if self.sampler in LLADA2_ROWS:
+            return LLADA2_ROWS[self.sampler]
+        if self.sampler in AR_ROWS:
+            return "ar"
+        sampler = SAMPLERS.get(self.sampler) or SAMPLERS[CACHE_ROWS[CUDA_GRAPHS[self.sampler]]]
+        return sampler.get("kv_cache", "none")
 
 
 @dataclass
@@ -56,19 +97,43 @@ class Row:
     model: str
     batch: int
     sampler: str
+    weights: str = "none"  # quantized: "none" or one of QUANTIZED
     seconds: Optional[float] = None
     tokens_per_s: Optional[float] = None
     ms_per_forward: Optional[float] = None
     nfe: Optional[int] = None
     peak_memory_gib: Optional[float] = None
+    flop_limit_ms: Optional[float] = None  # its FLOPs at limits.PEAK_FLOPS
+    byte_limit_ms: Optional[float] = None  # the bytes it must read at limits.PEAK_BANDWIDTH
+    limit_ratio: Optional[float] = None  # ms per forward over the larger of the two
     tokens_equal: Optional[bool] = None  # against the row it reproduces (CUDA graphs: eager; published loop: cache)
     note: str = ""
     tokens: Any = field(default=None, repr=False)
 
 
-def _timed(settings: Settings, call: Callable[[], Any]) -> tuple[float, Any, Optional[float]]:
-    """A warm-up call, then the median of ``repeats`` timed ones; the last output; peak memory (GiB, CUDA)."""
-    call()
+def table_rows(shape: Shape, batch: int, cuda: bool) -> list[RowSpec]:
+    """``shape``'s rows at ``batch`` in table order; the compiled ones only on CUDA (on the CPU transformers' static
+    cache runs eager)."""
+    if shape.kind == "ar":
+        return [RowSpec(shape.name, batch, name, compiled=cuda and "static" in name) for name in AR_ROWS]
+    eager = list(SAMPLERS) if batch == 1 else list(CACHE_ROWS.values())
+    specs = [RowSpec(shape.name, batch, name) for name in eager]
+    if shape.block_causal and batch == 1:
+        specs += [RowSpec(shape.name, batch, name) for name in LLADA2_ROWS]
+    specs += [RowSpec(shape.name, batch, name, compiled=True) for name in CUDA_GRAPHS if cuda]
+    if batch == 1:
+        quantized = [name for name in QUANTIZED_ROWS.get(shape.name, ()) if cuda or name in SAMPLERS]
+        specs += [RowSpec(shape.name, batch, name, w, name not in SAMPLERS) for w in QUANTIZED for name in quantized]
+    return [s for s in specs if not (shape.block_causal and s.cache == "dual")]  # its exact cache is the prefix one
+
+
+def skipped_row(spec: RowSpec, why: str) -> Row:
+    return Row(spec.model, spec.batch, spec.sampler, spec.weights, note=f"skipped: {why}")
+
+
+def _timed(settings: Settings, call: Callable[[], Any], warm: Callable[[], Any]) -> tuple[float, Any, Optional[float]]:
+    """The ``warm`` call, then the median of ``repeats`` timed ones; the last output; peak memory (GiB, CUDA)."""
+    warm()
     cuda = torch.device(settings.device).type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -81,47 +146,65 @@ def _timed(settings: Settings, call: Callable[[], Any]) -> tuple[float, Any, Opt
     return statistics.median(times), out, peak
 
 
-def _row(settings: Settings, model: str, batch: int, sampler: str, call: Callable[[], tuple[Any, int]]) -> Row:
+def measure_row(network, shape: Shape, spec: RowSpec, prompt: torch.Tensor, settings: Settings, done: list) -> Row:
+    """``spec`` measured on ``network`` (built with ``spec``'s weights) and ``prompt``, its tokens checked against
+    the row of ``done`` it reproduces; skipped past the deadline, and "out of memory" where it does not fit."""
     if time.monotonic() > settings.deadline:
-        return Row(model, batch, sampler, note="skipped: time budget")
+        return skipped_row(spec, "time budget")
+    call, warm = _calls(network, shape, spec, prompt, settings)
     try:
-        seconds, (tokens, nfe), peak = _timed(settings, call)
+        seconds, (tokens, nfe), peak = _timed(settings, call, warm)
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
-        return Row(model, batch, sampler, note="out of memory")
-    return Row(
-        model, batch, sampler, seconds, batch * settings.new_tokens / seconds, 1000 * seconds / max(nfe, 1), nfe,
-        peak, tokens=tokens,
+        return Row(spec.model, spec.batch, spec.sampler, spec.weights, note="out of memory")
+    ms = 1000 * seconds / max(nfe, 1)
+    cache = "exact" if shape.block_causal and spec.cache == "prefix" else spec.cache
+    work = forward_work(model_size(network), spec.batch, *positions(cache, *_lengths(settings)))
+    row = Row(
+        spec.model, spec.batch, spec.sampler, spec.weights, seconds, spec.batch * settings.new_tokens / seconds, ms,
+        nfe, peak, *limits_ms(work), limit_ratio(ms, work), tokens=tokens,
     )  # fmt: skip
+    _check_tokens(row, spec, done, getattr(network.config, "eos_token_id", None))
+    return row
 
 
-def measure_shape(
-    shape: Shape, settings: Settings, batches: tuple[int, ...], graphs: bool, done: list[Row]
-) -> list[Row]:
-    """One model's rows at ``batches`` (built here, freed after): the eager samplers, or with ``graphs`` the CUDA-graph
-    rows, each checked against its eager row in ``done``."""
-    if time.monotonic() > settings.deadline:
-        return [Row(shape.name, b, "CUDA graphs" if graphs else "all", note="skipped: time budget") for b in batches]
-    network = shape.build(settings.dtype, settings.device)
-    try:
-        rows = []
-        for batch in batches:
-            generator = torch.Generator(device="cpu").manual_seed(batch)
-            vocab = network.config.vocab_size
-            prompt = torch.randint(3, min(vocab, 30000) - 2, (batch, settings.prompt), generator=generator)
-            prompt = prompt.to(settings.device)
-            if graphs:
-                rows += _cuda_graph_rows(
-                    settings, shape, batch, _diffusion_call(network, shape, prompt, settings), done
-                )
-            else:
-                measure = _diffusion_rows if shape.kind == "diffusion" else _ar_rows
-                rows += measure(network, shape, prompt, settings)
-        return rows
-    finally:
-        del network
-        if torch.device(settings.device).type == "cuda":
-            torch.cuda.empty_cache()
+def _lengths(settings: Settings) -> tuple[int, int, int, int]:
+    return settings.prompt, settings.new_tokens, settings.block, settings.steps
+
+
+def _calls(network, shape: Shape, spec: RowSpec, prompt: torch.Tensor, settings: Settings):
+    """The timed call of ``spec`` and its warm-up call, each returning (new tokens, NFE)."""
+    if spec.sampler in AR_ROWS:
+        return _ar_calls(network, prompt, settings, static="static" in spec.sampler)
+    if spec.sampler in LLADA2_ROWS:
+        call = _llada2_call(network, prompt, settings, loop=LLADA2_ROWS[spec.sampler] == "loop")
+        return call, call
+    generate = _diffusion_call(network, shape, prompt, settings)
+    if spec.compiled:
+        graphs = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
+        call = generate(kv_cache=spec.cache, compile_forward=True, compile_config=graphs)
+        return call, call  # the warm-up compiles every graph the timed call replays
+    sampler = SAMPLERS[spec.sampler]
+    return generate(**sampler), generate(**dict(sampler, steps=max(settings.new_tokens // settings.block, 1)))
+
+
+def _check_tokens(row: Row, spec: RowSpec, done: list, eos: Optional[int]) -> None:
+    """CUDA graphs against the eager row of the same cache and weights; the published loop against the preset."""
+    if spec.compiled and spec.sampler in CUDA_GRAPHS:
+        key = (spec.model, spec.batch, CACHE_ROWS[CUDA_GRAPHS[spec.sampler]], spec.weights)
+    elif spec.sampler == "llada2 published loop (no cache)":
+        key = (spec.model, spec.batch, "llada2 preset, exact block cache", spec.weights)
+    else:
+        return
+    same = next((r for r in done if (r.model, r.batch, r.sampler, r.weights) == key and r.tokens is not None), None)
+    if row.tokens is None or same is None:
+        return
+    if spec.sampler in CUDA_GRAPHS:
+        at = first_difference(row.tokens, same.tokens)
+        row.tokens_equal = at is None
+        row.note = row.note or ("" if at is None else f"first differs at new token {at} of {row.tokens.shape[1]}")
+    else:
+        row.tokens_equal = cut_at_eos(row.tokens, eos) == cut_at_eos(same.tokens, eos)
 
 
 def _diffusion_call(network, shape: Shape, prompt: torch.Tensor, settings: Settings):
@@ -131,25 +214,12 @@ def _diffusion_call(network, shape: Shape, prompt: torch.Tensor, settings: Setti
 
     def generate(**sampler: Any) -> Callable[[], tuple[Any, int]]:
         def call():
-            out = network.generate(prompt, return_dict_in_generate=True, **base, **sampler)
+            out = network.generate(prompt, return_dict_in_generate=True, **dict(base, **sampler))
             return out.sequences[:, prompt.shape[1] :].cpu(), int(out.nfe)
 
         return call
 
     return generate
-
-
-def _diffusion_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings) -> list[Row]:
-    batch = prompt.shape[0]
-    generate = _diffusion_call(network, shape, prompt, settings)
-    rows = []
-    for name, sampler in SAMPLERS.items():
-        if shape.block_causal and sampler.get("kv_cache") == "dual":
-            continue  # a block-causal model's cache is the exact prefix cache
-        rows.append(_row(settings, shape.name, batch, name, generate(**sampler)))
-    if shape.block_causal and batch == 1:
-        rows += _llada2_rows(network, shape, prompt, settings)
-    return rows
 
 
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> Optional[int]:
@@ -158,28 +228,8 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> Optional[int]:
     return int(differ[0]) if len(differ) else None
 
 
-def _cuda_graph_rows(settings: Settings, shape: Shape, batch: int, generate, eager: list[Row]) -> list[Row]:
-    """Confidence decoding with its forwards compiled into CUDA graphs, without and with the caches (static there),
-    each checked token for token against its eager row."""
-    graphs = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
-    rows = []
-    for name, cache in CUDA_GRAPHS.items():
-        if shape.block_causal and cache == "dual":
-            continue
-        row = _row(
-            settings, shape.name, batch, name, generate(kv_cache=cache, compile_forward=True, compile_config=graphs)
-        )
-        same = next((r for r in eager if (r.model, r.batch, r.sampler) == (shape.name, batch, CACHE_ROWS[cache])), None)
-        if row.tokens is not None and same is not None and same.tokens is not None:
-            at = first_difference(row.tokens, same.tokens)
-            row.tokens_equal = at is None
-            row.note = row.note or ("" if at is None else f"first differs at new token {at} of {row.tokens.shape[1]}")
-        rows.append(row)
-    return rows
-
-
-def _llada2_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings) -> list[Row]:
-    """LLaDA2's published loop (no cache) against hf_mdm's exact block cache with the published settings."""
+def _llada2_call(network, prompt: torch.Tensor, settings: Settings, loop: bool) -> Callable[[], tuple[Any, int]]:
+    """LLaDA2's published loop (no cache), or hf_mdm's exact block cache with the published settings (batch 1)."""
     from ..generation_config import MaskedDiffusionGenerationConfig
 
     published = dict(gen_length=settings.new_tokens, block_length=32, steps=32, threshold=0.95)
@@ -189,34 +239,27 @@ def _llada2_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings
         out = network.generate(prompt, generation_config=config)
         return out.sequences[0, prompt.shape[1] :].cpu(), int(out.nfe)
 
-    def loop():
+    def published_call():
         tokens, forwards, _ = published_loop(network, prompt, **published)
         return tokens.cpu(), forwards
 
-    ours = _row(settings, shape.name, 1, "llada2 preset, exact block cache", cached)
-    theirs = _row(settings, shape.name, 1, "llada2 published loop (no cache)", loop)
-    if ours.tokens is not None and theirs.tokens is not None:
-        eos = network.config.eos_token_id
-        theirs.tokens_equal = cut_at_eos(ours.tokens, eos) == cut_at_eos(theirs.tokens, eos)
-    return [ours, theirs]
+    return published_call if loop else cached
 
 
-def _ar_rows(network, shape: Shape, prompt: torch.Tensor, settings: Settings) -> list[Row]:
-    batch = prompt.shape[0]
-    common = dict(max_new_tokens=settings.new_tokens, min_new_tokens=settings.new_tokens, do_sample=False)
-    common["pad_token_id"] = 0
+def _ar_calls(network, prompt: torch.Tensor, settings: Settings, static: bool):
+    """transformers' greedy ``generate``: the timed call and its warm-up (a dynamic cache's with one block of new
+    tokens: the same kernels; a static cache's the whole call, whose cache length and compilation it fixes)."""
+    common = dict(do_sample=False, pad_token_id=0, **({"cache_implementation": "static"} if static else {}))
 
-    def generate(**extra: Any) -> Callable[[], tuple[Any, int]]:
+    def generate(new_tokens: int) -> Callable[[], tuple[Any, int]]:
         def call():
-            out = network.generate(prompt, attention_mask=torch.ones_like(prompt), **common, **extra)
-            return out[:, prompt.shape[1] :].cpu(), settings.new_tokens
+            out = network.generate(
+                prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens, **common,
+            )  # fmt: skip
+            return out[:, prompt.shape[1] :].cpu(), new_tokens
 
         return call
 
-    rows = [_row(settings, shape.name, batch, "transformers generate, dynamic cache", generate())]
-    rows.append(
-        _row(
-            settings, shape.name, batch, "transformers generate, static cache", generate(cache_implementation="static")
-        )
-    )
-    return rows
+    timed = generate(settings.new_tokens)
+    return timed, timed if static else generate(min(settings.block, settings.new_tokens))
