@@ -1,6 +1,7 @@
 """`make gpu-check`'s plan (`hf_mdm.gpu_check.schedule`) and the limits its rows are set against
 (`hf_mdm.gpu_check.limits`), on the CPU: the plan of the real shapes fits 8 minutes by its measured and estimated
-costs, keeps every model's batch-1 and batch-32 rows and runs the costly rows last; the limits' arithmetic by hand."""
+costs, keeps every model's batch-1 and batch-32 rows, then the target rows (LLaDA-8B's CUDA graphs at batch 1), and runs the
+other costly rows last; the limits' arithmetic by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 
 from hf_mdm.gpu_check import execute
 from hf_mdm.gpu_check.limits import ModelSize, Work, forward_work, limit_ratio, limits_ms, model_size, positions
-from hf_mdm.gpu_check.schedule import BUDGET_S, MEASURED, plan
+from hf_mdm.gpu_check.schedule import BUDGET_S, MEASURED, TARGET_MODEL, plan
 from hf_mdm.gpu_check.shapes import shapes
 from hf_mdm.gpu_check.table import Settings, table_rows
 
@@ -31,10 +32,15 @@ def test_the_plan_fits_eight_minutes_with_every_models_rows_and_the_costly_ones_
             assert eager and {(s.model, s.batch, s.sampler, s.weights) for s in eager} <= planned, (shape.name, batch)
     for weights in ("int8", "int4"):
         assert ("LLaDA-8B", 1, "confidence, dual cache", weights) in planned
-    kinds = [("costly" if e.item.costly else e.item.kind) for e in schedule.entries]
-    first_costly = kinds.index("costly")
-    assert all(k in ("costly", "cuda tests") for k in kinds[first_costly:])  # nothing cheap after the first costly
-    assert all(k != "costly" for k in kinds[:first_costly]) and kinds.count("costly") >= 12
+    target = [e.item.costly and e.item.model == TARGET_MODEL and e.item.spec.batch == 1 for e in schedule.entries]
+    kinds = [("target" if t else "costly" if e.item.costly else e.item.kind) for t, e in zip(target, schedule.entries)]
+    first_target, first_costly = kinds.index("target"), kinds.index("costly")
+    assert set(kinds[:first_target]) == {"row"}  # every eager row first, then the target rows, cheap work after them
+    assert kinds[first_target:].count("target") == kinds.count("target") >= 3
+    assert all(k in ("costly", "cuda tests") for k in kinds[first_costly:])  # nothing cheap after the other costly
+    assert kinds.count("costly") >= 12
+    reached = {e.item.spec.sampler for e in schedule.planned if e.item.costly and e.item.model == TARGET_MODEL}
+    assert {"confidence, no cache, CUDA graphs", "confidence, dual cache, CUDA graphs"} <= reached
     for e in schedule.entries:  # measured where results/gpu timed the row, an estimate otherwise, and said
         spec = e.item.spec
         measured = spec is not None and spec.weights == "none" and spec.batch == 1 and (spec.model, spec.sampler) in MEASURED  # fmt: skip
