@@ -309,9 +309,16 @@ class Denoiser:
         return self.cfg_scale > 0
 
     @property
+    def fixed_rows(self) -> bool:
+        """Whether every forward runs every canvas row, finished or not: under static shapes (a batch that shrinks
+        would be a new graph, a new CUDA graph recorded)."""
+        return self.static_shapes
+
+    @property
     def row_subsets(self) -> bool:
-        """Whether a step may run the model on some of the block's rows only (not with a cache of all of them)."""
-        return self.kv_cache is None
+        """Whether a step may run the model on some of the block's rows only (not with a cache of all of them, nor
+        with `fixed_rows`)."""
+        return self.kv_cache is None and not self.fixed_rows
 
     def begin_block(self, start: int, end: int) -> None:
         """A semi-autoregressive block of columns [start, end) begins: the next forward refreshes the cache."""

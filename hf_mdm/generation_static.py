@@ -16,7 +16,10 @@ second call none:
 - the keys/values of the prefix, dual and exact block caches live in buffers of fixed addresses written in place
   (`static_copy`: a cache refresh, a full forward, is copied into them; a span forward writes its columns there), so
   that under CUDA graphs a replay reads and writes the same memory; their length is a Python int
-  (`hf_mdm.kv_cache.cached_length`), so a fullgraph trace has no branch on a tensor.
+  (`hf_mdm.kv_cache.cached_length`), so a fullgraph trace has no branch on a tensor;
+- every forward runs every row (`hf_mdm.generation_denoiser.Denoiser.fixed_rows`): a row with nothing to reveal
+  in a step and a row that finished (an EOS, a stopping criterion) stay in the batch, the finished one's results
+  dropped.
 
 The tokens are eager's (the positions asked are the same, the extra rows are computed and dropped), but for scores
 tied within a rounding error: a matrix product over another number of rows may round differently. The step's
