@@ -316,23 +316,30 @@ def _denoise_active_rows(
     trace: Trace,
     denoise: BlockDenoiser,
 ) -> None:
-    """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows."""
+    """Denoise one block on the rows ``active`` (the others finished): the model sees only those rows, or under
+    static shapes every row (`hf_mdm.generation_denoiser.Denoiser.fixed_rows`: one batch shape for every forward),
+    the finished rows' results dropped."""
     all_rows = active.numel() == canvas.x.shape[0]
-    rows = canvas.rows() if all_rows else canvas.rows().select(active)
+    fixed_rows = sampler.denoiser.fixed_rows and not all_rows
+    run = torch.arange(canvas.x.shape[0], device=active.device) if fixed_rows else active
+    rows = canvas.rows() if all_rows else canvas.rows().select(run)
     sampler.denoiser.begin_block(block.start, block.end)
-    region = block.region if all_rows else block.region[active]
+    region = block.region if all_rows else block.region[run]
 
     final_before = block.start if sampler.transfer.edits else None  # an editing block is final once done
 
+    def write_back() -> None:
+        canvas.x[active] = rows.x[active] if fixed_rows else rows.x
+
     def on_step() -> None:
         if not all_rows and trace.needs_canvas:
-            canvas.x[active] = rows.x
+            write_back()
         trace.step(canvas.x, final_before)
 
-    with sampler.drawing_for(active):
+    with sampler.drawing_for(run):
         denoise(sampler, rows, region, num_steps, on_step)
     if not all_rows:
-        canvas.x[active] = rows.x
+        write_back()
     trace.stream.update(canvas.x)
 
 

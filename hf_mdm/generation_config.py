@@ -150,9 +150,10 @@ class MaskedDiffusionGenerationConfig(ReferencePresets, GenerationConfig):
             come from transformers' ``compile_config`` (a `transformers.CompileConfig`: ``fullgraph``, ``dynamic``,
             ``backend``, and for inductor ``mode`` or ``options``; ``dynamic=None`` reads True, one graph for every
             number of positions a step asks logits for); unset, ``dynamic=True`` with inductor's default mode. A
-            CUDA-graph mode (``"reduce-overhead"``) needs the model on CUDA; with ``kv_cache`` the keys/values then live
-            in preallocated buffers written in place (a static cache), and a step asks logits at the block's columns
-            (one graph a block). ``disable_compile=True`` turns it off
+            CUDA-graph mode (``"reduce-overhead"``) needs the model on CUDA. With static shapes (``dynamic=False``,
+            or a CUDA-graph mode) a step asks logits at the block's columns, rows that finished stay in the batch
+            (their results dropped) and with ``kv_cache`` the keys/values live in buffers written in place (a static
+            cache): a few graphs a call (`hf_mdm.generation_static`). ``disable_compile=True`` turns it off
             (`hf_mdm.generation_denoiser.compile_options`).
         batch_invariant (`bool`, defaults to `False`): every row's tokens are those it gets alone, whatever the batch
             size, padding and neighbours, in every dtype and under every sampler and cache: rows of one prompt length

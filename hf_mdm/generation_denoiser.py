@@ -218,7 +218,7 @@ class Denoiser:
     forward: Optional[Callable[..., Any]] = None  # the compiled forward (`compiled_forward`); None: the model itself
     cuda_graphs: bool = False  # the compiled forward replays CUDA graphs: a step asks logits at fixed positions
     static_forward: bool = False  # the compiled forward traces static shapes (dynamic=False): see `static_shapes`
-    static: Any = None  # under CUDA graphs, the call's keys/values in preallocated buffers (`static_copy`)
+    static: Any = None  # under static shapes, the call's keys/values in buffers written in place (`static_copy`)
     hidden_from: Optional[int] = None  # columns from here on are computed but never attended to (hide_block_tail)
     nfe: int = 0
     forward_rows: int = 0
@@ -300,18 +300,25 @@ class Denoiser:
 
     @property
     def static_cache(self) -> bool:
-        """Whether keys/values are kept in preallocated buffers written in place: a cache under CUDA graphs, whose
-        replays read and write the same memory."""
-        return self.cuda_graphs and self.kv_cache is not None
+        """Whether keys/values are kept in buffers of fixed addresses written in place (`static_copy`): a cache under
+        static shapes (CUDA graphs' replays read and write the same memory)."""
+        return self.static_shapes and self.kv_cache is not None
 
     @property
     def guided(self) -> bool:
         return self.cfg_scale > 0
 
     @property
+    def fixed_rows(self) -> bool:
+        """Whether every forward runs every canvas row, finished or not: under static shapes (a batch that shrinks
+        would be a new graph, a new CUDA graph recorded)."""
+        return self.static_shapes
+
+    @property
     def row_subsets(self) -> bool:
-        """Whether a step may run the model on some of the block's rows only (not with a cache of all of them)."""
-        return self.kv_cache is None
+        """Whether a step may run the model on some of the block's rows only (not with a cache of all of them, nor
+        with `fixed_rows`)."""
+        return self.kv_cache is None and not self.fixed_rows
 
     def begin_block(self, start: int, end: int) -> None:
         """A semi-autoregressive block of columns [start, end) begins: the next forward refreshes the cache."""
@@ -418,7 +425,7 @@ class Denoiser:
         block.forwards += 1
         if refresh:
             block.cache = None
-            self._refresh(kwargs, inputs)
+            self._refresh(kwargs)
             return None
         start = max(block.start - self.shift, 0)
         end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
@@ -433,7 +440,7 @@ class Denoiser:
         block.forwards += 1
         if exact.cache is None or exact.rows != inputs.shape[0] or refresh:
             exact.cache, exact.rows, exact.final = None, inputs.shape[0], block.start
-            self._refresh(kwargs, inputs)
+            self._refresh(kwargs)
             return None
         start = max(min(exact.final, block.start) - self.shift, 0)
         exact.final = block.start  # every block before this one is complete: this forward makes it final
@@ -452,21 +459,17 @@ class Denoiser:
             kwargs = {name: torch.cat([value, value]) for name, value in model_kwargs.items()}
         return shift_logits(self._combine(self._forward(inputs, kwargs)), self.shift).to(x.device)
 
-    def _refresh(self, kwargs: dict[str, Any], inputs: torch.Tensor) -> None:
-        """A full forward that keeps every layer's keys/values: in a new cache, or, with ``static_cache``, written
-        in place into the call's preallocated one (same shapes: emptied, then filled again)."""
+    def _refresh(self, kwargs: dict[str, Any]) -> None:
+        """A full forward that keeps every layer's keys/values in a new cache (with ``static_cache``, then copied into
+        the call's fixed buffers: `_forward`)."""
         kwargs["use_cache"] = True
-        static = self.static
-        if static is not None and static.layers[0].keys.shape[0] == inputs.shape[0]:
-            static.reset()
-            kwargs["cache"] = static
 
     def _forward(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         output = (self.forward or self.model)(inputs, **kwargs)
         if kwargs.get("use_cache"):
             cache = output_cache(output)
-            if self.static_cache and cache is not self.static:
-                cache = self.static = static_copy(cache)
+            if self.static_cache:
+                cache = self.static = static_copy(cache, self.static)
             if self.exact is not None:
                 self.exact.cache = cache
             else:

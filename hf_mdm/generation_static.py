@@ -13,8 +13,13 @@ second call none:
   columns not final yet) is padded to the widest span of the call (`fixed_width`) with copies of its last column:
   the copies compute the same keys/values as that column and write them to the same place, so the cache is the
   one eager builds and nothing attends to them twice;
-- the keys/values live in preallocated buffers written in place (`static_copy`, under CUDA graphs: a replay reads
-  and writes the same memory).
+- the keys/values of the prefix, dual and exact block caches live in buffers of fixed addresses written in place
+  (`static_copy`: a cache refresh, a full forward, is copied into them; a span forward writes its columns there), so
+  that under CUDA graphs a replay reads and writes the same memory; their length is a Python int
+  (`hf_mdm.kv_cache.cached_length`), so a fullgraph trace has no branch on a tensor;
+- every forward runs every row (`hf_mdm.generation_denoiser.Denoiser.fixed_rows`): a row with nothing to reveal
+  in a step and a row that finished (an EOS, a stopping criterion) stay in the batch, the finished one's results
+  dropped.
 
 The tokens are eager's (the positions asked are the same, the extra rows are computed and dropped), but for scores
 tied within a rounding error: a matrix product over another number of rows may round differently. The step's
@@ -73,13 +78,34 @@ def fixed_width(columns: torch.Tensor, width: int) -> torch.Tensor:
     return torch.cat([columns, columns[-1:].expand(width - columns.numel())])
 
 
-def static_copy(cache: Any) -> Any:
-    """A transformers `Cache` of `StaticLayer`s holding ``cache``'s keys/values: buffers of fixed addresses
-    (marked static for torch.compile), written in place by every later forward, so that a forward compiled into
-    CUDA graphs replays against the same memory."""
+def static_copy(cache: Any, static: Any = None) -> Any:
+    """``cache``'s keys/values (a full forward's, one layer each) in a transformers `Cache` of `StaticLayer`s:
+    written in place into ``static``'s buffers where it has their shapes (the call's earlier refreshes), else into
+    new buffers (marked static for torch.compile, `StaticLayer.lazy_initialization`) allocated at the canvas' length.
+    Every later span forward writes into the same buffers (`hf_mdm.kv_cache.cached_keys_values`), so a forward
+    compiled into CUDA graphs replays against the same memory; their length stays a Python int
+    (`hf_mdm.kv_cache.cached_length`)."""
     from transformers.cache_utils import Cache, StaticLayer
 
+    if static is not None and _same_shapes(static, cache):
+        for kept, fresh in zip(static.layers, cache.layers):
+            kept.keys.copy_(fresh.keys)
+            kept.values.copy_(fresh.values)
+        return static
     static = Cache(layers=[StaticLayer(layer.keys.shape[2]) for layer in cache.layers])
     for index, layer in enumerate(cache.layers):
         static.update(layer.keys, layer.values, index)
     return static
+
+
+def _same_shapes(static: Any, cache: Any) -> bool:
+    """Whether ``static``'s buffers have the shapes, dtypes and devices of ``cache``'s keys/values, layer by layer."""
+    if len(static.layers) != len(cache.layers):
+        return False
+    return all(
+        kept.keys.shape == fresh.keys.shape
+        and kept.values.shape == fresh.values.shape
+        and kept.keys.dtype == fresh.keys.dtype
+        and kept.keys.device == fresh.keys.device
+        for kept, fresh in zip(static.layers, cache.layers)
+    )

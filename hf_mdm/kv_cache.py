@@ -16,6 +16,12 @@ The cache keyword and output field are called ``cache`` since transformers 5.24 
 The models take both keywords (``past_key_values`` as the older name of ``cache``); their outputs carry the cache
 under the installed transformers' name (`CACHE_FIELD`), and `output_cache` reads it under either.
 
+A cache holds the whole canvas: its length is its keys' (`cached_length`, a Python int, so that a forward traced by
+``torch.compile`` has no branch on a tensor). It may be a `transformers.DynamicCache` or a cache of
+`transformers.cache_utils.StaticLayer` buffers allocated at the canvas' length (`hf_mdm.generation_static.static_copy`:
+what CUDA graphs need, a span forward then writing into buffers of fixed addresses); `StaticLayer.get_seq_length`,
+a tensor, is never read.
+
 Running the block and everything after it is the *prefix* cache; the block alone, the *dual* cache. The sampler's
 use of it is in `hf_mdm.generation_denoiser`. This module imports only torch and transformers (it is exported with
 ``modeling_mdm.py`` as remote code).
@@ -34,6 +40,7 @@ __all__ = [
     "CACHE_FIELD",
     "MaskedLMOutputWithPast",
     "cached_keys_values",
+    "cached_length",
     "masked_lm_output",
     "model_output_with_cache",
     "new_cache",
@@ -89,6 +96,15 @@ def output_cache(output: Any) -> Optional[Cache]:
     return None
 
 
+def cached_length(cache: Cache) -> int:
+    """The canvas columns ``cache`` holds, a Python int read from its first layer's keys (B, kv_heads, L, head_dim)
+    (the whole buffer of a `StaticLayer`, allocated at the canvas' length); 0 before a forward filled it."""
+    layer = cache.layers[0] if cache.layers else None
+    if layer is None or not layer.is_initialized or layer.keys is None or layer.keys.dim() < 3:
+        return 0
+    return layer.keys.shape[-2]
+
+
 def new_cache(
     cache: Optional[Cache],
     use_cache: Optional[bool],
@@ -107,7 +123,7 @@ def new_cache(
         return DynamicCache() if use_cache else None
     if not isinstance(cache, Cache):
         raise ValueError(f"cache must be a transformers Cache (e.g. DynamicCache), got {type(cache).__name__}")
-    filled = cache.get_seq_length() > 0
+    filled = cached_length(cache) > 0
     if cache_position is None and filled:
         raise ValueError(
             "the cache already holds keys/values: pass cache_position (the canvas columns of input_ids) to run a span "
@@ -132,7 +148,7 @@ def span_position_ids(
         raise ValueError(
             f"cache_position must be 1-D (the canvas columns of the input), got {tuple(cache_position.shape)}"
         )
-    length = cache.get_seq_length()
+    length = cached_length(cache)
     if attention_mask is not None and attention_mask.shape[-1] != length:
         raise ValueError(
             f"with cache_position, attention_mask must cover the whole canvas ({length} columns, as cached), got "

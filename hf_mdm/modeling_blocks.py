@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, create_bidirectional_mask
 
-from .kv_cache import span_position_ids
+from .kv_cache import cached_length, span_position_ids
 
 __all__ = [
     "RMSNorm",
@@ -257,7 +257,7 @@ def attention_inputs(
     overrides ``config.block_size``: None in both is bidirectional attention. ``noisy_length``: block diffusion's
     training input (`noisy_clean_mask_function`)."""
     batch = inputs_embeds.shape[0]
-    length = cache.get_seq_length() if cache_position is not None else inputs_embeds.shape[1]
+    length = cached_length(cache) if cache_position is not None else inputs_embeds.shape[1]
     if position_ids is None:
         position_ids = torch.arange(length, device=inputs_embeds.device).expand(batch, length)
     if block_size is None:

@@ -27,6 +27,7 @@ from .generation import MaskedDiffusionGenerationMixin
 from .kv_cache import (
     MaskedLMOutputWithPast,
     cached_keys_values,
+    cached_length,
     masked_lm_output,
     model_output_with_cache,
     new_cache,
@@ -199,7 +200,7 @@ class MDMModel(MDMPreTrainedModel):
             inputs_embeds = self.embed_tokens(input_ids)
         cache = new_cache(cache, use_cache, cache_position, past_key_values)
         bsz, length = inputs_embeds.shape[:2]
-        canvas = cache.get_seq_length() if cache_position is not None else length
+        canvas = cached_length(cache) if cache_position is not None else length
         if canvas - (noisy_length or 0) > self.config.max_position_embeddings:
             raise ValueError(
                 f"sequence length {canvas} exceeds max_position_embeddings={self.config.max_position_embeddings}: "

@@ -1,15 +1,18 @@
 """Static shapes (``compile_config.dynamic=False``, what CUDA graphs need): a compiled generate of 8 blocks builds at
 most 3 graphs for every model family and cache kind (the forward over the canvas, a cached span's forward, the
-step's proposals), a second call builds none, and the tokens and forwards are eager's in float32. Dynamo's graphs
-are counted with a `CompileCounter` backend (static shapes, not the backend, decide the count)."""
+step's proposals), a second call builds none, and the tokens and forwards are eager's in float32; with a cache, its
+keys/values stay in the same `StaticLayer` buffers, written in place, from the call's first forward to its last.
+Dynamo's graphs are counted with a `CompileCounter` backend (static shapes, not the backend, decide the count)."""
 
 import llada2_tiny as tiny
 import pytest
 import torch
+from cache_spy import assert_one_static_cache, spy_on_caches
 from tiny_mdm import tiny_dream, tiny_llada, tiny_mdm
 from torch._dynamo.testing import CompileCounter
 from transformers import AutoConfig, AutoModel, CompileConfig
 
+from hf_mdm.generation_denoiser import Denoiser
 from hf_mdm.generation_static import fixed_width, take_rows, window
 
 BLOCK = 4
@@ -18,6 +21,9 @@ SAMPLERS = {
     "confidence": {},
     "threshold": dict(transfer="threshold", threshold=0.6, steps=None),
     "paper": dict(transfer="stochastic", strategy="random"),
+    "guidance": dict(cfg_scale=1.5),  # the confidence sampler with classifier-free guidance (a batch of 2B rows)
+    # LLaDA2's generate(): the last block's columns past the output computed but hidden from attention
+    "hidden tail": dict(whole_blocks=True, hide_block_tail=True, max_new_tokens=8 * BLOCK - 2),
 }
 MAX_GRAPHS = 3
 
@@ -45,12 +51,15 @@ def models() -> dict:
 
 
 # (family, kv_cache, sampler): every family under each of its cache kinds (LLaDA2: none and its exact block cache),
-# the confidence sampler; the threshold and the paper's sampler on the MDM
+# the confidence sampler; the threshold and the paper's sampler on the MDM; guidance and a hidden block tail
 CASES = [
     *[(family, cache, "confidence") for family in ("mdm", "llada", "dream") for cache in ("none", "prefix", "dual")],
     ("llada2", "none", "confidence"),
     ("llada2", "prefix", "confidence"),
     *[("mdm", cache, sampler) for cache in ("none", "prefix", "dual") for sampler in ("threshold", "paper")],
+    ("mdm", "dual", "guidance"),
+    ("llada2", "prefix", "guidance"),  # a row meets its EOS blocks before the other: it stays in the batch
+    ("llada2", "prefix", "hidden tail"),
 ]
 
 
@@ -62,7 +71,9 @@ def test_eight_blocks_compile_at_most_three_graphs_and_give_eager_tokens(models,
     eager = model.generate(prompt, **settings)
     counter = CompileCounter()
     static = CompileConfig(backend=counter, dynamic=False, fullgraph=True)
-    first = model.generate(prompt, compile_forward=True, compile_config=static, **settings)
+    with pytest.MonkeyPatch.context() as patch:
+        buffers = spy_on_caches(patch)
+        first = model.generate(prompt, compile_forward=True, compile_config=static, **settings)
     graphs = counter.frame_count
     second = model.generate(prompt, compile_forward=True, compile_config=static, **settings)
     assert 1 <= graphs <= MAX_GRAPHS, f"{graphs} graphs for {eager.nfe} forwards"
@@ -70,13 +81,13 @@ def test_eight_blocks_compile_at_most_three_graphs_and_give_eager_tokens(models,
     assert torch.equal(first.sequences, eager.sequences) and torch.equal(second.sequences, eager.sequences)
     assert first.nfe == second.nfe == eager.nfe
     assert not bool((first.sequences == model.config.mask_token_id).any())
+    if cache != "none":  # one set of StaticLayer buffers for every forward: a span forward reads the refreshed ones
+        assert_one_static_cache(buffers, first.nfe // (2 if "cfg_scale" in settings else 1))
 
 
 def test_dynamic_shapes_keep_asking_the_still_masked_positions(models):
     """Without static shapes nothing changes: the compiled forward is asked what eager asks (logits at the
     still-masked positions only), so a dynamic compile's LM head runs over fewer rows as the block fills."""
-    from hf_mdm.generation_denoiser import Denoiser
-
     asked, original = [], Denoiser._forward
 
     def forward(self, inputs, kwargs):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cache_spy import assert_one_static_cache, spy_on_caches
 from tiny_mdm import tiny_mdm
 from transformers import CompileConfig
 
@@ -100,13 +101,29 @@ def test_compiled_forward_and_cuda_graphs_equal_eager(mode):
 
 @pytest.mark.parametrize("name, cache", [("MDM", "dual"), ("MDM", "prefix"), ("MDM block-causal", "prefix")])
 def test_cuda_graphs_with_the_static_cache_equal_eager(name, cache):
-    model = build(name, torch.float32, "cuda")
-    prompt = ids_for(model).cuda()
-    settings = dict(max_new_tokens=16, steps=8, block_length=4 if "block" in name else 8, kv_cache=cache)
+    torch._dynamo.reset()
     graphs = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
+    assert_static_cache_equals_eager(build(name, torch.float32, "cuda"), cache, graphs)
+
+
+def assert_static_cache_equals_eager(model: torch.nn.Module, cache: str, compile_config: CompileConfig) -> None:
+    """A generate of 4 blocks with ``compile_config`` (static shapes: CUDA graphs, or any backend with
+    ``dynamic=False``) gives eager's tokens on the call that compiles (at most 3 graphs) and on one that replays
+    them (none), the cache's keys/values in one set of `StaticLayer` buffers a call, written in place."""
+    prompt = ids_for(model).to(model.device)
+    block = 4 if model.config.block_size else 8
+    settings = dict(max_new_tokens=16, steps=8, block_length=block, kv_cache=cache, return_dict_in_generate=True)
     eager = model.generate(prompt, **settings)
+    compiled = []
     for _ in range(2):
-        assert torch.equal(model.generate(prompt, compile_forward=True, compile_config=graphs, **settings), eager)
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        with pytest.MonkeyPatch.context() as patch:
+            seen = spy_on_caches(patch)
+            out = model.generate(prompt, compile_forward=True, compile_config=compile_config, **settings)
+        compiled.append(torch._dynamo.utils.counters["stats"]["unique_graphs"] - before)
+        assert torch.equal(out.sequences, eager.sequences)
+        assert_one_static_cache(seen, out.nfe)
+    assert 1 <= compiled[0] <= 3 and compiled[1] == 0, compiled
 
 
 @pytest.mark.parametrize("implementation", ["eager", "grouped_mm", "batched_mm"])
