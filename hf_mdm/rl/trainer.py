@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from typing import Any, Optional
 
 import torch
@@ -73,6 +74,14 @@ class DiffusionGRPOConfig(GRPOConfig):
                     "across updates is not a probability ratio; set importance_sampling_level='sequence' (the "
                     "ratio of the summed estimates) or num_iterations=1"
                 )
+        period = self.num_iterations * self.steps_per_generation // self.gradient_accumulation_steps
+        if self.save_strategy == "steps" and period > 1 and self.save_steps % period:
+            warnings.warn(
+                f"save_steps={self.save_steps} is not a multiple of {period}, the steps between new rollouts "
+                "(num_iterations * steps_per_generation / gradient_accumulation_steps): a run resumed from such a "
+                "checkpoint draws new rollouts there, where the uninterrupted run reused its batch",
+                stacklevel=2,
+            )
 
     def generation_config(self) -> MaskedDiffusionGenerationConfig:
         """The rollouts' generation config (`rollout_config`)."""
@@ -83,7 +92,7 @@ class DiffusionGRPOConfig(GRPOConfig):
         return build_estimator(self.estimator, **estimator_options(self.estimator, self.estimator_options, rollout))
 
 
-def rollout_config(args: DiffusionGRPOConfig, model: Any = None) -> MaskedDiffusionGenerationConfig:
+def rollout_config(args: DiffusionGRPOConfig) -> MaskedDiffusionGenerationConfig:
     """The rollouts' generation config: the ``preset`` named in ``args.rollout``, then its other settings;
     ``max_new_tokens`` from ``max_completion_length`` and ``temperature`` from TRL's unless named (the model's own
     defaults fill what is left unset when it generates). Invalid settings raise the errors ``generate`` raises."""

@@ -1,8 +1,8 @@
 """The fence between hf_mdm and TRL: the one module that reaches into `trl.GRPOTrainer` beyond its public arguments,
 saying what it replaces and why. Everything else of GRPO is TRL's own and used as TRL documents it.
 
-What this module replaces (each pinned to the TRL range of the ``rl`` extra, ``trl>=1.16.0,<1.17``, and checked
-against the installed TRL when a trainer is built, `check_trl`):
+What this module replaces (written against the TRL range that the ``rl`` extra of ``pyproject.toml`` pins, and
+checked against the installed TRL when a trainer is built, `check_trl`):
 
 - ``_generate_single_turn`` (a private hook): TRL's rollouts call ``model.generate`` as an autoregressive model;
   a masked diffusion model's rollouts come from hf_mdm's sampler (`FencedGRPOTrainer.generate_rollouts`).
@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from abc import abstractmethod
 from typing import Any, Iterator, Optional
 
 import torch
@@ -100,15 +99,15 @@ class FencedGRPOTrainer(GRPOTrainer):
         with reference_as_copy(model):
             super().__init__(*args, **kwargs)
 
-    @abstractmethod
     def generate_rollouts(self, prompt_ids: list[list[int]]) -> list[list[int]]:
         """The completions' ids of the (already repeated) prompts' ids, each ending at its first EOS."""
+        raise NotImplementedError(f"{type(self).__name__} defines no generate_rollouts")
 
-    @abstractmethod
     def log_likelihoods(
         self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion: int, batch_size: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, C) per-token log-likelihood terms of the last ``completion`` columns, and (B, C) entropies."""
+        raise NotImplementedError(f"{type(self).__name__} defines no log_likelihoods")
 
     def rollout_key(self) -> tuple[int, int, str]:
         """(global step, micro-step within it, "train" or "eval") of the rollouts being drawn or scored: equal in a
