@@ -111,6 +111,8 @@ def _pairs(items: list[str]) -> dict:
 
 
 def add_grpo_command(commands: Any, at_least: Callable, positive_float: Callable) -> None:
+    from .rl.estimators import estimator_help
+
     grpo = commands.add_parser("grpo", help="reinforcement learning (TRL's GRPO) for a masked diffusion model")
     grpo.add_argument("--model", required=True, help="a checkpoint (directory or Hub id) of an hf_mdm class")
     grpo.add_argument("--reward", action="append", required=True,
@@ -121,8 +123,9 @@ def add_grpo_command(commands: Any, at_least: Callable, positive_float: Callable
     grpo.add_argument("--language", default=None, help="a saved synthetic language: the task is to generate it")
     grpo.add_argument("--prompts", type=at_least(1), default=256, help="with --language: rows of the dataset")
     grpo.add_argument("--output-dir", required=True, help="checkpoints, rollouts-<process>.jsonl, then the model")
-    grpo.add_argument("--estimator", default="one_step", help="one_step, coupled or elbo")
-    grpo.add_argument("--estimator-option", action="append", default=[], help="key=value (e.g. draws=8)")
+    grpo.add_argument("--estimator", default="one_step", help=f"the per-token log-likelihood: {estimator_help()}")
+    grpo.add_argument("--estimator-option", action="append", default=[],
+                      help="key=value (e.g. draws=8); decoding takes its options from the --rollout settings")  # fmt: skip
     grpo.add_argument("--rollout", action="append", default=[], help="a generate setting key=value (e.g. steps=64)")
     grpo.add_argument("--num-generations", type=at_least(2), default=8, help="completions per prompt (a group)")
     grpo.add_argument("--max-completion-length", type=at_least(1), default=256)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from .generation import MaskedDiffusionGenerationConfig, diffusion_generate
 from .generation_denoiser import Denoiser, Rows
+from .tokens import left_pad
 
 Pair = tuple[list[int], list[int]]  # (context ids, continuation ids)
 
@@ -142,9 +143,8 @@ def greedy_matches(
     for start in range(0, len(pairs), batch_size):
         batch = pairs[start : start + batch_size]
         rows = [context + [config.mask_token_id] * len(continuation) for context, continuation in batch]
-        width = max(len(r) for r in rows)
-        ids = torch.tensor([[pad_token_id] * (width - len(r)) + r for r in rows], device=device)
-        attention = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        ids, attention = (tensor.to(device) for tensor in left_pad(rows, pad_token_id))
+        width = ids.shape[1]
         greedy = MaskedDiffusionGenerationConfig(
             mask_token_id=config.mask_token_id,
             eos_token_id=config.eos_token_id,

@@ -26,12 +26,13 @@ with P the law of the grouping (`RevealLaw`) and p_theta the denoiser's token la
 
 `RevealLaw` covers the samplers whose grouping does not depend on the sampled tokens: the paper's (stochastic
 transfer, random order: each position's step drawn independently from the schedule), and deterministic transfer
-(counts from the schedule) in random or left-to-right order. Confidence-ordered samplers choose positions from
+(counts from the schedule) in random or left-to-right order, in one block or in blocks denoised left to right. Confidence-ordered samplers choose positions from
 the tokens they draw, so their law is not of this form.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from typing import Any, Iterator, Optional
 import torch
 
 from .generation_denoiser import model_device
-from .generation_transfer import deterministic_counts, draw_steps, normalised_alpha, time_grid
+from .generation_transfer import deterministic_counts, draw_steps, normalised_alpha, split_steps, time_grid
 from .languages import OracleDenoiser
 from .sampler_smc import MAX_PARTICLES, NUM_REPLICATES, Denoiser, SMCEstimate, smc_log_probs
 from .schedules import get_schedule
@@ -57,16 +58,22 @@ MAX_EXACT_LENGTH = 7
 class RevealLaw:
     """How a sampler groups the L positions into its N steps: ``order`` (``random`` or ``left_to_right``) and
     ``transfer`` (``stochastic``: each position's step drawn independently, P(step <= i) = alpha(s_i), the paper's
-    sampler with ``order="random"``; ``deterministic``: the schedule's counts, `deterministic_counts`)."""
+    sampler with ``order="random"``; ``deterministic``: the schedule's counts, `deterministic_counts`). With
+    ``block_length`` the positions form blocks of that length from the first, denoised one after the other, the N
+    steps split over them as the sampler splits them (`split_steps`), each block grouped by this law at its own
+    steps (`blocks`)."""
 
     steps: int
     order: str = "random"
     transfer: str = "stochastic"
     schedule: str = "linear"
+    block_length: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.block_length is not None and self.block_length < 1:
+            raise ValueError(f"block_length must be >= 1 (or None: one block), got {self.block_length}")
         if self.order not in LAW_ORDERS or self.transfer not in LAW_TRANSFERS:
             raise ValueError(
                 f"order={self.order!r}, transfer={self.transfer!r}: the sampler's law is known for order in "
@@ -76,14 +83,30 @@ class RevealLaw:
             raise ValueError("order='left_to_right' reveals counts from the schedule: pass transfer='deterministic'")
 
     def generate_kwargs(self) -> dict[str, Any]:
-        """The `diffusion_generate` settings that sample with this law (temperature 1, one block)."""
+        """The `diffusion_generate` settings that sample with this law (temperature 1)."""
         return {
             "steps": self.steps,
             "transfer": self.transfer,
             "strategy": self.order,
             "schedule": self.schedule,
+            "block_length": self.block_length,
             "temperature": 1.0,
         }
+
+    def blocks(self, length: int) -> list[tuple[int, int, "RevealLaw"]]:
+        """(start, end, law of its positions) of each block of ``length`` positions, in the order they are denoised."""
+        size = length if self.block_length is None else self.block_length
+        spans = [(b, min(b + size, length)) for b in range(0, length, max(size, 1))]
+        per_block = split_steps(self.steps, [end - start for start, end in spans])
+        return [(s, e, dataclasses.replace(self, steps=n, block_length=None)) for (s, e), n in zip(spans, per_block)]
+
+    def total_steps(self, length: int) -> int:
+        """The steps the sampler takes on ``length`` positions (``steps``, or one a block where there are more blocks)."""
+        return sum(law.steps for _, _, law in self.blocks(length))
+
+    def one_block(self, length: int) -> bool:
+        """Whether ``length`` positions form a single block (the laws `step_probabilities` and `counts` describe)."""
+        return self.block_length is None or self.block_length >= length
 
     def step_probabilities(self) -> torch.Tensor:
         """(N,) the chance that a position is revealed at step i (stochastic transfer), float64."""
@@ -97,6 +120,8 @@ class RevealLaw:
 
     def log_prob_of(self, groups: tuple[tuple[int, ...], ...], length: int) -> float:
         """log P(G_1, ..., G_m): the chance that the sampler reveals exactly these groups, in this order."""
+        if not self.one_block(length):
+            return _log_prob_by_block(self.blocks(length), groups)
         sizes = [len(g) for g in groups]
         if self.transfer == "stochastic":
             return _log_increasing_steps(self.step_probabilities(), sizes)
@@ -112,7 +137,14 @@ class RevealLaw:
         return total
 
     def sample_steps(self, num: int, length: int, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-        """(num, length) the step at which each position is revealed, drawn from the law."""
+        """(num, length) the step at which each position is revealed, drawn from the law (a block's steps after
+        those of the blocks before it)."""
+        if not self.one_block(length):
+            parts, offset = [], 0
+            for start, end, law in self.blocks(length):
+                parts.append(law.sample_steps(num, end - start, generator) + offset)
+                offset += law.steps
+            return torch.cat(parts, 1)
         if self.transfer == "stochastic":
             cdf = normalised_alpha(get_schedule(self.schedule), time_grid(self.steps))[1:]
             return draw_steps(cdf, torch.Size((num, length)), generator, torch.device("cpu"))
@@ -123,6 +155,20 @@ class RevealLaw:
             return step_of_rank.expand(num, length).clone()
         ranks = torch.rand(num, length, generator=generator).argsort(1).argsort(1)  # a uniform random order
         return step_of_rank[ranks]
+
+
+def _log_prob_by_block(blocks: list[tuple[int, int, RevealLaw]], groups: tuple[tuple[int, ...], ...]) -> float:
+    """log P(groups) under a block law: the groups of each block, in block order, each block by its own law."""
+    total, g = 0.0, 0
+    for start, end, law in blocks:
+        own = []
+        while g < len(groups) and all(start <= i < end for i in groups[g]):
+            own.append(tuple(i - start for i in groups[g]))
+            g += 1
+        if sum(len(group) for group in own) != end - start:
+            return -math.inf  # a group spans two blocks, or a block's positions are revealed out of block order
+        total += law.log_prob_of(tuple(own), end - start)
+    return total
 
 
 def _log_increasing_steps(step_probs: torch.Tensor, sizes: list[int]) -> float:
@@ -229,6 +275,8 @@ def estimate_sampler_log_probs(
     pilot on the first rows chooses the particles (up to ``max_particles``) and the twist; for the language's oracle
     (`OracleDenoiser`) the twist is the language's exact conditional, unless ``exact_twist=False`` (the
     pseudo-likelihood twist, as for a trained model)."""
+    if not law.one_block(x.shape[1]):
+        raise ValueError(f"the particle filter follows one block: block_length={law.block_length} < L={x.shape[1]}")
     return smc_log_probs(
         sampler_denoiser(model, vocab_size, x, batch_size, exact_twist),
         law,

@@ -108,7 +108,13 @@ def test_ter_both_directions_against_enumeration():
 
 
 @pytest.mark.parametrize(
-    "law", [RevealLaw(2), RevealLaw(3, transfer="deterministic"), RevealLaw(2, "left_to_right", "deterministic")]
+    "law",
+    [
+        RevealLaw(2),
+        RevealLaw(3, transfer="deterministic"),
+        RevealLaw(2, "left_to_right", "deterministic"),
+        RevealLaw(3, block_length=2),  # blocks of 2 then 1 position, at 2 and 1 steps
+    ],
 )
 def test_exact_law_is_what_the_sampler_draws(law):
     """Frequencies of diffusion_generate's outputs (oracle, and an untrained tiny MDM) against the exact law."""

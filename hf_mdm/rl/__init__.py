@@ -2,8 +2,10 @@
 
 - `hf_mdm.rl.trainer`: `DiffusionGRPOTrainer` (TRL's `GRPOTrainer` with rollouts by hf_mdm's ``generate`` and
   per-token log-likelihood estimators) and `DiffusionGRPOConfig`;
-- `hf_mdm.rl.estimators`: the estimators (d1's one-step, DiffuCoder's coupled masks, the Monte Carlo ELBO) and
-  their exact expectations on small cases;
+- `hf_mdm.rl.trl_fence`: the one module that reaches into TRL's trainer (the private hooks it overrides, the
+  reference it swaps, why), checked against the installed TRL;
+- `hf_mdm.rl.estimators`: the estimators (d1's one-step, DiffuCoder's coupled masks, the Monte Carlo ELBO, the
+  rollouts' own decoding law) and their exact expectations on small cases;
 - `hf_mdm.rl.rewards`: rewards built in (membership in a synthetic language, GSM8K correctness, code that passes
   its tests in the sandbox);
 - `hf_mdm.rl.language_task`: a synthetic language as a GRPO task (tokenizer, prompts).

@@ -11,21 +11,26 @@ returns a (B, C) tensor of per-token terms whose sum over a row is its estimate 
 - ``coupled`` (DiffuCoder's coupled-GRPO, arXiv 2506.20639): a mask time t uniform in ``time_range``, each
   completion token masked with probability t, and the complementary mask; every token is scored exactly once, in
   the copy where it is masked. Two forwards; less variance than one random mask, and no 1/t weight.
-- ``decoding``: the rollouts' own sampler law (`hf_mdm.sampler_likelihood.RevealLaw`, ``steps`` and its transfer
-  and order): the positions grouped into steps as that sampler groups them, each token scored given the tokens
-  revealed before its step. ``steps`` forwards; its expectation is a lower bound of log pi_N(y), the exact
-  log-likelihood under that sampler (Jensen over the groupings), and at one token a step it is the ELBO.
+- ``decoding``: the rollouts' own sampler law (`hf_mdm.sampler_likelihood.RevealLaw`: ``steps``, transfer, order,
+  schedule and ``block_length``, every one taken from the rollouts' settings, which it refuses by name where they
+  shape the law in a way it does not model): the positions grouped into steps as that sampler groups them, each
+  token scored given the tokens revealed before its step. ``steps`` forwards; its expectation is a lower bound of
+  log pi_N(y), the exact log-likelihood under that sampler (Jensen over the groupings), and at one token a step it
+  is the ELBO.
 - ``elbo``: LLaDA's Monte Carlo ELBO with ``draws`` masked copies (the count of masked tokens m uniform in 1..C,
   stratified over the draws, positions uniform); term i = mean over draws of (C / m) 1[i masked] log p(y_i | copy).
   Unbiased for the ELBO, a lower bound of the log-likelihood under any-order decoding (Jensen), with variance
-  falling as 1 / draws. ``draws`` forwards.
+  falling as 1 / draws. ``draws`` forwards. Its per-token terms are not log-probabilities, so with TRL's
+  ``num_iterations > 1`` it needs the sequence-level ratio (``importance_sampling_level="sequence"``).
 
-`exact_expectation` computes each estimator's expectation by enumerating the masks (small C), and
+`exact_expectation` computes each estimator's expectation by enumerating the masks (small C; each estimator class
+carries its own enumeration, `LogLikelihoodEstimator.expectation`), and
 `hf_mdm.sampler_likelihood.exact_sampler_log_probs` the log-likelihood under a sampler's decoding law, so the
 bias of each against the decoding law and the spread of its draws can be measured (`evaluation/rl_estimators.py`).
 
 Each row draws its masks from its own generator: GRPO's old, reference and current log-likelihoods of a rollout must
-use the same masks, whatever batch it is in (`hf_mdm.rl.trainer` seeds each row from its tokens). Block-causal models (``config.block_size``) are
+use the same masks, whatever batch it is in (`hf_mdm.rl.trainer` seeds each row from its tokens and the step its
+rollout was drawn at, so each step draws new masks). Block-causal models (``config.block_size``) are
 scored in the block-diffusion form of their training (`hf_mdm.finetune.objective.block_diffusion_inputs`: a
 noisy block sees the clean blocks before it). The [MASK] token's logit is removed before the softmax, as the
 samplers draw.
@@ -33,33 +38,39 @@ samplers draw.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 import torch
 
 from ..families import attention_block_size
-from ..finetune.objective import block_diffusion_inputs
-from ..finetune.trainer import base_model
 from ..generation_denoiser import logits_shift_of
+from ..generation_processors import NEUTRAL
 
 __all__ = [
     "ESTIMATORS",
     "LogLikelihoodEstimator",
     "build_estimator",
+    "estimator_help",
+    "estimator_options",
     "exact_expectation",
     "inner_model",
     "masked_token_log_probs",
 ]
 
 ESTIMATORS: dict[str, type["LogLikelihoodEstimator"]] = {}
+#: log p(x_i | x with the positions ``masked`` masked) for each i in ``masked`` (what `exact_expectation` enumerates).
+Scores = Callable[[tuple[int, ...]], dict[int, float]]
 
 
 def inner_model(model: Any) -> Any:
     """The model under data-parallel (``.module``) and PEFT wrappers: where its config and family facts are."""
+    from ..finetune.trainer import base_model  # (hf_mdm.finetune loads datasets and peft: not at import)
+
     while hasattr(model, "module"):
         model = model.module
     return base_model(model)
@@ -79,6 +90,8 @@ def masked_token_log_probs(
     inner = inner_model(model)
     block = attention_block_size(inner)
     if block is not None:
+        from ..finetune.objective import block_diffusion_inputs
+
         kwargs = block_diffusion_inputs(noisy, clean, int(block))
     else:
         kwargs = {"input_ids": noisy} | ({} if attention_mask is None else {"attention_mask": attention_mask})
@@ -93,9 +106,16 @@ def masked_token_log_probs(
 
 @dataclass
 class LogLikelihoodEstimator(ABC):
-    """An estimator of per-token log-likelihoods of completions (see the module docstring); registered by name."""
+    """An estimator of per-token log-likelihoods of completions (see the module docstring); registered by name.
+
+    Each class says what it needs and what it is: ``per_token_log_probs`` (whether each term is one token's
+    log-probability, so TRL's token-level ratio is a ratio of probabilities), `rollout_options` (the options it takes
+    from the rollouts' generation config), `check_model` (models it cannot score) and `expectation` (its expectation
+    by enumeration, what `exact_expectation` returns)."""
 
     name: ClassVar[str]
+    summary: ClassVar[str]  # one line for help texts
+    per_token_log_probs: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -108,6 +128,19 @@ class LogLikelihoodEstimator(ABC):
     def prompt_mask(self, prompt: int, generator: torch.Generator) -> Optional[torch.Tensor]:
         """(prompt,) bool: prompt tokens masked in the copies (None: the prompt is kept whole)."""
         return None
+
+    @classmethod
+    def rollout_options(cls, rollout: Any) -> dict[str, Any]:
+        """Options taken from the rollouts' `MaskedDiffusionGenerationConfig` (default: none)."""
+        return {}
+
+    def check_model(self, model: Any) -> None:
+        """A ValueError for a model this estimator cannot score (default: every model)."""
+
+    def expectation(self, scores: Scores, length: int) -> float:
+        """The expectation of the summed estimate of one prompt-free sequence of ``length`` tokens, enumerating every
+        mask with its chance; ``scores(masked)`` gives log p(x_i | x with ``masked`` masked) for each i in ``masked``."""
+        raise ValueError(f"no exact expectation for {self!r}")
 
     @property
     def forwards(self) -> int:
@@ -150,6 +183,7 @@ class OneStep(LogLikelihoodEstimator):
     """d1's one-step estimate: the completion fully masked, prompt tokens masked at ``prompt_mask_rate``."""
 
     name: ClassVar[str] = "one_step"
+    summary: ClassVar[str] = "d1's one step, the completion fully masked (1 forward)"
     prompt_mask_rate: float = 0.15
 
     def masks(self, completion: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -160,12 +194,16 @@ class OneStep(LogLikelihoodEstimator):
             return None
         return torch.rand(prompt, generator=generator) < self.prompt_mask_rate
 
+    def expectation(self, scores: Scores, length: int) -> float:
+        return sum(scores(tuple(range(length))).values())
+
 
 @dataclass
 class Coupled(LogLikelihoodEstimator):
     """DiffuCoder's coupled complementary masks: t uniform in ``time_range``, a mask at rate t and its complement."""
 
     name: ClassVar[str] = "coupled"
+    summary: ClassVar[str] = "DiffuCoder's coupled complementary masks (2 forwards)"
     time_range: tuple[float, float] = (0.0, 1.0)
 
     def masks(self, completion: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -174,12 +212,23 @@ class Coupled(LogLikelihoodEstimator):
         first = torch.rand(completion, generator=generator) < t
         return [(first, torch.ones(completion)), (~first, torch.ones(completion))]
 
+    def expectation(self, scores: Scores, length: int) -> float:
+        """P(first mask = S) = integral of t^|S| (1 - t)^(L - |S|) dt = 1 / ((L + 1) C(L, |S|)) for t uniform in
+        [0, 1]; the complement scores the rest, so every nonempty S contributes its own terms with P(S) + P(~S)."""
+        if tuple(self.time_range) != (0.0, 1.0):
+            raise ValueError(f"the coupled expectation is enumerated for time_range=(0, 1), not {self.time_range}")
+        return sum(2.0 / ((length + 1) * math.comb(length, len(s))) * sum(scores(s).values()) for s in _subsets(length))
+
 
 @dataclass
 class MonteCarloELBO(LogLikelihoodEstimator):
-    """LLaDA's Monte Carlo ELBO with ``draws`` masked copies (stratified mask counts, weight C / m)."""
+    """LLaDA's Monte Carlo ELBO with ``draws`` masked copies (stratified mask counts, weight C / m). Its per-token
+    terms are not log-probabilities (weights C / m, and 0 for a token masked in no draw): only their sum estimates
+    a log-likelihood, so a ratio across policy updates (TRL's ``num_iterations > 1``) must be the sequence's."""
 
     name: ClassVar[str] = "elbo"
+    summary: ClassVar[str] = "LLaDA's Monte Carlo ELBO (draws forwards)"
+    per_token_log_probs: ClassVar[bool] = False
     draws: int = 8
 
     def masks(self, completion: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -192,83 +241,173 @@ class MonteCarloELBO(LogLikelihoodEstimator):
             copies.append((masked, torch.full((completion,), completion / m / self.draws)))
         return copies
 
+    def expectation(self, scores: Scores, length: int) -> float:
+        """m uniform in 1..L, then a uniform subset of m positions: each subset S weighs 1 / (L C(L, |S|)) and its
+        terms L / |S|."""
+        return sum(sum(scores(s).values()) / len(s) / math.comb(length, len(s)) for s in _subsets(length))
+
+
+#: Rollout settings the ``decoding`` law models: its option <- the generation config's field.
+LAW_SETTINGS = {"steps": "steps", "block_length": "block_length", "transfer": "transfer", "order": "strategy",
+                "schedule": "schedule"}  # fmt: skip
+#: Rollout settings that leave the law of the kept tokens as it is: ids, outputs, compilation, batching, and the
+#: temperature and length, which the trainer passes (`per_token`'s temperature, ``generation_length``); any other
+#: field leaves it as it is only at its neutral value (`hf_mdm.generation_processors.NEUTRAL`).
+LAW_NEUTRAL = frozenset(
+    {
+        "max_new_tokens", "temperature", "do_sample", "transformers_version", "_from_model_config",
+        "mask_token_id", "pad_token_id", "eos_token_id", "bos_token_id", "stop_at_eos", "finish_at_eos",
+        "output_history", "return_dict_in_generate", "output_scores", "output_logits", "logits_shift",
+        "compile_forward", "batch_invariant", "use_cache",
+    }
+)  # fmt: skip
+
 
 @dataclass
 class DecodingLaw(LogLikelihoodEstimator):
-    """The rollouts' own sampler: positions grouped into ``steps`` steps by its law (`RevealLaw`: ``transfer``,
-    ``order``, ``schedule``), each token scored given the tokens revealed before its step."""
+    """The rollouts' own sampler: positions grouped into steps by its law (`RevealLaw`: ``steps``, ``transfer``,
+    ``order``, ``schedule``, and ``block_length``: blocks left to right from the completion's first token, the
+    steps split over them as the sampler splits them), each token scored given the tokens revealed before its step.
+    ``generation_length`` is the rollouts' ``max_new_tokens``: a completion cut at its EOS is scored with the
+    grouping its first tokens had in the sampler's canvas of that length. In the trainer every option comes from
+    the rollouts' generation config (`rollout_options`), which refuses the settings this law does not model."""
 
     name: ClassVar[str] = "decoding"
+    summary: ClassVar[str] = "the rollouts' own sampler law, a lower bound of its log-likelihood (steps forwards)"
     steps: int = 1
     transfer: str = "stochastic"
     order: str = "random"
     schedule: str = "linear"
+    block_length: Optional[int] = None
+    generation_length: Optional[int] = None
 
-    def masks(self, completion: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        step = self.law().sample_steps(1, completion, generator)[0]
-        return [(step >= k, (step == k).float()) for k in range(self.steps)]
+    def __post_init__(self) -> None:
+        try:
+            self.law()
+        except ValueError as err:
+            raise ValueError(
+                f"the decoding estimator needs a rollout whose grouping does not depend on the drawn tokens ({err}): "
+                "set the rollout's strategy=random and transfer=stochastic or deterministic (--rollout "
+                "strategy=random --rollout transfer=stochastic), or choose another --estimator"
+            ) from None
 
     def law(self) -> Any:
         from ..sampler_likelihood import RevealLaw
 
-        return RevealLaw(self.steps, self.order, self.transfer, self.schedule)
+        return RevealLaw(self.steps, self.order, self.transfer, self.schedule, self.block_length)
+
+    @classmethod
+    def rollout_options(cls, rollout: Any) -> dict[str, Any]:
+        """Every setting of ``rollout`` that shapes its law, a ValueError naming the first one it does not model."""
+        settings = rollout.to_diff_dict()
+        unmodelled = sorted(
+            (key, value) for key, value in settings.items()
+            if key not in LAW_NEUTRAL and key not in LAW_SETTINGS.values() and value is not None
+            and (key not in NEUTRAL or NEUTRAL[key] != value)
+        )  # fmt: skip
+        if unmodelled:
+            key, value = unmodelled[0]
+            others = ", ".join(name for name in ESTIMATORS if name != cls.name)
+            raise ValueError(
+                f"the decoding estimator models the rollouts' {', '.join(LAW_SETTINGS.values())} and temperature; "
+                f"the rollout setting {key}={value!r} changes their law in a way it does not: drop it (--rollout "
+                f"{key}=..., rollout={{'{key}': ...}}) or choose another --estimator ({others})"
+            )
+        options = {opt: getattr(rollout, field) for opt, field in LAW_SETTINGS.items()}
+        options = {opt: value for opt, value in options.items() if value is not None}
+        options.setdefault("steps", rollout.max_new_tokens)  # steps=None: one token a step
+        return options | {"generation_length": rollout.max_new_tokens}
+
+    def check_model(self, model: Any) -> None:
+        block = attention_block_size(inner_model(model))
+        if block is not None:
+            raise ValueError(
+                f"the decoding estimator lays the rollouts' blocks from the completion's first token; "
+                f"{type(inner_model(model)).__name__} (block_size={block}) aligns them to its attention blocks from "
+                "the prompt's first token: choose --estimator coupled, one_step or elbo"
+            )
+
+    def masks(self, completion: int, generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        law, length = self.law(), max(completion, self.generation_length or 0)
+        step = law.sample_steps(1, length, generator)[0, :completion]
+        return [(step >= k, (step == k).float()) for k in range(law.total_steps(length))]
+
+    def expectation(self, scores: Scores, length: int) -> float:
+        """Every ordered partition of the positions with its chance under the law, each group scored given the
+        groups before it."""
+        from ..sampler_likelihood import ordered_partitions
+
+        if self.generation_length not in (None, length):
+            raise ValueError(f"generation_length={self.generation_length}: enumerate sequences of that length")
+        law, total = self.law(), 0.0
+        for groups in ordered_partitions(tuple(range(length))):
+            chance = law.log_prob_of(groups, length)
+            if chance == -math.inf:
+                continue
+            revealed: set[int] = set()
+            value = 0.0
+            for group in groups:
+                masked = tuple(i for i in range(length) if i not in revealed)
+                value += sum(scores(masked)[i] for i in group)
+                revealed.update(group)
+            total += math.exp(chance) * value
+        return total
+
+
+def estimator_options(name: str, options: dict[str, Any], rollout: Any) -> dict[str, Any]:
+    """The options of estimator ``name``: those it takes from the ``rollout`` generation config
+    (`LogLikelihoodEstimator.rollout_options`), then ``options``, which may not contradict them."""
+    cls = _registered(name)
+    taken = cls.rollout_options(rollout)
+    for key, value in options.items():
+        if key in taken and value != taken[key]:
+            raise ValueError(
+                f"estimator option {key}={value!r} contradicts the rollouts' {key}={taken[key]!r}: the {name} "
+                f"estimator takes it from the rollout settings (drop --estimator-option {key})"
+            )
+    return taken | dict(options)
 
 
 def build_estimator(name: str, **options: Any) -> LogLikelihoodEstimator:
     """The estimator registered as ``name`` with its ``options`` (a ValueError naming the choices otherwise)."""
+    cls = _registered(name)
+    fields = {f.name: f.default for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - set(fields))
+    if unknown:
+        accepted = ", ".join(f"{key}={value!r}" for key, value in fields.items()) or "none"
+        raise ValueError(
+            f"estimator {name!r} has no option {', '.join(map(repr, unknown))}: its options (with their defaults) "
+            f"are {accepted} (--estimator-option key=value)"
+        )
+    return cls(**options)
+
+
+def estimator_help() -> str:
+    """One line per registered estimator: its name and summary (the help of ``--estimator`` and the config)."""
+    return "; ".join(f"{name}: {cls.summary}" for name, cls in ESTIMATORS.items())
+
+
+def _registered(name: str) -> type[LogLikelihoodEstimator]:
     if name not in ESTIMATORS:
         raise ValueError(f"unknown log-likelihood estimator {name!r}: choose one of {sorted(ESTIMATORS)}")
-    try:
-        return ESTIMATORS[name](**options)
-    except TypeError as err:
-        raise ValueError(f"estimator {name!r}: {err}") from None
+    return ESTIMATORS[name]
+
+
+def _subsets(length: int) -> list[tuple[int, ...]]:
+    """Every nonempty subset of ``range(length)``, as sorted tuples."""
+    return [s for r in range(1, length + 1) for s in itertools.combinations(range(length), r)]
 
 
 @torch.no_grad()
 def exact_expectation(estimator: LogLikelihoodEstimator, model: Any, sequence: torch.Tensor) -> float:
     """The expectation of ``estimator``'s summed estimate for one prompt-free ``sequence`` (L,), by enumerating
-    every mask with its probability (small L): what its draws average to, to set beside the exact log-likelihood."""
-    length = sequence.numel()
-    x = sequence[None]
-    mask_id = int(base_model(model).config.mask_token_id)
-
-    memo: dict[tuple[int, ...], torch.Tensor] = {}
-
-    def scored(masked: tuple[int, ...]) -> torch.Tensor:  # log p(x_i | x with `masked` masked), for i in masked
-        if masked not in memo:
-            noisy = x.clone()
-            noisy[0, list(masked)] = mask_id
-            memo[masked] = masked_token_log_probs(model, noisy, x, None, 0)[0][0, list(masked)].double()
-        return memo[masked]
-
-    subsets = [s for r in range(1, length + 1) for s in itertools.combinations(range(length), r)]
-    if isinstance(estimator, OneStep):
-        return float(scored(tuple(range(length))).sum())
-    if isinstance(estimator, MonteCarloELBO):  # m uniform in 1..L, then a uniform subset of m: weight L / m
-        return sum(float(scored(s).sum()) / len(s) / math.comb(length, len(s)) for s in subsets)
-    if isinstance(estimator, Coupled) and estimator.time_range == (0.0, 1.0):
-        # P(first mask = S) = integral of t^|S| (1 - t)^(L - |S|) dt = 1 / ((L + 1) C(L, |S|)); the complement scores
-        # the rest, so every subset S (the empty one included) contributes its own terms with P(S) + P(complement).
-        total = 0.0
-        for s in subsets:
-            chance = 2.0 / ((length + 1) * math.comb(length, len(s)))
-            total += chance * float(scored(s).sum())
-        return total
-    if isinstance(estimator, DecodingLaw):  # every ordered partition with its chance under the law
-        from ..sampler_likelihood import ordered_partitions
-
-        total = 0.0
-        for groups in ordered_partitions(tuple(range(length))):
-            chance = estimator.law().log_prob_of(groups, length)
-            if chance == -math.inf:
-                continue
-            revealed: tuple[int, ...] = ()
-            value = 0.0
-            for group in groups:
-                masked = tuple(i for i in range(length) if i not in revealed)
-                scores = dict(zip(masked, scored(masked).tolist()))
-                value += sum(scores[i] for i in group)
-                revealed += group
-            total += math.exp(chance) * value
-        return total
-    raise ValueError(f"no exact expectation for {estimator!r}")
+    every mask with its probability (small L; `LogLikelihoodEstimator.expectation`): what its draws average to, to
+    set beside the exact log-likelihood. The 2^L - 1 masked copies are scored in one forward."""
+    length, mask_id = sequence.numel(), int(inner_model(model).config.mask_token_id)
+    subsets = _subsets(length)
+    noisy = sequence.repeat(len(subsets), 1)
+    for row, masked in enumerate(subsets):
+        noisy[row, list(masked)] = mask_id
+    logp = masked_token_log_probs(model, noisy, sequence.expand(len(subsets), -1), None, 0)[0].double().tolist()
+    table = {masked: {i: logp[row][i] for i in masked} for row, masked in enumerate(subsets)}
+    return float(estimator.expectation(table.__getitem__, length))

@@ -26,6 +26,7 @@ from ..generation_presets import PRESET_NAMES, preset_config
 from ..generation_resolve import resolve_config
 from ..generation_rows import batches_invariantly, draws_random_numbers
 from ..generation_uniform import check_uniform_config
+from ..tokens import eos_index, left_pad
 from .forwards import SharedForwards
 from .protocol import ApiError, Asked
 from .settings import ServeSettings
@@ -185,11 +186,7 @@ class Engine:
     def _run(self, jobs: list[Job]) -> list[Answer]:
         if self.batches is not None:
             self.batches.append(list(jobs))
-        width = max(len(job.ids) for job in jobs)
-        ids = torch.full((len(jobs), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for b, job in enumerate(jobs):  # left padding
-            ids[b, width - len(job.ids) :], mask[b, width - len(job.ids) :] = torch.tensor(job.ids), 1
+        ids, mask = left_pad([job.ids for job in jobs], self.pad_id)
         device = next(self.model.parameters()).device
         ids, mask = ids.to(device), mask.to(device)
         with torch.no_grad():
@@ -269,8 +266,7 @@ class Engine:
 
     def text_of(self, job: Job, tokens: list[int], final: bool = True) -> tuple[str, str, int]:
         """(text, finish reason, tokens used) of ``tokens``; not ``final``: a prefix (the reason is "")."""
-        eos = self.eos_ids
-        cut = next((i for i, t in enumerate(tokens) if t in eos), None)
+        cut = eos_index(tokens, self.eos_ids)
         kept = tokens if cut is None else tokens[:cut]
         text = self.tokenizer.decode(kept, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         at = min((i for i in (text.find(s) for s in job.stops) if i >= 0), default=None)
