@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from .argtypes import at_least
 
 CONFIG_DIR = Path("evaluation") / "configs"
 EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "block_diffusion", "rl", "wallclock")
@@ -129,8 +131,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_experiment_commands(commands: Any, at_least: Callable) -> None:
-    """``hf-mdm bench`` and ``hf-mdm reproduce`` (``at_least``: the command line's integer-range type)."""
+def add_commands(commands: Any) -> None:
+    """``hf-mdm bench`` and ``hf-mdm reproduce``."""
     for name, func, help_text in (
         (
             "bench",
