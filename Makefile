@@ -46,7 +46,7 @@ lint: $(STAMP)
 reproduce: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce
 
-# The paper's scale: the `full:` presets of evaluation/configs (L = 256..1024, 2,000 samples per cell, models trained
+# The paper's scale: the `full:` scales of evaluation/configs (L = 256..1024, 2,000 samples per cell, models trained
 # on 1,000,000 sequences) into results/full; results/REPORT.md links its report once present. Training alone is
 # estimated in REPORT.md's "Paper scale" section (hf_mdm.report.paper_scale_estimate): days on a GPU, years on 2 CPU
 # cores. Run it where a GPU is; resumable (every finished cell and model is kept).

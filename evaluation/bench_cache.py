@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from hf_mdm.experiments import load_preset
+from hf_mdm.experiments import load_scale
 from hf_mdm.experiments.common import make_language, trained_pair
 from hf_mdm.experiments.fast import sample_with
 from hf_mdm.experiments.ter_cells import gen_ppl_cell
@@ -136,10 +136,10 @@ def memory(model) -> dict:
 
 def trained(results: Path) -> list[dict]:
     """Forwards per token and generative perplexity of the plain, threshold and entropy-bound samplers on the trained 2-gram MDM."""
-    _, preset = load_preset(CONFIGS / "ter_vs_steps.yaml")
-    spec = next(s for s in preset["languages"] if s.get("train"))
-    language, length = make_language(spec), preset["train_length"]
-    model = trained_pair(language, length, preset, results, "2-gram", spec.get("training"))["mdm"]
+    _, scale = load_scale(CONFIGS / "ter_vs_steps.yaml")
+    spec = next(s for s in scale["languages"] if s.get("train"))
+    language, length = make_language(spec), scale["train_length"]
+    model = trained_pair(language, length, scale, results, "2-gram", spec.get("training"))["mdm"]
     section = {"block_length": 8, "seed": 0}
     samplers = {
         "confidence order, 1 token/step": dict(strategy="confidence"),

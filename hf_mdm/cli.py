@@ -18,42 +18,17 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from .cli_export import add_export_command
-from .cli_finetune import add_finetune_commands
-from .cli_grpo import add_grpo_command
-from .cli_reproduce import CONFIG_DIR, EXPERIMENT_CONFIGS, add_experiment_commands  # noqa: F401  (re-exported)
-from .cli_sample import add_sample_and_score_commands
-from .cli_serve import add_serve_command
-from .cli_tune import add_tune_command
+from . import cli_export, cli_finetune, cli_grpo, cli_reproduce, cli_sample, cli_serve, cli_tune
+from .argtypes import at_least, positive_float
+from .cli_reproduce import CONFIG_DIR, EXPERIMENT_CONFIGS  # noqa: F401  (re-exported)
+
+#: The command modules, each registering its subcommands with ``add_commands(commands)`` (`hf_mdm.argtypes`).
+COMMAND_MODULES = (cli_sample, cli_reproduce, cli_tune, cli_finetune, cli_grpo, cli_export, cli_serve)
 
 
 def _fail(message: str) -> int:
     print(f"hf-mdm: error: {message}", file=sys.stderr)
     return 2
-
-
-def at_least(minimum: float, kind: type = int) -> Any:
-    """An argparse type: a number of ``kind`` >= ``minimum`` (argparse's error names the flag)."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__
-    return parse
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a number > 0."""
-    value = at_least(0.0, float)(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -174,16 +149,11 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
-
-    from .checkpoints import check_local_path
-    from .hub import hub_unreachable_errors, is_mdm, push_model
+    from .hub import hub_unreachable_errors, push_model
     from .languages import load_language
+    from .loading import load_pretrained
 
-    check_local_path(args.model, "--model")
-    config = AutoConfig.from_pretrained(args.model)
-    loader = AutoModelForMaskedLM if is_mdm(config) else AutoModelForCausalLM
-    model = loader.from_pretrained(args.model)
+    model = load_pretrained(args.model, tokenizer=False).model
     language_dir = args.language or (
         Path(args.model) / "language" if (Path(args.model) / "language").is_dir() else None
     )
@@ -219,14 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     _add_dataset_commands(commands)
     _add_train_command(commands)
-    add_sample_and_score_commands(commands, at_least, positive_float)
-    add_experiment_commands(commands, at_least)
-    add_tune_command(commands, at_least)
-    add_finetune_commands(commands, at_least, positive_float)
-    add_grpo_command(commands, at_least, positive_float)
-    add_export_command(commands)
+    for module in COMMAND_MODULES:
+        module.add_commands(commands)
     _add_hub_and_compare_commands(commands)
-    add_serve_command(commands)
     _add_threads_option(commands)
     return parser
 

@@ -39,7 +39,7 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_export_command(commands: Any) -> None:
+def add_commands(commands: Any) -> None:
     """``hf-mdm export``."""
     export = commands.add_parser(
         "export",

@@ -17,27 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from typing import Any
 
-
-def load_model_and_tokenizer(name: str, dtype: str = "auto") -> tuple[Any, Any]:
-    """hf_mdm's class for the checkpoint (MDM, LLaDA, Dream, LLaDA2.x: native, through the Auto class its config
-    maps to) and its tokenizer; a ValueError before loading weights when the config has no [MASK] id (an AR
-    Llama / Qwen2 is pointed to ``hf-mdm a2d``)."""
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
-
-    import hf_mdm  # noqa: F401  (registers the native classes)
-
-    from .checkpoints import check_local_path
-    from .finetune.trainer import require_mask_token
-
-    check_local_path(name, "--model")
-    config = AutoConfig.from_pretrained(name)
-    require_mask_token(config, name)
-    for auto in (AutoModelForMaskedLM, AutoModelForCausalLM, AutoModel):
-        if type(config) in auto._model_mapping:
-            return auto.from_pretrained(name, dtype=dtype), AutoTokenizer.from_pretrained(name)
-    raise ValueError(f"{name}: no masked diffusion class for model_type {config.model_type!r}")
+from .argtypes import at_least, positive_float
 
 
 def _sft(args: argparse.Namespace) -> int:
@@ -46,7 +28,7 @@ def _sft(args: argparse.Namespace) -> int:
     from .finetune import train_sft
     from .harness.launch import check_launch
 
-    _check_bf16(args.bf16)
+    check_bf16(args.bf16)
     check_launch()  # several processes on CPUs without ACCELERATE_USE_CPU=1 would each train on everything
     set_seed(args.seed)  # before the model and its LoRA adapters are built: --seed decides their initial weights
     trainer = None
@@ -54,8 +36,8 @@ def _sft(args: argparse.Namespace) -> int:
         trainer = _sft_trainer(args)
         result = train_sft(trainer)
     except KeyboardInterrupt:
-        return _interrupted(args, trainer)
-    print(_summary(result, trainer.first_step, args.output_dir))
+        return report_interrupted(args, trainer)
+    print(training_summary(result, trainer.first_step, args.output_dir))
     return 0
 
 
@@ -63,8 +45,10 @@ def _sft_trainer(args: argparse.Namespace) -> Any:
     from transformers import TrainingArguments
 
     from .finetune import apply_lora, checkpointing_argument, load_pairs, sft_trainer, tokenize_pairs
+    from .loading import load_pretrained
 
-    model, tokenizer = load_model_and_tokenizer(args.model)
+    pretrained = load_pretrained(args.model, require="masked", command="hf-mdm sft")
+    model, tokenizer = pretrained.model, pretrained.tokenizer
     pairs = tokenize_pairs(
         load_pairs(args.data, args.split), tokenizer, args.max_length, args.prompt_column, args.response_column,
         source=args.data,
@@ -84,7 +68,7 @@ def _sft_trainer(args: argparse.Namespace) -> Any:
     return sft_trainer(model, pairs, training, tokenizer.eos_token_id, seed=args.seed, processing_class=tokenizer)
 
 
-def _check_bf16(bf16: bool) -> None:
+def check_bf16(bf16: bool) -> None:
     """``--bf16`` refused up front where transformers would refuse it (no GPU with bfloat16), in this CLI's words."""
     from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 
@@ -92,8 +76,8 @@ def _check_bf16(bf16: bool) -> None:
         raise ValueError("--bf16 needs a GPU with bfloat16 support and there is none here: run without --bf16")
 
 
-def _interrupted(args: argparse.Namespace, trainer: Any) -> int:
-    """Ctrl-C: one line naming the checkpoint kept (what rerunning the same command resumes from), after the
+def report_interrupted(args: argparse.Namespace, trainer: Any) -> int:
+    """A training command's Ctrl-C (sft, grpo): one line naming the checkpoint kept (what rerunning the same command resumes from), after the
     progress bar; exit 130."""
     import warnings
 
@@ -120,8 +104,8 @@ def _interrupted(args: argparse.Namespace, trainer: Any) -> int:
     return 130
 
 
-def _summary(result: Any, first_step: int, output_dir: str) -> str:
-    """The closing line: the step reached and what the loss averages (the steps this run trained)."""
+def training_summary(result: Any, first_step: int, output_dir: str) -> str:
+    """A training command's closing line: the step reached and what the loss averages (the steps this run trained)."""
     last = result.global_step
     if first_step >= last:
         return f"already at step {last}, nothing left to train; saved to {output_dir}"
@@ -134,18 +118,17 @@ def _summary(result: Any, first_step: int, output_dir: str) -> str:
 
 
 def _a2d(args: argparse.Namespace) -> int:
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    import hf_mdm  # noqa: F401  (registers hf_mdm's configs, named when refused)
+    from transformers import AutoConfig
 
     from .checkpoints import check_local_path
     from .fileio import write_directory_atomic
     from .finetune.a2d import check_convertible, convert_to_mdm
+    from .loading import load_pretrained
 
     check_local_path(args.model, "--model")
     check_convertible(AutoConfig.from_pretrained(args.model), args.model)
-    ar = AutoModelForCausalLM.from_pretrained(args.model, dtype="auto")
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    pretrained = load_pretrained(args.model, require="autoregressive", command="hf-mdm a2d")
+    ar, tokenizer = pretrained.model, pretrained.tokenizer
     if tokenizer.mask_token is None:
         tokenizer.add_special_tokens({"mask_token": args.mask_token})
     model = convert_to_mdm(ar, tokenizer.mask_token_id, args.block_size, args.logits_shift)
@@ -160,8 +143,8 @@ def _a2d(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_finetune_commands(commands: Any, at_least: Callable, positive_float: Callable) -> None:
-    """``hf-mdm sft`` and ``hf-mdm a2d`` (``at_least`` / ``positive_float``: the command line's argument types)."""
+def add_commands(commands: Any) -> None:
+    """``hf-mdm sft`` and ``hf-mdm a2d``."""
     a2d = commands.add_parser("a2d", help="convert an autoregressive Llama / Qwen2 checkpoint into a diffusion model")
     a2d.add_argument("--model", required=True, help="the AR checkpoint (directory or Hub id)")
     a2d.add_argument("--output-dir", required=True, help="the converted model and its tokenizer (with [MASK])")

@@ -13,20 +13,22 @@ Rerun the same command after a kill: it resumes from the newest readable checkpo
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import sys
-from typing import Any, Callable
+from typing import Any
+
+from .argtypes import at_least, key_value_pairs, positive_float
 
 
 def _grpo(args: argparse.Namespace) -> int:
     from transformers import set_seed
 
     from .checkpoints import resumable_checkpoint
-    from .cli_finetune import _check_bf16, _interrupted, _summary
+    from .cli_finetune import check_bf16, report_interrupted, training_summary
     from .harness.launch import check_launch
     from .training import train
 
-    _check_bf16(args.bf16)
+    check_bf16(args.bf16)
     check_launch()
     set_seed(args.seed)
     trainer = None
@@ -39,28 +41,73 @@ def _grpo(args: argparse.Namespace) -> int:
         result = train(trainer)
         trainer.save_model(args.output_dir)
     except KeyboardInterrupt:
-        return _interrupted(args, trainer)
-    print(_summary(result, kept[1] if kept else 0, args.output_dir))
+        return report_interrupted(args, trainer)
+    print(training_summary(result, kept[1] if kept else 0, args.output_dir))
     return 0
 
 
 def _grpo_trainer(args: argparse.Namespace) -> Any:
-    from .cli_finetune import load_model_and_tokenizer
+    """Everything that can be checked without the weights is checked first (the task, the rewards, the estimator
+    and its options against the rollouts), then the model loads (refused by kind before its weights)."""
+    from .loading import load_pretrained
     from .rl.rewards import reward_by_name
     from .rl.trainer import DiffusionGRPOConfig, grpo_trainer
 
+    if args.data is None and args.language is None:
+        raise ValueError("give --data (rows with a prompt column) or --language (a saved synthetic language)")
     language = _language(args.language) if args.language else None
-    model, tokenizer = _model_and_tokenizer(args.model, language, load_model_and_tokenizer)
+    rewards = [reward_by_name(name, language) for name in args.reward]
     config = DiffusionGRPOConfig(
         output_dir=args.output_dir, per_device_train_batch_size=args.batch_size, num_generations=args.num_generations,
         max_completion_length=args.max_completion_length, learning_rate=args.lr, max_steps=args.max_steps,
         beta=args.beta, temperature=args.temperature, save_steps=args.save_steps, logging_steps=args.logging_steps,
-        seed=args.seed, report_to="none", estimator=args.estimator, estimator_options=_pairs(args.estimator_option),
-        rollout=_pairs(args.rollout), gradient_accumulation_steps=args.grad_accum, bf16=args.bf16,
+        seed=args.seed, report_to="none", estimator=args.estimator,
+        estimator_options=key_value_pairs(args.estimator_option, "--estimator-option"),
+        rollout=key_value_pairs(args.rollout, "--rollout"), gradient_accumulation_steps=args.grad_accum,
+        bf16=args.bf16,
     )  # fmt: skip
+    _check_estimator(config)
+    # a language model's ids are the language's tokens: no tokenizer saved with it (language_tokenizer instead)
+    pretrained = load_pretrained(args.model, require="masked", command="hf-mdm grpo", tokenizer=language is None)
+    tokenizer = pretrained.tokenizer
+    if language is not None:
+        from .rl.language_task import language_tokenizer
+
+        tokenizer = language_tokenizer(language.vocab_size, pretrained.model.config.mask_token_id)
     lora = {"r": args.lora_r, "alpha": args.lora_alpha} if args.lora else None
-    rewards = [reward_by_name(name, language) for name in args.reward]
-    return grpo_trainer(model, rewards, _prompts(args, language), config, tokenizer, lora)
+    return grpo_trainer(pretrained.model, rewards, _prompts(args, language), config, tokenizer, lora)
+
+
+def _check_estimator(config: Any) -> None:
+    """A ValueError naming the flags to change when ``config``'s estimator is unknown, is given an option it does not
+    take, or cannot score the rollouts' sampler (``decoding`` knows the law of random and left-to-right orders
+    only); nothing is loaded."""
+    from .rl.estimators import ESTIMATORS, build_estimator
+    from .rl.trainer import estimator_options, rollout_config
+
+    name = config.estimator
+    options = [field.name for field in dataclasses.fields(ESTIMATORS[name])] if name in ESTIMATORS else []
+    unknown = [key for key in config.estimator_options if key not in options]
+    if name in ESTIMATORS and unknown:
+        takes = f"its options are {', '.join(options)}" if options else "it takes no options"
+        raise ValueError(
+            f"--estimator-option {unknown[0]}: not an option of --estimator {name}; {takes} (--estimator-option "
+            "NAME=VALUE)"
+        )
+    settings = estimator_options(config, rollout_config(config, None))
+    try:
+        _ = build_estimator(name, **settings).forwards  # draws one set of masks: the law must be one it knows
+    except ValueError as err:
+        if name != "decoding":
+            raise ValueError(f"--estimator {name}: {err}") from None
+        from .sampler_likelihood import LAW_ORDERS, LAW_TRANSFERS
+
+        raise ValueError(
+            f"--estimator decoding scores the rollouts' own sampler, whose law it knows for --rollout strategy="
+            f"{' or '.join(LAW_ORDERS)} with --rollout transfer={' or '.join(LAW_TRANSFERS)} only ({err}): set them, "
+            "e.g. --rollout strategy=random --rollout transfer=stochastic (the paper's sampler), or choose another "
+            "--estimator"
+        ) from None
 
 
 def _language(path: str) -> Any:
@@ -71,46 +118,18 @@ def _language(path: str) -> Any:
     return load_language(path)
 
 
-def _model_and_tokenizer(path: str, language: Any, load: Callable) -> tuple[Any, Any]:
-    """A language model (its ids the language's tokens, no tokenizer saved) with `language_tokenizer`; any other
-    checkpoint with its own tokenizer."""
-    if language is None:
-        return load(path)
-    from . import MDMForMaskedDiffusion
-    from .checkpoints import check_local_path
-    from .rl.language_task import language_tokenizer
-
-    check_local_path(path, "--model")
-    return MDMForMaskedDiffusion.from_pretrained(path), language_tokenizer(language.vocab_size)
-
-
 def _prompts(args: argparse.Namespace, language: Any) -> Any:
     if language is not None:
         from .rl.language_task import language_prompts
 
         return language_prompts(args.prompts)
-    if args.data is None:
-        raise ValueError("give --data (rows with a prompt column) or --language (a synthetic language)")
     from .finetune import load_pairs
 
     return load_pairs(args.data, args.split)
 
 
-def _pairs(items: list[str]) -> dict:
-    """``key=value`` items as a dict, each value read as JSON where it parses (numbers, true/false, null)."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"{item!r}: write settings as key=value (for example steps=64)")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
-def add_grpo_command(commands: Any, at_least: Callable, positive_float: Callable) -> None:
+def add_commands(commands: Any) -> None:
+    """``hf-mdm grpo``."""
     from .rl.estimators import estimator_help
 
     grpo = commands.add_parser("grpo", help="reinforcement learning (TRL's GRPO) for a masked diffusion model")

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from .argtypes import at_least
 
 CONFIG_DIR = Path("evaluation") / "configs"
 EXPERIMENT_CONFIGS = ("ter_vs_steps", "ser_vs_steps", "samplers", "block_diffusion", "rl", "wallclock")
@@ -20,21 +22,21 @@ BENCH_RELATION = (
 
 
 def _run_experiment(name: str, config_dir: Path, output_dir: Path, full: bool) -> dict:
-    from .experiments import load_preset, run_experiment
+    from .experiments import load_scale, run_experiment
 
     path = check_config(config_dir / f"{name}.yaml")
-    experiment, preset = load_preset(path, full=full)
-    return run_experiment(experiment, preset, output_dir)
+    experiment, scale = load_scale(path, full=full)
+    return run_experiment(experiment, scale, output_dir)
 
 
 def check_config(path: Path) -> Path:
     """``path``, an experiment config that exists and reads as YAML with its sections; else a one-line ValueError
     naming the file and what to change (the line and column where its YAML breaks)."""
-    from .experiments import load_preset
+    from .experiments import load_scale
 
     if not path.exists():
         raise ValueError(f"no experiment config {path}: run from the repository root or pass --config-dir")
-    load_preset(path)  # reads it and checks its sections
+    load_scale(path)  # reads it and checks its sections
     return path
 
 
@@ -129,8 +131,8 @@ def _reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_experiment_commands(commands: Any, at_least: Callable) -> None:
-    """``hf-mdm bench`` and ``hf-mdm reproduce`` (``at_least``: the command line's integer-range type)."""
+def add_commands(commands: Any) -> None:
+    """``hf-mdm bench`` and ``hf-mdm reproduce``."""
     for name, func, help_text in (
         (
             "bench",
@@ -140,7 +142,7 @@ def add_experiment_commands(commands: Any, at_least: Callable) -> None:
         ("reproduce", _reproduce, "the paper's synthetic experiments and results/REPORT.md"),
     ):
         sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--full", action="store_true", help="the paper's scale (GPU) instead of the quick preset")
+        sub.add_argument("--full", action="store_true", help="the paper's scale (GPU) instead of the quick scale")
         sub.add_argument("--output-dir", default="results")
         sub.add_argument("--config-dir", default=str(CONFIG_DIR))
         if name == "reproduce":

@@ -6,16 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from .argtypes import at_least, positive_float
 
 
 def _load_sampler_model(args: argparse.Namespace):
-    """(model, kind, language): ``--model oracle`` needs ``--language``; checkpoints carry ``language/``."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
+    """(model, kind, language): ``--model oracle`` needs ``--language``; checkpoints carry ``language/``. A
+    checkpoint of the wrong ``--kind`` (or a uniform-noise one) is refused before its weights load."""
+    from transformers import AutoConfig
 
     from .checkpoints import check_local_path
-    from .hub import is_mdm
     from .languages import OracleDenoiser, load_language
+    from .loading import checkpoint_kind, load_pretrained, require_kind
 
     language = load_language(args.language) if args.language else None
     if args.model == "oracle":
@@ -26,18 +29,16 @@ def _load_sampler_model(args: argparse.Namespace):
     if language is None and (Path(args.model) / "language").is_dir():
         language = load_language(Path(args.model) / "language")
     config = AutoConfig.from_pretrained(args.model)
-    mdm = is_mdm(config)
-    if args.kind == "mdm" and not mdm:
-        raise ValueError(f"--model {args.model} is a {config.model_type!r} (autoregressive) checkpoint: pass --kind ar")
-    if args.kind == "ar" and mdm:
-        raise ValueError(
-            f"--model {args.model} is a masked diffusion checkpoint ({config.model_type!r}): pass --kind mdm"
-        )
-    if not mdm:
+    kind = checkpoint_kind(config)
+    if args.kind == "ar":
+        require_kind(config, "autoregressive", args.model, "hf-mdm sample --kind ar", hint=": pass --kind mdm")
+    elif args.kind == "mdm" or kind == "uniform":
+        hint = "; or pass --kind ar to sample it as one" if kind == "autoregressive" else ""
+        require_kind(config, "masked", args.model, "hf-mdm sample", hint=hint)
+    if kind == "autoregressive":
         _reject_diffusion_flags(args, config.model_type)
-    loader = AutoModelForMaskedLM if mdm else AutoModelForCausalLM
-    model = loader.from_pretrained(args.model).eval()
-    if mdm and args.schedule and hasattr(config, "schedule"):
+    model = load_pretrained(args.model, tokenizer=False).model
+    if kind == "masked" and args.schedule and hasattr(config, "schedule"):
         from .schedules import get_schedule
 
         if get_schedule(args.schedule) != get_schedule(config.schedule):
@@ -45,7 +46,7 @@ def _load_sampler_model(args: argparse.Namespace):
                 f"--schedule {args.schedule!r} differs from the schedule the model was trained with "
                 f"({config.schedule!r}): drop --schedule or pass the training schedule"
             )
-    return model, "mdm" if mdm else "ar", language
+    return model, "mdm" if kind == "masked" else "ar", language
 
 
 SAMPLER_FLAGS = (
@@ -202,8 +203,8 @@ def _json_scores(scores: dict[str, Any], skipped: bool) -> dict[str, Any]:
 # push / compare
 
 
-def add_sample_and_score_commands(commands: Any, at_least: Callable, positive_float: Callable) -> None:
-    """``hf-mdm sample`` and ``hf-mdm score`` (the command line's number types passed in)."""
+def add_commands(commands: Any) -> None:
+    """``hf-mdm sample`` and ``hf-mdm score``."""
     sample = commands.add_parser("sample", help="sample from an MDM, an AR model or the exact-posterior oracle")
     sample.add_argument("--model", required=True, help="a checkpoint directory, or `oracle`")
     sample.add_argument("--kind", choices=["mdm", "ar"], default=None, help="check the checkpoint is of this kind")

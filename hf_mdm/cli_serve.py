@@ -6,7 +6,8 @@ import argparse
 from typing import Any
 
 
-def add_serve_command(commands: Any) -> None:
+def add_commands(commands: Any) -> None:
+    """``hf-mdm serve``."""
     from .serve.settings import SCHEDULERS, ServeSettings
 
     defaults = ServeSettings()
@@ -48,7 +49,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
     try:
         from .serve import Engine, ServeSettings, build_app, serve
-        from .serve.loading import load_model, serving_config
+        from .serve.loading import serving_config
     except ImportError as err:
         raise ValueError(f"hf-mdm serve needs the serve extra: pip install 'hf_mdm[serve]' ({err})") from err
     names = ("host", "port", "api_key", "max_batch", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes")
@@ -58,8 +59,13 @@ def run_serve(args: argparse.Namespace) -> int:
     quantization_config(args.quantization, args.device)  # torchao present, int4 on a device it packs for
 
     def loader() -> Engine:
-        model, tokenizer = load_model(args.model, args.dtype, args.device, args.trust_remote_code, args.quantization)
-        return Engine(model, tokenizer, settings, config)
+        from .loading import load_pretrained
+
+        pretrained = load_pretrained(
+            args.model, dtype=args.dtype, device=args.device, trust_remote_code=args.trust_remote_code,
+            quantization=args.quantization,
+        )  # fmt: skip
+        return Engine(pretrained.model, pretrained.tokenizer, settings, config)
 
     app = build_app(None, settings, args.served_model_name or args.model, loader=loader)
     serve(app, settings.host, settings.port)

@@ -6,15 +6,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+
+from .argtypes import at_least
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """(model, language, AR baseline or None): ``--model oracle`` is the language's exact-posterior oracle."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-
-    from .checkpoints import check_local_path
     from .languages import OracleDenoiser, load_language
+    from .loading import load_pretrained
 
     folder = Path(args.language) if args.language else Path(args.model) / "language"
     if not folder.is_dir():
@@ -23,12 +23,12 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     if args.model == "oracle":
         model = OracleDenoiser(language, mask_token_id=language.vocab_size)
     else:
-        check_local_path(args.model, "--model")
-        model = AutoModelForMaskedLM.from_pretrained(args.model).eval()
+        model = load_pretrained(args.model, require="masked", command="hf-mdm tune", tokenizer=False).model
     ar = None
     if args.ar_model:
-        check_local_path(args.ar_model, "--ar-model")
-        ar = AutoModelForCausalLM.from_pretrained(args.ar_model).eval()
+        ar = load_pretrained(
+            args.ar_model, require="autoregressive", command="hf-mdm tune", flag="--ar-model", tokenizer=False
+        ).model
     return model, language, ar
 
 
@@ -58,7 +58,8 @@ def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
         if args.model == "oracle":
             raise ValueError("--task runs a checkpoint through lm-eval: pass --model PATH, not oracle")
-        manager = _check_task_inputs(args.task, list(filter(None, (args.model, args.ar_model))))
+        models = [("--model", args.model)] + ([("--ar-model", args.ar_model)] if args.ar_model else [])
+        manager = _check_task_inputs(args.task, models)
         start = args.test_start if args.test_start is not None else args.max_samples
         check_documents(load_lm_eval_task(manager, args.task), args.task, args.timing_rows, args.max_samples, start)
         lm = create_lm("hf_mdm", {"pretrained": args.model}, batch_size=args.batch_size)
@@ -71,21 +72,17 @@ def _task(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return model, SyntheticTask(language, args.length, batch_size=args.batch_size, quality=args.quality), ar
 
 
-def _check_task_inputs(task: str, models: list[str]) -> Any:
-    """Before any model loads: the task is one lm-eval knows, and a local checkpoint has a tokenizer to read it.
-    Returns the task manager."""
+def _check_task_inputs(task: str, models: list[tuple[str, str]]) -> Any:
+    """Before any model loads: the task is one lm-eval knows, and each local checkpoint (flag, path) has a tokenizer
+    to read it. Returns the task manager."""
     from .harness.evaluator import build_task_manager
+    from .loading import check_tokenizer
 
     manager = build_task_manager([task])
     if task not in manager.all_tasks:
         raise ValueError(f"--task {task}: no such lm-eval task (hf_mdm's: mdm_gsm8k, mdm_gsm8k_chain, mdm_mbpp, ...)")
-    names = ("tokenizer.json", "tokenizer_config.json")
-    for model in models:
-        folder = Path(model)
-        if folder.is_dir() and not any((folder / name).exists() for name in names):
-            raise ValueError(
-                f"--model {model} has no tokenizer: --task reads and writes text, so save one beside the model"
-            )
+    for flag, model in models:
+        check_tokenizer(model, flag)  # --task reads and writes text
     return manager
 
 
@@ -160,8 +157,8 @@ def _kept(cache: Path) -> str:
     )
 
 
-def add_tune_command(commands: Any, at_least: Callable) -> None:
-    """``hf-mdm tune`` (``at_least``: the command line's integer-range type)."""
+def add_commands(commands: Any) -> None:
+    """``hf-mdm tune``."""
     tune = commands.add_parser("tune", help="the sampler settings that win for a model on a language or lm-eval task")
     tune.add_argument("--model", required=True, help="an MDM checkpoint directory, or `oracle`")
     tune.add_argument("--language", default=None, help="saved language directory (default: the model's language/)")

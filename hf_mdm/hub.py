@@ -63,8 +63,9 @@ class CardResult:
 def is_mdm(model_or_config: Any) -> bool:
     """Whether a model (or its config) is a masked diffusion LM of a registered family (hf_mdm's own, LLaDA, Dream)
     with a [MASK] id."""
-    config = getattr(model_or_config, "config", model_or_config)
-    return facts_of(model_or_config) is not None and getattr(config, "mask_token_id", None) is not None
+    from .loading import checkpoint_kind
+
+    return checkpoint_kind(model_or_config) == "masked"
 
 
 def describe_language(language: Any) -> str:

@@ -43,7 +43,7 @@ PAPER_WALLCLOCK = {  # seconds: MDM with 512 steps, AR; hardware not published
     8192: (7.4, 45.8),
 }
 
-QUICK_SCALE = """The quick preset (`make reproduce`, 2 CPU cores) scales the paper down: shorter sequences, fewer
+QUICK_SCALE = """The quick scale (`make reproduce`, 2 CPU cores) scales the paper down: shorter sequences, fewer
 samples, tiny models trained briefly. Each table states its languages, sampler, sample count, model sizes and
 training budget. `make reproduce-paper` runs the paper's scale (see the section "Paper scale" at the end)."""
 
@@ -119,14 +119,14 @@ def verdict_lines(folder: Path, name: str, verdicts: Callable[[dict], list[str]]
 
 
 def _wallclock_summary(folder: Path) -> str:
-    """The MDM at the preset's first step count (the paper's 512) against AR in words: growth of each, the
+    """The MDM at the scale's first step count (the paper's 512) against AR in words: growth of each, the
     crossover, and why, beside the paper's."""
     path = folder / "wallclock.json"
     if not path.exists():
         return ""
     result = json.loads(path.read_text())
     rows = result["rows"]
-    mdm_model = next(r["model"] for r in rows if r["model"].startswith("MDM, "))  # the preset's first mdm_steps
+    mdm_model = next(r["model"] for r in rows if r["model"].startswith("MDM, "))  # the scale's first mdm_steps
     mdm = [r for r in rows if r["model"] == mdm_model]
     steps = mdm[-1]["steps"]
     ar = [r for r in rows if r["model"] == AR_MODEL]
@@ -195,23 +195,23 @@ GPU_FLOPS, CPU_FLOPS = 1e14, 1e11
 
 
 def paper_scale_estimate(config_dir: Path = Path("evaluation") / "configs") -> dict[str, float]:
-    """Training cost of the ``full:`` presets: models trained, FLOPs (6 x parameters x tokens per model, parameters
+    """Training cost of the ``full:`` scales: models trained, FLOPs (6 x parameters x tokens per model, parameters
     of the transformer blocks from `model_dims`) and days at `GPU_FLOPS` and `CPU_FLOPS`; sampling is left out."""
-    from .experiments import load_preset
+    from .experiments import load_scale
     from .experiments.common import training_steps
     from .training import model_dims
 
     flops, models = 0.0, 0
     for name in ("ter_vs_steps", "ser_vs_steps"):
-        _, preset = load_preset(Path(config_dir) / f"{name}.yaml", full=True)
-        for spec in preset["languages"]:
+        _, scale = load_scale(Path(config_dir) / f"{name}.yaml", full=True)
+        for spec in scale["languages"]:
             if spec.get("train", False):
-                cfg = {**preset["training"], **spec.get("training", {})}
+                cfg = {**scale["training"], **spec.get("training", {})}
                 dims = model_dims(cfg["size"])
                 h, i = dims["hidden_size"], dims["intermediate_size"]
                 params = dims["num_hidden_layers"] * (4 * h * h + 3 * h * i)
                 for kind in ("mdm", "ar"):
-                    tokens = training_steps(cfg, kind) * cfg["batch_size"] * preset["train_length"]
+                    tokens = training_steps(cfg, kind) * cfg["batch_size"] * scale["train_length"]
                     flops += 6 * params * tokens
                     models += 1
     day = 86_400
@@ -222,12 +222,12 @@ def paper_scale_text() -> str:
     estimate = paper_scale_estimate()
     return (
         "`make reproduce-paper` (or `hf-mdm reproduce --full --output-dir results/full`) runs every experiment with "
-        "the `full:` presets of evaluation/configs: the paper's lengths (L = 256..1024 for TER, up to 8192 for "
+        "the `full:` scales of evaluation/configs: the paper's lengths (L = 256..1024 for TER, up to 8192 for "
         "wall-clock), 2,000 samples per cell, models trained on 1,000,000 sequences (our `paper` model size: the "
         f"paper did not publish its own). Our estimate of its training alone: {estimate['models']} models, "
         f"{estimate['flops']:.1e} FLOPs (6 x parameters x tokens), about {estimate['gpu_days']:.0f} days on one GPU "
         f"at a sustained {GPU_FLOPS:.0e} FLOP/s and about {estimate['cpu_days'] / 365:.0f} years on the quick "
-        f"preset's 2-core CPU at {CPU_FLOPS:.0e} FLOP/s (both throughputs are our assumptions), so it is not run on "
+        f"scale's 2-core CPU at {CPU_FLOPS:.0e} FLOP/s (both throughputs are our assumptions), so it is not run on "
         "a CPU. Its report is written to `results/full/REPORT.md`."
     )
 
@@ -253,7 +253,7 @@ def write_report(folder: Path, full: bool = False) -> Path:
         "Our numbers for the synthetic experiments of *Theoretical Benefit and Limitation of Diffusion Language "
         "Model* (Feng et al., NeurIPS 2025, arXiv 2502.09622), beside the paper's where it published them.",
         "",
-        "Preset: " + ("full (the paper's scale)." if full else "quick.") + "",
+        "Scale: " + ("full (the paper's scale)." if full else "quick.") + "",
         "",
         "" if full else QUICK_SCALE,
         "",

@@ -1,4 +1,4 @@
-"""The synthetic experiments end to end on miniature presets, resume, the report, and the CLI's errors."""
+"""The synthetic experiments end to end on miniature scales, resume, the report, and the CLI's errors."""
 
 import json
 from collections.abc import Mapping
@@ -71,8 +71,8 @@ def results(tmp_path_factory):
         "steps_from": "ter_vs_steps",
     }
     outputs = {
-        name: run_experiment(name, preset, out)
-        for name, preset in (("ter_vs_steps", ter), ("ser_vs_steps", ser), ("wallclock", wall))
+        name: run_experiment(name, scale, out)
+        for name, scale in (("ter_vs_steps", ter), ("ser_vs_steps", ser), ("wallclock", wall))
     }
     return out, outputs, {"ter_vs_steps": ter, "ser_vs_steps": ser, "wallclock": wall}
 
@@ -147,7 +147,7 @@ def test_fast_samplers_rows(results):
 
 
 def test_rerun_reuses_finished_pieces(results):
-    out, outputs, presets = results
+    out, outputs, scales = results
 
     def fail(*args, **kwargs):
         raise AssertionError("a finished cell was recomputed")
@@ -157,7 +157,7 @@ def test_rerun_reuses_finished_pieces(results):
         mock.patch.object(experiments, "sample_ar", fail),
         mock.patch.object(experiments, "trained_pair", fail),
     ):  # not even loaded: every cell is cached
-        again = run_experiment("ter_vs_steps", presets["ter_vs_steps"], out)
+        again = run_experiment("ter_vs_steps", scales["ter_vs_steps"], out)
     assert again["rows"] == outputs["ter_vs_steps"]["rows"]
 
 
@@ -165,7 +165,7 @@ def test_rerun_samples_and_times_nothing(results):
     """The re-run guard above, with the names patched where the experiment modules look them up."""
     from hf_mdm.experiments import common, fast, speed
 
-    out, outputs, presets = results
+    out, outputs, scales = results
 
     def fail(*args, **kwargs):
         raise AssertionError("a finished cell was recomputed")
@@ -177,8 +177,8 @@ def test_rerun_samples_and_times_nothing(results):
         mock.patch.object(speed, "median_seconds", fail),
         mock.patch.object(fast, "sample_with", fail),
     ):
-        again = {name: run_experiment(name, presets[name], out) for name in presets}
-    for name in presets:
+        again = {name: run_experiment(name, scales[name], out) for name in scales}
+    for name in scales:
         assert again[name]["rows"] == outputs[name]["rows"], name
 
 
@@ -202,7 +202,7 @@ def test_report_puts_paper_numbers_beside_ours(results):
     assert "![The paper's TER vs steps (Theorem 4.2)](ter_vs_steps.png)" in report
     assert "| 2-gram | 256 | 2.72% |" in report  # the paper's table
     assert "| 8192 | 7.4 | 45.8 |" in report
-    assert "oracle MDM" in report and "The quick preset" in report
+    assert "oracle MDM" in report and "The quick scale" in report
     assert report.count("Sampler: the paper's") == 2 and "32 samples per cell" in report  # the TER and SER tables
     assert "- 2-gram: `tiny` (64 wide, 2 layers), 4 steps of batch 32" in report
     assert "Time is forwards x cost per forward" in report
@@ -327,7 +327,7 @@ def test_wallclock_crossover_is_where_ar_stays_slower():
     expected = "AR is slower than the MDM, 4 steps in every round only at L = 16, 64 (AR seconds / its seconds"
     assert crossover_sentence(window, mdm).startswith(expected)
     result = {
-        "preset": {"size": "tiny", "vocab_size": 4, "batch_size": 1, "repeats": 1},
+        "scale": {"size": "tiny", "vocab_size": 4, "batch_size": 1, "repeats": 1},
         "rows": rows,
         "machine": "cpu",
         "parameters": {"mdm": 1, "ar": 1},
@@ -364,13 +364,13 @@ def test_steps_per_length_from_the_ter_at_each_length(tmp_path):
 
     rows = [cell(32, 16, 0.009), cell(32, 4, 0.03), cell(32, 8, 0.011), cell(64, 4, 0.05), cell(64, 16, 0.02)]
     (tmp_path / "ter_vs_steps.json").write_text(json.dumps({"rows": rows + [{**rows[0], "model": "trained MDM"}]}))
-    preset = {"lengths": [32, 64, 128], "ter_target": 0.01, "steps_from": "ter_vs_steps"}
-    chosen = speed.steps_per_length(preset, tmp_path)
+    scale = {"lengths": [32, 64, 128], "ter_target": 0.01, "steps_from": "ter_vs_steps"}
+    chosen = speed.steps_per_length(scale, tmp_path)
     assert chosen["2-gram oracle (measured, n = 64)"] == {"32": 16}  # out of order; nothing within 1% at L = 64
     assert chosen["chain (closed form, exact)"] == {str(n): speed.chain_steps(n, 0.01) for n in (32, 64, 128)}
     assert speed.chain_steps(64, 0.01) == 75  # (1 - 3/(4N))^(-63/64) - 1: 0.01008 at N = 74, 0.00994 at 75
     assert speed.steps_per_length({"lengths": [8]}, tmp_path) == {}
-    settings = speed.mdm_settings({**preset, "mdm_steps": [512], "dual_cache_blocks": None}, chosen)
+    settings = speed.mdm_settings({**scale, "mdm_steps": [512], "dual_cache_blocks": None}, chosen)
     assert [s["model"] for s in settings] == [
         "MDM, 512 steps",
         "MDM, N from the paper's sampler's TER within 1% (chain (closed form, exact))",
@@ -587,7 +587,7 @@ def test_cli_sample_says_where_its_default_sampler_differs_from_generate(tmp_pat
 
 
 class Tracked(Mapping):
-    """A preset section that records the key paths read from it ("training.max_steps", "languages[0].kind")."""
+    """A scale section that records the key paths read from it ("training.max_steps", "languages[0].kind")."""
 
     def __init__(self, data: dict, read: set, path: str = ""):
         self._data, self._read, self._path = data, read, path
@@ -625,14 +625,14 @@ def _key_paths(value, path=""):
             yield from _key_paths(inner, f"{path}[{i}]")
 
 
-def test_full_presets_run_end_to_end_in_miniature(tmp_path):
-    """Every experiment `hf-mdm reproduce --full` runs, from its config's full preset shrunk by `miniature` (same
-    keys, languages and samplers, tiny sizes), in the order reproduce runs them; every key of the preset is read."""
+def test_full_scales_run_end_to_end_in_miniature(tmp_path):
+    """Every experiment `hf-mdm reproduce --full` runs, from its config's full scale shrunk by `miniature` (same
+    keys, languages and samplers, tiny sizes), in the order reproduce runs them; every key of the scale is read."""
     from hf_mdm.cli import CONFIG_DIR, EXPERIMENT_CONFIGS
-    from hf_mdm.experiments import load_preset, miniature
+    from hf_mdm.experiments import load_scale, miniature
 
     for config in EXPERIMENT_CONFIGS:
-        name, full = load_preset(CONFIG_DIR / f"{config}.yaml", full=True)
+        name, full = load_scale(CONFIG_DIR / f"{config}.yaml", full=True)
         small, read = miniature(full), set()
         assert sorted(_key_paths(small)) == sorted(_key_paths(full))
         result = run_experiment(name, Tracked(small, read), tmp_path)

@@ -174,7 +174,7 @@ def test_model_argument_mistakes_are_named(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"pretrained=.*/mdn: no such file or directory .*has mdm"):
         MaskedDiffusionLM(pretrained=tiny["mdm"][:-1] + "n", device="cpu")
     with pytest.raises(
-        ValueError, match="'llama' checkpoint, an autoregressive LM, not a masked diffusion model.*hf_timed"
+        ValueError, match=r"pretrained=.*/llama is an autoregressive llama model .*hf-mdm a2d.*hf_timed"
     ):
         MaskedDiffusionLM(pretrained=tiny["llama"], device="cpu")
 

@@ -19,9 +19,9 @@ pytest.importorskip("torchao", reason="torchao is not installed (pip install 'hf
 
 from hf_mdm.gpu_check.shapes import shapes  # noqa: E402
 from hf_mdm.harness.tiny import build_tiny_models  # noqa: E402
+from hf_mdm.loading import load_pretrained  # noqa: E402
 from hf_mdm.quantization import linear_weight_bytes, quantization_config, weight_bytes  # noqa: E402
 from hf_mdm.serve import Engine, ServeSettings, build_app, running  # noqa: E402
-from hf_mdm.serve.loading import load_model  # noqa: E402
 
 FAMILIES = {"mdm": "mdm", "llada": "LLaDA-8B", "dream": "Dream-7B", "llada2": "LLaDA2.0-mini"}
 CACHES = {"llada2": [None, "prefix"]}  # LLaDA2: block-causal, its exact block cache; the others also "dual"
@@ -119,7 +119,8 @@ def test_weight_bytes_counts_the_stored_tensors():
 
 
 def test_serve_loads_int8_and_answers(checkpoints):
-    model, tokenizer = load_model(checkpoints["mdm"], dtype="bfloat16", quantization="int8")
+    loaded = load_pretrained(checkpoints["mdm"], dtype="bfloat16", quantization="int8")
+    model, tokenizer = loaded.model, loaded.tokenizer
     assert any(type(m.weight).__name__ == "Int8Tensor" for m in model.modules() if isinstance(m, torch.nn.Linear))
     settings = ServeSettings()
     with running(build_app(Engine(model, tokenizer, settings), settings, "tiny-int8")) as url:
@@ -141,7 +142,7 @@ def test_bad_names_devices_and_a_missing_torchao_are_refused(checkpoints, monkey
     with pytest.raises(ValueError, match="group_size 48"):
         quantization_config("int4", "cpu", group_size=48)
     with pytest.raises(ValueError, match="cannot load the model.*unknown quantization 'int3'"):
-        load_model(checkpoints["mdm"], quantization="int3")
+        load_pretrained(checkpoints["mdm"], quantization="int3")
     from hf_mdm.cli import main
 
     with pytest.raises(SystemExit):

@@ -7,7 +7,7 @@ import yaml
 
 from hf_mdm import cli
 from hf_mdm.cli_reproduce import CONFIG_DIR
-from hf_mdm.experiments import load_preset, miniature
+from hf_mdm.experiments import load_scale, miniature
 from hf_mdm.report import write_report
 from hf_mdm.report_summary import report_summary, verdict_of
 
@@ -66,7 +66,7 @@ def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, cap
     per experiment with its time and table, the report's summary and where the report is; not the tables."""
     configs = tmp_path / "configs"
     configs.mkdir()
-    _, full = load_preset(CONFIG_DIR / "ser_vs_steps.yaml", full=True)
+    _, full = load_scale(CONFIG_DIR / "ser_vs_steps.yaml", full=True)
     small = miniature(full)
     (configs / "ser_vs_steps.yaml").write_text(
         yaml.safe_dump({"experiment": "ser_vs_steps", "quick": small, "full": small})

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("trl")
 
-from hf_mdm.experiments import load_preset, miniature, run_experiment  # noqa: E402
+from hf_mdm.experiments import load_scale, miniature, run_experiment  # noqa: E402
 from hf_mdm.experiments import rl as rl_experiment  # noqa: E402
 from hf_mdm.report import write_report  # noqa: E402
 from hf_mdm.report_summary import verdict_of  # noqa: E402
@@ -19,10 +19,10 @@ from hf_mdm.report_summary import verdict_of  # noqa: E402
 
 @pytest.fixture(scope="module")
 def small() -> dict:
-    _, full = load_preset(Path("evaluation/configs/rl.yaml"), full=True)
-    preset = miniature(full)
-    preset["languages"] = [spec for spec in preset["languages"] if spec["name"] == "chain"]
-    return preset
+    _, full = load_scale(Path("evaluation/configs/rl.yaml"), full=True)
+    scale = miniature(full)
+    scale["languages"] = [spec for spec in scale["languages"] if spec["name"] == "chain"]
+    return scale
 
 
 def good(row: dict, result: dict) -> bool:
@@ -60,7 +60,7 @@ def test_the_rl_experiment_writes_its_table_report_and_resumes(small, tmp_path):
     assert all("these cells hold only an upper bound (after RL" in s for s in ter_sentences)
     assert not any(word in s for s in ter_sentences for word in (" rose", " fell", "no resolved amount"))
     assert verdict_of(ter_sentences[0]) == "bound only" and "times the MDM's before RL" not in said[-1]
-    assert "| <= " in rl_experiment.rl_table(bounded["rows"], bounded["preset"])
+    assert "| <= " in rl_experiment.rl_table(bounded["rows"], bounded["scale"])
 
     def fail(*args, **kwargs):
         raise AssertionError("a cached cell was recomputed")

@@ -1,4 +1,4 @@
-"""The sampler comparison (hf_mdm.experiments.samplers) on a miniature preset: points, costs, verdict, resume."""
+"""The sampler comparison (hf_mdm.experiments.samplers) on a miniature scale: points, costs, verdict, resume."""
 
 import math
 from pathlib import Path
@@ -261,7 +261,7 @@ def test_cli_samples_with_remasking(tmp_path, capsys):
 
 
 def test_quick_preset_reuses_the_ser_experiments_models():
-    """The trained languages of the quick preset are ser_vs_steps' entries with its training settings and length,
+    """The trained languages of the quick scale are ser_vs_steps' entries with its training settings and length,
     so reproduce trains nothing new for the comparison (the models' folder names hash exactly these)."""
     configs = Path(__file__).parents[1] / "evaluation" / "configs"
     mine = yaml.safe_load(open(configs / "samplers.yaml"))["quick"]

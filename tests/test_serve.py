@@ -25,8 +25,8 @@ import pytest
 import torch
 
 from hf_mdm.harness.tiny import build_tiny_models
+from hf_mdm.loading import load_pretrained
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
-from hf_mdm.serve.loading import load_model
 from hf_mdm.serve.runner import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,8 @@ def tiny(tmp_path_factory):
 
 
 def engine_of(path: str, **settings) -> tuple[Engine, ServeSettings]:
-    model, tokenizer = load_model(path)
+    loaded = load_pretrained(path)
+    model, tokenizer = loaded.model, loaded.tokenizer
     serve_settings = ServeSettings(**settings)
     return Engine(model, tokenizer, serve_settings), serve_settings
 
@@ -282,7 +283,8 @@ def test_other_families_and_an_autoregressive_model(tiny, name):
 
 
 def test_batch_invariant_in_bfloat16_gives_what_each_gets_alone(tiny):
-    model, tokenizer = load_model(tiny["mdm"], dtype="bfloat16")
+    loaded = load_pretrained(tiny["mdm"], dtype="bfloat16")
+    model, tokenizer = loaded.model, loaded.tokenizer
     settings = ServeSettings(batch_invariant=True, max_batch=8, max_wait_ms=50.0)
     engine = Engine(model, tokenizer, settings)
     prompts = [f"Row {i} says {'x' * i}" for i in range(8)]

@@ -20,9 +20,9 @@ from test_serve import http
 
 from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.harness.tiny import build_tiny_models, build_tokenizer
+from hf_mdm.loading import load_pretrained
 from hf_mdm.serve import Engine, ServeSettings, build_app, running
 from hf_mdm.serve.forwards import RowLeft, SharedForwards
-from hf_mdm.serve.loading import load_model
 from hf_mdm.serve.protocol import parse_request
 
 PROMPTS = ["a", "hello there", "what is two plus two", "xyz" * 5, "The answer", "ok", "hello there", "ab"]
@@ -36,7 +36,8 @@ BODIES = {
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     paths = build_tiny_models(tmp_path_factory.mktemp("joining_models"))
-    llada2, tokenizer = load_model(paths["llada2"])
+    loaded = load_pretrained(paths["llada2"])
+    llada2, tokenizer = loaded.model, loaded.tokenizer
     tok = build_tokenizer()
     torch.manual_seed(0)
     config = MDMConfig(vocab_size=len(tok), mask_token_id=tok.mask_token_id, eos_token_id=tok.eos_token_id,

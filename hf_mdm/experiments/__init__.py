@@ -1,11 +1,11 @@
 """The paper's synthetic experiments as functions: TER vs steps, SER vs steps, and MDM vs AR wall-clock.
 
-Each experiment takes a plain dict (a preset from ``evaluation/configs/*.yaml``, read by ``load_preset``), writes
+Each experiment takes a plain dict (a scale from ``evaluation/configs/*.yaml``, read by ``load_scale``), writes
 ``<name>.json``, ``<name>.md`` and ``<name>.png`` into an output folder, and reuses finished pieces on re-runs:
 trained models are kept under ``<out>/models/`` and every measured cell is cached in ``<out>/cache/<name>.json``
-(written atomically), so an interrupted run resumes where it stopped. ``run_experiment(name, preset, out)`` runs
-one of ``EXPERIMENTS`` by name. ``load_preset`` reads a preset from a config; ``miniature`` shrinks one to a
-seconds-long run with the same keys (``presets.py``).
+(written atomically), so an interrupted run resumes where it stopped. ``run_experiment(name, scale, out)`` runs
+one of ``EXPERIMENTS`` by name. ``load_scale`` reads a scale from a config; ``miniature`` shrinks one to a
+seconds-long run with the same keys (``scales.py``).
 
 - ``ter_vs_steps`` (``ter.py``): the paper's TER relative increase TER(p)/TER(q) - 1 (its epsilon_total,
   TER(p) = 2^(E_{x~q}[-log2 p(x)/L])) of the paper's sampler (stochastic transfer, random order, linear schedule)
@@ -27,7 +27,7 @@ seconds-long run with the same keys (``presets.py``).
   decoding with its KV cache, as L grows, with the forwards of each and the cost of one (warm-up, medians of
   interleaved repeats, timed with ``hf_mdm.timer.Stopwatch``).
 
-What they share is in ``common.py`` (the cell cache, languages from preset entries through
+What they share is in ``common.py`` (the cell cache, languages from scale entries through
 ``hf_mdm.languages.build_language``, ``sample_mdm`` / ``sample_ar``, trained models, rows and outputs) and
 ``plotting.py`` (the matplotlib set-up).
 """
@@ -58,9 +58,9 @@ from .common import (
     validation_table,
     write_outputs,
 )
-from .presets import MINIATURE, load_preset, miniature
 from .rl import rl_vs_steps
 from .samplers import compare_samplers, plot_samplers, samplers_table, verdict
+from .scales import MINIATURE, load_scale, miniature
 from .ser import plot_ser, ser_table, ser_vs_steps
 from .speed import median_seconds, plot_wallclock, wallclock, wallclock_table
 from .ter import plot_ter, ter_table, ter_vs_steps
@@ -75,11 +75,11 @@ EXPERIMENTS: dict[str, Callable[[dict, Path], dict]] = {
 }
 
 
-def run_experiment(name: str, preset: dict, out: Path) -> dict:
-    """Run the experiment ``name`` (a key of ``EXPERIMENTS``) with ``preset``, writing into ``out``."""
+def run_experiment(name: str, scale: dict, out: Path) -> dict:
+    """Run the experiment ``name`` (a key of ``EXPERIMENTS``) with ``scale``, writing into ``out``."""
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}: use one of {sorted(EXPERIMENTS)}")
-    return EXPERIMENTS[name](preset, Path(out))
+    return EXPERIMENTS[name](scale, Path(out))
 
 
 __all__ = [
@@ -91,7 +91,7 @@ __all__ = [
     "language_name",
     "language_rows",
     "lazy_pair",
-    "load_preset",
+    "load_scale",
     "machine_description",
     "make_language",
     "measure_languages",

@@ -44,12 +44,12 @@ def generate_settings(block: int, length: int, settings: dict) -> dict:
     return {**fields, "block_length": block}
 
 
-def measure(model: Any, language: Any, length: int, block: int, settings: dict, preset: dict) -> dict:
-    """One point: ``preset["num_samples"]`` samples at temperature 1, their SER and generative perplexity with 95%
+def measure(model: Any, language: Any, length: int, block: int, settings: dict, scale: dict) -> dict:
+    """One point: ``scale["num_samples"]`` samples at temperature 1, their SER and generative perplexity with 95%
     intervals, the sequential forwards per token and the positions computed per token with the exact block cache."""
-    num, fields = preset["num_samples"], generate_settings(block, length, settings)
+    num, fields = scale["num_samples"], generate_settings(block, length, settings)
     samples, forwards, canvases = [], [], 0.0
-    for out in generate_batches(model, num, length, preset.get("seed", 0), fields, preset.get("batch_size", 256)):
+    for out in generate_batches(model, num, length, scale.get("seed", 0), fields, scale.get("batch_size", 256)):
         samples.append(out.sequences.cpu())
         forwards.append(active_steps(out.history, int(model.config.mask_token_id)).double())
         if fields.get("transfer") == "speculative":

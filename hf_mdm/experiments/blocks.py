@@ -14,7 +14,7 @@ sequence error of block-wise sampling is measured here free of learning error, a
   is the forwards of the bidirectional model without a cache.
 
 For the chain language of Theorem 4.4 the paper's sampler has a closed form at every block size
-(`hf_mdm.languages.ChainLanguage.predicted_block_ser`), printed beside the measurement. A preset
+(`hf_mdm.languages.ChainLanguage.predicted_block_ser`), printed beside the measurement. A scale
 (``evaluation/configs/block_diffusion.yaml``) lists languages with their lengths, block sizes, the paper's steps
 per block, and other samplers run at every block size (threshold, speculative, remasking, as
 `MaskedDiffusionGenerationConfig` fields). Writes ``block_diffusion.{json,md,png}``; cells are cached in
@@ -44,34 +44,34 @@ PAPER = "paper (stochastic, random)"
 COSTS = {"forwards_per_token": "sequential forwards / token", "positions_per_token": "positions computed / token"}
 
 
-def block_diffusion(preset: dict, out: Path) -> dict[str, Any]:
-    """Run (or resume) the experiment with ``preset`` and write ``block_diffusion.{json,md,png}`` into ``out``."""
+def block_diffusion(scale: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the experiment with ``scale`` and write ``block_diffusion.{json,md,png}`` into ``out``."""
     cache = CellCache(out / "cache" / "block_diffusion.json")
     rows: list[dict] = []
-    for entry in preset["languages"]:
+    for entry in scale["languages"]:
         spec = _spec(entry)
         language, name = make_language(spec), language_name(spec)
         oracle = OracleDenoiser(language, mask_token_id=language.vocab_size)
         for length in entry["lengths"]:
-            points = block_points(preset, length)
+            points = block_points(scale, length)
             for sampler, block, settings in tqdm(points, desc=f"block diffusion {name} L={length}", leave=False):
-                key = _cell_key(name, length, preset, block, settings)
-                cell = cache.get(key, lambda: measure(oracle, language, length, block, settings, preset))
+                key = _cell_key(name, length, scale, block, settings)
+                cell = cache.get(key, lambda: measure(oracle, language, length, block, settings, scale))
                 row = {"language": name, "length": length, "model": "oracle", "sampler": sampler, **cell}
                 if name == "chain" and sampler == PAPER:
                     row["predicted"] = ChainLanguage.predicted_block_ser(length, block, settings["steps_per_block"])
                 rows.append(row)
     frontiers = {f"{r[0]}|{r[1]}|{cost}": pareto(rows, r, cost) for r in _panels(rows) for cost in COSTS}
-    trained, timing = _trained_parts(preset, out, cache)
-    budget = preset.get("trained", {}).get("equal_flops")
+    trained, timing = _trained_parts(scale, out, cache)
+    budget = scale.get("trained", {}).get("equal_flops")
     flops = equal_flops_rows(budget, out, cache) if budget else []
-    conversion = preset.get("trained", {}).get("a2d")
+    conversion = scale.get("trained", {}).get("a2d")
     converted = a2d_rows(conversion, out, cache) if conversion else []
     extra = {"trained": trained, "timing": timing, "equal_flops": flops, "a2d": converted}
-    result = experiment_result("block_diffusion", preset, rows, frontiers=frontiers, **extra)
-    text = "\n".join(setup_lines(preset)) + "\n" + blocks_table(rows) + "\n" + findings(rows) + "\n"
+    result = experiment_result("block_diffusion", scale, rows, frontiers=frontiers, **extra)
+    text = "\n".join(setup_lines(scale)) + "\n" + blocks_table(rows) + "\n" + findings(rows) + "\n"
     if trained or timing:
-        text += "\n" + trained_text(preset, trained, timing)
+        text += "\n" + trained_text(scale, trained, timing)
         plot_trained(trained, timing, out / "block_diffusion_trained.png")
     if flops:
         text += "\n" + equal_flops_text(budget, flops)
@@ -82,26 +82,26 @@ def block_diffusion(preset: dict, out: Path) -> dict[str, Any]:
     return result
 
 
-def _trained_parts(preset: dict, out: Path, cache: CellCache) -> tuple[list[dict], list[dict]]:
-    """The trained models' rows and the timing rows, where the preset asks for them."""
-    section = preset.get("trained")
+def _trained_parts(scale: dict, out: Path, cache: CellCache) -> tuple[list[dict], list[dict]]:
+    """The trained models' rows and the timing rows, where the scale asks for them."""
+    section = scale.get("trained")
     trained = trained_rows(section, out, cache) if section else []
     timing = timing_rows(section["timing"], cache) if section and section.get("timing") else []
     return trained, timing
 
 
-def block_points(preset: dict, length: int) -> list[tuple[str, int, dict]]:
+def block_points(scale: dict, length: int) -> list[tuple[str, int, dict]]:
     """``(sampler, block size, settings)`` of every point at ``length``: the paper's sampler at each block size
     dividing L and each steps-per-block value up to the block size, then every other sampler at each block size
     (``min_block``: the smallest it runs at)."""
-    blocks = [b for b in preset["block_sizes"] if b <= length and length % b == 0]
+    blocks = [b for b in scale["block_sizes"] if b <= length and length % b == 0]
     if length not in blocks:
         blocks.append(length)  # the paper's MDM
     points = []
     for b in blocks:
-        for s in sorted({min(s, b) for s in preset["steps_per_block"]}):
+        for s in sorted({min(s, b) for s in scale["steps_per_block"]}):
             points.append((PAPER, b, {"transfer": "stochastic", "strategy": "random", "steps_per_block": s}))
-    for sampler in preset.get("samplers", []):
+    for sampler in scale.get("samplers", []):
         fields = {k: v for k, v in sampler.items() if k not in ("name", "min_block")}
         for b in blocks:
             if b >= sampler.get("min_block", 1):
@@ -109,8 +109,8 @@ def block_points(preset: dict, length: int) -> list[tuple[str, int, dict]]:
     return points
 
 
-def _cell_key(language: str, length: int, preset: dict, block: int, settings: dict) -> str:
-    described = json.dumps([preset["num_samples"], preset.get("seed", 0), block, settings], sort_keys=True)
+def _cell_key(language: str, length: int, scale: dict, block: int, settings: dict) -> str:
+    described = json.dumps([scale["num_samples"], scale.get("seed", 0), block, settings], sort_keys=True)
     return f"oracle|{language}|{length}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
 
 
@@ -142,16 +142,16 @@ def _panels(rows: list[dict]) -> list[tuple]:
 # Text and plot
 
 
-def setup_lines(preset: dict) -> list[str]:
+def setup_lines(scale: dict) -> list[str]:
     languages = "; ".join(
         f"{language_name(entry)} ({entry['kind']}: {language_parameters(_spec(entry))}) at L = "
         f"{', '.join(map(str, entry['lengths']))}"
-        for entry in preset["languages"]
+        for entry in scale["languages"]
     )
     return [
         "",
         f"Languages: {languages}. Model: the exact-posterior oracle (a perfect block diffusion model). Every point: "
-        f"{preset['num_samples']} sequences drawn at temperature 1 from the empty prompt, seeded, in blocks of b "
+        f"{scale['num_samples']} sequences drawn at temperature 1 from the empty prompt, seeded, in blocks of b "
         "positions decoded left to right; SER and generative perplexity relative increase GenPPL(p)/TER(q) - 1 "
         "(the samples scored by the language; not the paper's TER) with 95% intervals (Wilson for SER). "
         "Costs: sequential forwards per token (a row's own forwards, over L) and positions computed per token "

@@ -1,6 +1,6 @@
 """Trained block diffusion beside the paper's MDM and the AR baseline: quality against steps, time against L.
 
-Part of the ``block_diffusion`` experiment (`hf_mdm.experiments.blocks` measures the exact oracle). Its preset's
+Part of the ``block_diffusion`` experiment (`hf_mdm.experiments.blocks` measures the exact oracle). Its scale's
 ``trained`` section:
 
 - quality: per language, an AR model, the bidirectional MDM (b = L) and one block diffusion model per entry of
@@ -101,8 +101,8 @@ def _validation(models: Callable, language: Any, name: str, section: dict, cache
 def timing_rows(timing: dict, cache: CellCache) -> list[dict]:
     """Median seconds and forwards of one sequence per model at each length (see the module's docstring)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    preset = {"vocab_size": timing["vocab_size"], "lengths": timing["lengths"], "size": timing["size"]}
-    mdm, ar = untrained_models(preset, device)
+    scale = {"vocab_size": timing["vocab_size"], "lengths": timing["lengths"], "size": timing["size"]}
+    mdm, ar = untrained_models(scale, device)
     described = hashlib.sha1(json.dumps(timing, sort_keys=True, default=dict).encode()).hexdigest()[:12]
     rows, threads = [], torch.get_num_threads()
     torch.set_num_threads(1)  # one thread on a CPU: on a shared machine more threads time their contention
@@ -317,9 +317,9 @@ def _budgets(section: dict) -> str:
     return "; ".join(parts) + f"; one training seed ({section['training'].get('seed', 0)}) per model"
 
 
-def trained_text(preset: dict, trained: list[dict], timing: list[dict]) -> str:
+def trained_text(scale: dict, trained: list[dict], timing: list[dict]) -> str:
     """The markdown of the trained part: set-up, tables, findings, the plot."""
-    section = preset["trained"]
+    section = scale["trained"]
     text = (
         f"Trained models (L = {section['length']}): AR, the MDM and block diffusion models with b in "
         f"{section['block_sizes']}, size {section['training']['size']!r}, all models of a language trained on the same "

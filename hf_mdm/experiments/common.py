@@ -1,8 +1,8 @@
-"""What the three experiments share: the cell cache, languages from preset entries, sampling, trained models, rows.
+"""What the three experiments share: the cell cache, languages from scale entries, sampling, trained models, rows.
 
 - ``CellCache``: the finished measurements of one experiment, ``<out>/cache/<name>.json``, saved after every cell.
 - ``make_language`` / ``language_name``: a language (through ``hf_mdm.languages.build_language``) and its table
-  name from a preset's language entry.
+  name from a scale's language entry.
 - ``sample_mdm`` (the paper's sampler) and ``sample_ar`` (ancestral sampling from the AR baseline).
 - ``trained_pair`` / ``lazy_pair``: the tiny MDM and AR baseline of a language, trained once and kept under
   ``<out>/models/``.
@@ -29,8 +29,8 @@ from ..generation import diffusion_generate
 from ..generation_denoiser import model_device
 from ..languages import OracleDenoiser, SyntheticLanguage, build_language
 
-#: Fields of a preset's language entry that belong to the experiment, not to the language: ``name`` (for tables),
-#: ``train`` (whether to train models on it) and ``training`` (overrides of the preset's training settings).
+#: Fields of a scale's language entry that belong to the experiment, not to the language: ``name`` (for tables),
+#: ``train`` (whether to train models on it) and ``training`` (overrides of the scale's training settings).
 EXPERIMENT_FIELDS = ("name", "train", "training")
 #: What ``validation_row`` keeps of a trained pair.
 VALIDATION_KEYS = ("mdm_nll", "ar_nll", "entropy_per_token", "mdm_gap", "ar_gap")
@@ -166,13 +166,13 @@ def sample_ar(model: Any, num: int, length: int, seed: int, batch_size: int = 51
 
 
 def trained_pair(
-    language: Any, length: int, preset: dict, out: Path, tag: str, overrides: Optional[dict] = None
+    language: Any, length: int, scale: dict, out: Path, tag: str, overrides: Optional[dict] = None
 ) -> dict[str, Any]:
     """Train (or reload) the tiny MDM and AR baseline of a language; returns models and validation NLL vs entropy
     (`trained_model` of each kind)."""
     result: dict[str, Any] = {"entropy_per_token": language.expected_nll(length).value / length}
     for kind in ("mdm", "ar"):
-        result.update(trained_model(kind, language, length, preset, out, tag, overrides))
+        result.update(trained_model(kind, language, length, scale, out, tag, overrides))
     return result
 
 
@@ -180,7 +180,7 @@ def trained_model(
     kind: str,
     language: Any,
     length: int,
-    preset: dict,
+    scale: dict,
     out: Path,
     tag: str,
     overrides: Optional[dict] = None,
@@ -188,14 +188,14 @@ def trained_model(
 ) -> dict[str, Any]:
     """Train (or reload) one model of ``kind`` ("mdm" or "ar"): ``{kind: model, kind_nll, kind_gap}``.
 
-    ``preset["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``; a
+    ``scale["training"]`` holds the settings, updated by ``overrides`` (a language entry's own ``training``; a
     ``block_size`` there trains a block diffusion MDM); ``training_steps`` gives the steps. Every model is trained on
     the same seeded sample of the language. Models live in
     ``<out>/models/<tag>-L<length>-<hash of the settings and the language>-<kind>/final``. ``initial`` builds the
     model training starts from (default: a new one); name what it is in ``overrides`` (e.g. ``{"init": ...}``), so
     that the folder's hash tells the starting points apart."""
     entropy = language.expected_nll(length).value / length
-    train_cfg = {**preset["training"], **(overrides or {})}
+    train_cfg = {**scale["training"], **(overrides or {})}
     folder = out / "models" / f"{tag}-L{length}-{_settings_hash(train_cfg, language)}-{kind}"  # never stale
     if not (folder / "final" / "metrics.json").exists():
         kind_cfg = {**train_cfg, "max_steps": training_steps(train_cfg, kind)}
@@ -301,9 +301,9 @@ def _load_trained(kind: str, folder: Path, entropy: float) -> dict[str, Any]:
     return {kind: model, f"{kind}_nll": metrics["eval_loss"], f"{kind}_gap": metrics["eval_loss"] / entropy - 1.0}
 
 
-def lazy_pair(language: Any, length: int, preset: dict, out: Path, tag: str, overrides: Optional[dict]):
+def lazy_pair(language: Any, length: int, scale: dict, out: Path, tag: str, overrides: Optional[dict]):
     """``trained_pair`` on first call only: re-runs whose cells are all cached neither train nor load models."""
-    return functools.cache(lambda: trained_pair(language, length, preset, out, tag, overrides))
+    return functools.cache(lambda: trained_pair(language, length, scale, out, tag, overrides))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -324,11 +324,11 @@ def oracle_rows(
 
 
 def trained_rows(
-    spec: dict, language: Any, name: str, preset: dict, out: Path, cache: CellCache, steps_list: list[int], score: Score
+    spec: dict, language: Any, name: str, scale: dict, out: Path, cache: CellCache, steps_list: list[int], score: Score
 ) -> list[dict[str, Any]]:
     """Rows for the trained AR model, the trained MDM at each step count, and the validation NLLs vs entropy."""
-    length, num = preset["train_length"], preset["num_samples"]
-    pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
+    length, num = scale["train_length"], scale["num_samples"]
+    pair = lazy_pair(language, length, scale, out, name, spec.get("training"))
     base = {"language": name, "length": length}
     rows = [
         {
@@ -359,21 +359,21 @@ def validation_row(pair: dict[str, Any]) -> dict[str, float]:
 
 
 def measure_languages(
-    name: str, preset: dict, out: Path, *, cell: Cell, steps_for: Callable[[int], list[int]], label: str
+    name: str, scale: dict, out: Path, *, cell: Cell, steps_for: Callable[[int], list[int]], label: str
 ) -> list[dict[str, Any]]:
-    """The rows of every entry of ``preset["languages"]`` (``language_rows``), cells cached in
+    """The rows of every entry of ``scale["languages"]`` (``language_rows``), cells cached in
     ``<out>/cache/<name>.json``. ``steps_for(length)`` gives the step counts at a length; ``cell(language,
     samples)`` gives a cell's values; ``label`` names the experiment in progress bars."""
     cache = CellCache(out / "cache" / f"{name}.json")
     rows: list[dict[str, Any]] = []
-    for spec in preset["languages"]:
-        rows += language_rows(spec, preset, out, cache, cell=cell, steps_for=steps_for, label=label)
+    for spec in scale["languages"]:
+        rows += language_rows(spec, scale, out, cache, cell=cell, steps_for=steps_for, label=label)
     return rows
 
 
 def language_rows(
     spec: dict,
-    preset: dict,
+    scale: dict,
     out: Path,
     cache: CellCache,
     *,
@@ -381,25 +381,25 @@ def language_rows(
     steps_for: Callable[[int], list[int]],
     label: str,
 ) -> list[dict[str, Any]]:
-    """All rows of one language entry: the oracle at each length of ``preset["lengths"]``, then (with ``train``)
-    the trained models at ``preset["train_length"]`` (arguments as in ``measure_languages``)."""
+    """All rows of one language entry: the oracle at each length of ``scale["lengths"]``, then (with ``train``)
+    the trained models at ``scale["train_length"]`` (arguments as in ``measure_languages``)."""
     language, name = make_language(spec), language_name(spec)
     score = functools.partial(cell, language)
     oracle = OracleDenoiser(language, mask_token_id=language.vocab_size)
     rows: list[dict[str, Any]] = []
-    for length in preset["lengths"]:
+    for length in scale["lengths"]:
         rows += oracle_rows(
             oracle,
             name,
             length,
             steps_for(length),
-            preset["num_samples"],
+            scale["num_samples"],
             cache,
             score,
             desc=f"{label} oracle {name} L={length}",
         )
     if spec.get("train", False):
-        rows += trained_rows(spec, language, name, preset, out, cache, steps_for(preset["train_length"]), score)
+        rows += trained_rows(spec, language, name, scale, out, cache, steps_for(scale["train_length"]), score)
     return rows
 
 
@@ -407,9 +407,15 @@ def language_rows(
 # Outputs
 
 
-def experiment_result(name: str, preset: dict, rows: list[dict], **extra: Any) -> dict[str, Any]:
-    """What ``<name>.json`` holds: the experiment, the machine, the preset, the rows and ``extra`` fields."""
-    return {"experiment": name, "machine": machine_description(), "preset": preset, "rows": rows, **extra}
+def scale_of(result: dict[str, Any]) -> dict:
+    """The scale an experiment's JSON was run at (its ``"scale"``; ``"preset"`` in results written before that
+    name)."""
+    return result["scale"] if "scale" in result else result["preset"]
+
+
+def experiment_result(name: str, scale: dict, rows: list[dict], **extra: Any) -> dict[str, Any]:
+    """What ``<name>.json`` holds: the experiment, the machine, the scale, the rows and ``extra`` fields."""
+    return {"experiment": name, "machine": machine_description(), "scale": scale, "rows": rows, **extra}
 
 
 def validation_table(rows: list[dict]) -> list[str]:
@@ -434,23 +440,23 @@ def validation_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def setup_lines(preset: dict) -> list[str]:
+def setup_lines(scale: dict) -> list[str]:
     """Markdown lines stating a table's set-up: each language's parameters, the sampler, the sample count, and
-    each trained language's model size and training budget (the preset's ``training`` updated by the entry's own)."""
+    each trained language's model size and training budget (the scale's ``training`` updated by the entry's own)."""
     languages = "; ".join(
-        f"{language_name(spec)} ({spec['kind']}: {language_parameters(spec)})" for spec in preset["languages"]
+        f"{language_name(spec)} ({spec['kind']}: {language_parameters(spec)})" for spec in scale["languages"]
     )
     lines = [
         "",
         f"Languages: {languages}.",
         "",
         "Sampler: the paper's (stochastic transfer, random order, linear schedule, temperature 1) for the MDMs, "
-        f"ancestral sampling at temperature 1 for AR; {preset['num_samples']} samples per cell. Trained models "
-        f"(the MDM and the same-size AR model, each trained at L = {preset['train_length']}):",
+        f"ancestral sampling at temperature 1 for AR; {scale['num_samples']} samples per cell. Trained models "
+        f"(the MDM and the same-size AR model, each trained at L = {scale['train_length']}):",
     ]
-    for spec in preset["languages"]:
+    for spec in scale["languages"]:
         if spec.get("train", False):
-            budget = training_sentence({**preset["training"], **spec.get("training", {})})
+            budget = training_sentence({**scale["training"], **spec.get("training", {})})
             lines.append(f"- {language_name(spec)}: {budget}")
     return lines + [""]
 

@@ -4,7 +4,7 @@ Fast-dLLM's block caches (``kv_cache="prefix"`` / ``"dual"``) approximate the ne
 entropy-bound decoding reveal several tokens per forward. On a synthetic language the cost of each is measured
 against the language's exact likelihood: the generative perplexity and SER of its samples (estimates from
 ``num_samples`` samples, with 95% intervals), next to the same sampler without the speed-up.
-A preset's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_steps.yaml``) lists the samplers, as
+A scale's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_steps.yaml``) lists the samplers, as
 `MaskedDiffusionGenerationConfig` fields, run at ``train_length`` in blocks of ``block_length`` at temperature 1
 (samples, not argmax, so that generative perplexity and SER measure the distribution). Every sampler runs on the
 trained MDM; those without a cache also on the exact-posterior oracle (which has no keys/values), where the
@@ -41,32 +41,32 @@ FAST_COSTS = {
 }
 
 
-def fast_rows(preset: dict, out: Path, cache: CellCache, score: Callable[[Any, torch.Tensor], dict]) -> list[dict]:
-    """Rows of every fast sampler of ``preset["fast_samplers"]`` for every language entry of the preset (oracle
+def fast_rows(scale: dict, out: Path, cache: CellCache, score: Callable[[Any, torch.Tensor], dict]) -> list[dict]:
+    """Rows of every fast sampler of ``scale["fast_samplers"]`` for every language entry of the scale (oracle
     rows for cache-free samplers, trained-MDM rows for languages with ``train``); [] without that section.
     ``score(language, samples)`` gives a cell's metric values."""
-    section = preset.get("fast_samplers")
+    section = scale.get("fast_samplers")
     if not section:
         return []
     rows: list[dict] = []
-    for spec in preset["languages"]:
+    for spec in scale["languages"]:
         language, name = make_language(spec), language_name(spec)
         models = {"oracle MDM": lambda: OracleDenoiser(language, mask_token_id=language.vocab_size)}
         if spec.get("train", False):
-            pair = lazy_pair(language, preset["train_length"], preset, out, name, spec.get("training"))
+            pair = lazy_pair(language, scale["train_length"], scale, out, name, spec.get("training"))
             models["trained MDM"] = lambda: pair()["mdm"]
         for sampler in tqdm(section["samplers"], desc=f"fast samplers {name}", leave=False):
             for model_name, model in models.items():
                 if model_name == "oracle MDM" and sampler.get("kv_cache"):
                     continue
                 cell = cache.get(
-                    _cell_key(model_name, name, preset["train_length"], section, sampler),
-                    lambda: _measure(model(), language, preset, section, sampler, score),
+                    _cell_key(model_name, name, scale["train_length"], section, sampler),
+                    lambda: _measure(model(), language, scale, section, sampler, score),
                 )
                 rows.append(
                     {
                         "language": name,
-                        "length": preset["train_length"],
+                        "length": scale["train_length"],
                         "model": model_name,
                         "sampler": sampler["name"],
                         **cell,
@@ -80,9 +80,9 @@ def _cell_key(model: str, language: str, length: int, section: dict, sampler: di
     return f"fast|{model}|{language}|{length}|{hashlib.sha1(settings.encode()).hexdigest()[:10]}"
 
 
-def _measure(model: Any, language: Any, preset: dict, section: dict, sampler: dict, score) -> dict:
+def _measure(model: Any, language: Any, scale: dict, section: dict, sampler: dict, score) -> dict:
     settings = {k: v for k, v in sampler.items() if k != "name"}
-    samples, costs = sample_with(model, preset["num_samples"], preset["train_length"], section, settings)
+    samples, costs = sample_with(model, scale["num_samples"], scale["train_length"], section, settings)
     return {**score(language, samples), **costs, "num_samples": int(samples.shape[0])}
 
 
@@ -137,18 +137,18 @@ def active_steps(history: tuple, mask_id: int) -> torch.Tensor:
     return revealed.any(-1).sum(0)
 
 
-def fast_table(rows: list[dict], preset: dict, value: str, interval: tuple[str, str], label: str) -> str:
+def fast_table(rows: list[dict], scale: dict, value: str, interval: tuple[str, str], label: str) -> str:
     """Markdown: one line per fast-sampling row: the metric with its 95% interval, the costs (`FAST_COSTS`), and
-    the change against the preset's ``fast_samplers.baseline`` sampler (exact in law with the oracle) of the same language and
+    the change against the scale's ``fast_samplers.baseline`` sampler (exact in law with the oracle) of the same language and
     model."""
     if not rows:
         return ""
-    baseline = preset["fast_samplers"]["baseline"]
+    baseline = scale["fast_samplers"]["baseline"]
     base = {(r["language"], r["model"]): r[value] for r in rows if r["sampler"] == baseline}
     lines = [
         "",
         f"Fast sampling at L = {rows[0]['length']} (temperature 1, blocks of "
-        f"{preset['fast_samplers'].get('block_length')}, {rows[0]['num_samples']} samples per row); {label}; "
+        f"{scale['fast_samplers'].get('block_length')}, {rows[0]['num_samples']} samples per row); {label}; "
         f"baseline: {baseline} (with the oracle its law is the language's; its value here is estimated from the same samples as every row).",
         "",
         f"| language | model | sampler | value | 95% CI | {' | '.join(FAST_COSTS.values())} | change vs baseline |",

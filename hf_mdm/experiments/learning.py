@@ -93,5 +93,5 @@ def learning_sentences(rows: list[dict], fast: list[dict], learning: list[dict])
     return lines
 
 
-#: The fast-sampler row of one token a step in random order (the name the presets give it).
+#: The fast-sampler row of one token a step in random order (the name the scales give it).
 ONE_TOKEN_RANDOM = "random order, 1 token/step"

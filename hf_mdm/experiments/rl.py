@@ -35,6 +35,7 @@ from .common import (
     make_language,
     sample_ar,
     sample_mdm,
+    scale_of,
     write_outputs,
 )
 from .ser import ser_cell
@@ -45,53 +46,53 @@ PAPER_ROLLOUT = {"transfer": "stochastic", "strategy": "random", "schedule": "li
 TER_SEED = 7
 
 
-def rl_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
-    """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
+def rl_vs_steps(scale: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the experiment with ``scale`` and write its outputs into ``out``; returns the JSON dict."""
     cache = CellCache(out / "cache" / "rl.json")
     rows = []
-    for spec in preset["languages"]:
-        rows += language_rows(spec, preset, out, cache)
-    result = experiment_result("rl", preset, rows)
-    write_outputs(out, "rl", result, rl_table(rows, preset), lambda path: plot_rl(rows, preset, path))
+    for spec in scale["languages"]:
+        rows += language_rows(spec, scale, out, cache)
+    result = experiment_result("rl", scale, rows)
+    write_outputs(out, "rl", result, rl_table(rows, scale), lambda path: plot_rl(rows, scale, path))
     return result
 
 
-def language_rows(spec: dict, preset: dict, out: Path, cache: CellCache) -> list[dict]:
+def language_rows(spec: dict, scale: dict, out: Path, cache: CellCache) -> list[dict]:
     """The AR row, the trained MDM before RL, and one row per (rollout N, seed) after RL, for one language."""
-    language, name, length = make_language(spec), language_name(spec), preset["length"]
-    pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
-    grpo = preset["grpo"]
+    language, name, length = make_language(spec), language_name(spec), scale["length"]
+    pair = lazy_pair(language, length, scale, out, name, spec.get("training"))
+    grpo = scale["grpo"]
     base = {"language": name, "length": length}
     rows = [
         {
             **base,
             "model": "trained AR",
-            **cache.get(f"ar|{name}|{length}", lambda: ar_cell(pair()["ar"], language, preset)),
+            **cache.get(f"ar|{name}|{length}", lambda: ar_cell(pair()["ar"], language, scale)),
         }
     ]
     before = cache.get(
-        f"before|{name}|{length}", lambda: measure(pair()["mdm"], language, preset, preset["rollout_steps"])
+        f"before|{name}|{length}", lambda: measure(pair()["mdm"], language, scale, scale["rollout_steps"])
     )
     rows.append({**base, "model": "MDM before RL", **before})
     for estimator in grpo["estimators"]:
-        for steps in preset["rollout_steps"]:
-            for seed in preset["seeds"]:
+        for steps in scale["rollout_steps"]:
+            for seed in scale["seeds"]:
                 settings = sorted({**grpo, "estimators": estimator}.items())
                 key = f"after|{name}|{length}|{steps}|{seed}|{settings}"
-                cell = cache.get(key, lambda: after_cell(pair()["mdm"], language, preset, estimator, steps, seed))
+                cell = cache.get(key, lambda: after_cell(pair()["mdm"], language, scale, estimator, steps, seed))
                 rows.append({**base, "model": "MDM after RL", "estimator": estimator, "rollout_steps": steps,
                              "seed": seed, **cell})  # fmt: skip
     return rows
 
 
-def after_cell(model: Any, language: Any, preset: dict, estimator: str, steps: int, seed: int) -> dict[str, Any]:
+def after_cell(model: Any, language: Any, scale: dict, estimator: str, steps: int, seed: int) -> dict[str, Any]:
     """GRPO from a copy of ``model`` on rollouts at ``steps``, then its measures (TER at ``steps`` only)."""
-    policy, rewards = grpo_policy(model, language, preset, estimator, steps, seed)
-    return {**measure(policy, language, preset, [steps], seed=seed), "rewards": rewards}
+    policy, rewards = grpo_policy(model, language, scale, estimator, steps, seed)
+    return {**measure(policy, language, scale, [steps], seed=seed), "rewards": rewards}
 
 
 def grpo_policy(
-    model: Any, language: Any, preset: dict, estimator: str, steps: int, seed: int
+    model: Any, language: Any, scale: dict, estimator: str, steps: int, seed: int
 ) -> tuple[Any, list[float]]:
     """A copy of ``model`` trained with GRPO (reward: the sample is in ``language``) on rollouts of the paper's
     sampler at ``steps``; returns it and the mean reward at each logged step."""
@@ -99,12 +100,12 @@ def grpo_policy(
     from ..rl.rewards import language_membership
     from ..rl.trainer import DiffusionGRPOConfig, grpo_trainer
 
-    grpo = preset["grpo"]
+    grpo = scale["grpo"]
     policy = copy.deepcopy(model).train()
     with tempfile.TemporaryDirectory() as folder:
         args = DiffusionGRPOConfig(
             output_dir=folder, per_device_train_batch_size=grpo["batch_size"], num_generations=grpo["num_generations"],
-            max_completion_length=preset["length"], max_steps=grpo["max_steps"], learning_rate=grpo["learning_rate"],
+            max_completion_length=scale["length"], max_steps=grpo["max_steps"], learning_rate=grpo["learning_rate"],
             beta=grpo.get("beta", 0.0), estimator=estimator,
             rollout={"steps": steps, **PAPER_ROLLOUT}, bf16=False, use_cpu=not torch.cuda.is_available(),
             save_strategy="no", report_to=[], disable_tqdm=True, logging_steps=1, seed=seed,
@@ -119,25 +120,25 @@ def grpo_policy(
     return policy.eval(), rewards
 
 
-def measure(model: Any, language: Any, preset: dict, ter_steps: list[int], seed: int = 0) -> dict[str, Any]:
+def measure(model: Any, language: Any, scale: dict, ter_steps: list[int], seed: int = 0) -> dict[str, Any]:
     """SER (with its interval) and the distinct share at every rollout N, and the paper's TER at ``ter_steps``."""
-    length, num = preset["length"], preset["num_samples"]
+    length, num = scale["length"], scale["num_samples"]
     cell: dict[str, Any] = {}
-    for steps in preset["rollout_steps"]:
+    for steps in scale["rollout_steps"]:
         samples = sample_mdm(model, num, length, steps, seed=1000 + seed)
         cell[f"n{steps}"] = {**ser_cell(language, samples), "distinct": distinct_share(samples)}
         if steps in ter_steps:
             cell[f"n{steps}"].update(
                 sampler_ter_cell(
-                    model, language, RevealLaw(steps), length, preset["ter_samples"], preset["ter_particles"], TER_SEED
+                    model, language, RevealLaw(steps), length, scale["ter_samples"], scale["ter_particles"], TER_SEED
                 )  # fmt: skip
             )
     return cell
 
 
-def ar_cell(model: Any, language: Any, preset: dict) -> dict[str, Any]:
-    samples = sample_ar(model, preset["num_samples"], preset["length"], seed=1)
-    ter = ar_ter_cell(model, language, preset["length"], preset["ter_samples"], TER_SEED)
+def ar_cell(model: Any, language: Any, scale: dict) -> dict[str, Any]:
+    samples = sample_ar(model, scale["num_samples"], scale["length"], seed=1)
+    ter = ar_ter_cell(model, language, scale["length"], scale["ter_samples"], TER_SEED)
     return {"ar": {**ser_cell(language, samples), "distinct": distinct_share(samples), **ter}}
 
 
@@ -174,19 +175,19 @@ def _bound(cell: dict) -> bool:
     return cell.get("ter_kind") == "upper bound"
 
 
-def summary_rows(rows: list[dict], preset: dict) -> list[dict]:
+def summary_rows(rows: list[dict], scale: dict) -> list[dict]:
     """Per language and rollout N: before, after (over seeds) and AR, for SER at every N, distinct share and TER."""
     out = []
     for name in dict.fromkeys(r["language"] for r in rows):
         mine = [r for r in rows if r["language"] == name]
         before = next(r for r in mine if r["model"] == "MDM before RL")
         ar = next(r for r in mine if r["model"] == "trained AR")["ar"]
-        for estimator in preset["grpo"]["estimators"]:
-            for trained in preset["rollout_steps"]:
+        for estimator in scale["grpo"]["estimators"]:
+            for trained in scale["rollout_steps"]:
                 after = [r for r in mine if r.get("rollout_steps") == trained and r.get("estimator") == estimator]
                 entry = {"language": name, "estimator": estimator, "rollout_steps": trained, "seeds": len(after),
                          "ar": ar}  # fmt: skip
-                for steps in preset["rollout_steps"]:
+                for steps in scale["rollout_steps"]:
                     for key in ("ser", "distinct") + (("ter", "ter_increase") if steps == trained else ()):
                         entry[f"before_{key}_n{steps}"] = before[f"n{steps}"][key]
                         entry[f"after_{key}_n{steps}"] = seed_summary([r[f"n{steps}"][key] for r in after], key)
@@ -203,24 +204,24 @@ def summary_rows(rows: list[dict], preset: dict) -> list[dict]:
     return out
 
 
-def rl_table(rows: list[dict], preset: dict) -> str:
+def rl_table(rows: list[dict], scale: dict) -> str:
     """Markdown: the setting, then per language and rollout N the measures before and after RL and the AR's."""
-    grpo, length = preset["grpo"], preset["length"]
+    grpo, length = scale["grpo"], scale["length"]
     lines = [
         f"GRPO (TRL, `hf_mdm.rl`) from the trained MDM of each language at L = {length}: reward 1 when the sample is "
         f"in the language; rollouts of the paper's sampler at N steps; {grpo['max_steps']} steps of "
         f"{grpo['batch_size']} completions ({grpo['num_generations']} per group), learning rate "
         f"{grpo['learning_rate']:g}, beta {grpo.get('beta', 0.0):g}, with each log-likelihood estimator of "
-        f"{grpo['estimators']} (`hf_mdm.rl.estimators`); seeds {preset['seeds']}. SER over {preset['num_samples']} samples of the paper's sampler (95% "
+        f"{grpo['estimators']} (`hf_mdm.rl.estimators`); seeds {scale['seeds']}. SER over {scale['num_samples']} samples of the paper's sampler (95% "
         f"Wilson interval before RL; after RL, the mean over seeds with a 95% t-interval); TER: the paper's, "
-        f"{preset['ter_samples']} sequences of the language scored by the policy's sampler law at the rollout N.",
+        f"{scale['ter_samples']} sequences of the language scored by the policy's sampler law at the rollout N.",
         "",
         "| language | estimator | RL at N | measure | before RL | after RL | trained AR |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for entry in summary_rows(rows, preset):
+    for entry in summary_rows(rows, scale):
         trained = entry["rollout_steps"]
-        for steps in preset["rollout_steps"]:
+        for steps in scale["rollout_steps"]:
             for key, label in (("ser", "SER"), ("distinct", "distinct share"), ("ter", "TER")):
                 if f"after_{key}_n{steps}" not in entry:
                     continue
@@ -239,7 +240,7 @@ def rl_table(rows: list[dict], preset: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_rl(rows: list[dict], preset: dict, path: Path) -> None:
+def plot_rl(rows: list[dict], scale: dict, path: Path) -> None:
     """Per language (columns): SER and the share of distinct samples (rows) at each measured N, bars for the MDM
     before RL and after RL with each estimator and rollout N (95% t-intervals over seeds), the AR as a line."""
     import matplotlib
@@ -247,10 +248,10 @@ def plot_rl(rows: list[dict], preset: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    summary = summary_rows(rows, preset)
+    summary = summary_rows(rows, scale)
     languages = list(dict.fromkeys(e["language"] for e in summary))
     fig, axes = plt.subplots(2, len(languages), figsize=(5.6 * len(languages), 6.4), squeeze=False)
-    measured = preset["rollout_steps"]
+    measured = scale["rollout_steps"]
     for column, name in enumerate(languages):
         entries = [e for e in summary if e["language"] == name]
         width = 0.8 / (len(entries) + 1)
@@ -268,7 +269,7 @@ def plot_rl(rows: list[dict], preset: dict, path: Path) -> None:
             ax.set(xticks=list(xs), xticklabels=[f"sampled at N = {s}" for s in measured], ylabel=label,
                    ylim=(0, 1.05), title=f"{name}: {label}")  # fmt: skip
         axes[0][column].legend(fontsize=6)
-    fig.suptitle(f"GRPO for correctness at few steps (L = {preset['length']}): what it buys and what it costs")
+    fig.suptitle(f"GRPO for correctness at few steps (L = {scale['length']}): what it buys and what it costs")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
@@ -285,7 +286,7 @@ def rl_verdicts(result: dict) -> list[str]:
         return {BELOW: "fell", ABOVE: "rose"}.get(relation, "moved by no resolved amount")
 
     lines = []
-    for e in summary_rows(result["rows"], result["preset"]):
+    for e in summary_rows(result["rows"], scale_of(result)):
         n = e["rollout_steps"]
         ser, ter, distinct = e[f"after_ser_n{n}"], e[f"after_ter_increase_n{n}"], e[f"after_distinct_n{n}"]
         before_ser = (e[f"before_ser_n{n}"], *e[f"before_ser_ci_n{n}"])

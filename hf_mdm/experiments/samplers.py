@@ -10,7 +10,7 @@ of their samples (the samples scored by the language; the paper's TER needs the 
 paper's sampler only: `hf_mdm.sampler_likelihood`), with
 the exact-posterior oracle (no learning error) and with trained MDMs.
 
-A preset (``evaluation/configs/samplers.yaml``) lists languages, each with its ``metric`` (``ser`` or ``ter``) and
+A scale (``evaluation/configs/samplers.yaml``) lists languages, each with its ``metric`` (``ser`` or ``ter``) and
 ``lengths``, and samplers: `MaskedDiffusionGenerationConfig` fields plus a ``sweep`` of one field over two or three
 values (``steps_over_length`` sets ``steps = round(value * L)``). Every point draws ``num_samples`` sequences at
 temperature 1 in one block and reports the metric with its 95% interval and the *sequential forwards per token*: the
@@ -55,49 +55,49 @@ METRICS = {
     "ser": (ser_cell, "ser", ("ser_ci_low", "ser_ci_high"), "SER"),
     "gen_ppl": (gen_ppl_cell, "gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), "GenPPL(p)/TER(q) - 1"),
 }
-#: The sampler every other is compared with (its ``name`` in the preset).
+#: The sampler every other is compared with (its ``name`` in the scale).
 PAPER = "paper (stochastic, random)"
-#: The exact sampler whose law speculative decoding keeps (its ``name`` in the preset).
+#: The exact sampler whose law speculative decoding keeps (its ``name`` in the scale).
 LEFT_TO_RIGHT = "left-to-right, 1 token/step"
 
 
-def compare_samplers(preset: dict, out: Path) -> dict[str, Any]:
-    """Run (or resume) the sampler comparison with ``preset`` and write ``samplers.{json,md,png}`` into ``out``."""
+def compare_samplers(scale: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the sampler comparison with ``scale`` and write ``samplers.{json,md,png}`` into ``out``."""
     cache = CellCache(out / "cache" / "samplers.json")
     rows: list[dict] = []
-    for entry in preset["languages"]:
-        rows += _language_rows(entry, preset, out, cache)
-    result = experiment_result("samplers", preset, rows)
-    text = "\n".join(setup_lines(preset)) + samplers_table(rows) + "\n" + verdict(rows) + "\n"
+    for entry in scale["languages"]:
+        rows += _language_rows(entry, scale, out, cache)
+    result = experiment_result("samplers", scale, rows)
+    text = "\n".join(setup_lines(scale)) + samplers_table(rows) + "\n" + verdict(rows) + "\n"
     write_outputs(out, "samplers", result, text, lambda p: plot_samplers(rows, p))
     return result
 
 
-def setup_lines(preset: dict) -> list[str]:
+def setup_lines(scale: dict) -> list[str]:
     """Markdown lines stating the set-up: each language with its parameters, metric and lengths, the sampling, and
     the trained models' size and training budget."""
     lines = ["", "Languages:"]
-    for entry in preset["languages"]:
+    for entry in scale["languages"]:
         spec = {k: v for k, v in entry.items() if k not in ENTRY_FIELDS}
         lines.append(
             f"- {language_name(spec)} ({spec['kind']}: {language_parameters(spec)}): "
             f"{METRICS[entry['metric']][3]} at L = {', '.join(map(str, entry['lengths']))}"
             + (
-                f"; trained MDM at L = {preset['train_length']}: "
-                f"{training_sentence({**preset['training'], **spec.get('training', {})})}"
+                f"; trained MDM at L = {scale['train_length']}: "
+                f"{training_sentence({**scale['training'], **spec.get('training', {})})}"
                 if spec.get("train", False)
                 else ""
             )
         )
     return lines + [
         "",
-        f"Every point: {preset['num_samples']} sequences drawn at temperature 1 in one block from the "
+        f"Every point: {scale['num_samples']} sequences drawn at temperature 1 in one block from the "
         "empty prompt, seeded; the oracle is the exact posterior of the language.",
         "",
     ]
 
 
-def _language_rows(entry: dict, preset: dict, out: Path, cache: CellCache) -> list[dict]:
+def _language_rows(entry: dict, scale: dict, out: Path, cache: CellCache) -> list[dict]:
     spec = {k: v for k, v in entry.items() if k not in ENTRY_FIELDS}
     language, name, metric = make_language(spec), language_name(spec), entry["metric"]
     if metric not in METRICS:
@@ -105,16 +105,16 @@ def _language_rows(entry: dict, preset: dict, out: Path, cache: CellCache) -> li
     rows = []
     for length in entry["lengths"]:
         models = {"oracle MDM": lambda: OracleDenoiser(language, mask_token_id=language.vocab_size)}
-        if spec.get("train", False) and length == preset["train_length"]:
-            pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
+        if spec.get("train", False) and length == scale["train_length"]:
+            pair = lazy_pair(language, length, scale, out, name, spec.get("training"))
             models["trained MDM"] = lambda: pair()["mdm"]
         points = [
-            (s["name"], label, settings) for s in preset["samplers"] for label, settings in sampler_points(s, length)
+            (s["name"], label, settings) for s in scale["samplers"] for label, settings in sampler_points(s, length)
         ]
         for model_name, model in models.items():
             for sampler, label, settings in tqdm(points, desc=f"samplers {model_name} {name} L={length}", leave=False):
-                key = _cell_key(model_name, name, length, preset, settings)
-                cell = cache.get(key, lambda: measure(model(), language, metric, length, settings, preset))
+                key = _cell_key(model_name, name, length, scale, settings)
+                cell = cache.get(key, lambda: measure(model(), language, metric, length, settings, scale))
                 rows.append(
                     {
                         "language": name,
@@ -147,22 +147,22 @@ def sampler_points(sampler: dict, length: int) -> list[tuple[str, dict]]:
     return points
 
 
-def _cell_key(model: str, language: str, length: int, preset: dict, settings: dict) -> str:
-    described = json.dumps([preset["num_samples"], preset.get("seed", 0), settings], sort_keys=True)
+def _cell_key(model: str, language: str, length: int, scale: dict, settings: dict) -> str:
+    described = json.dumps([scale["num_samples"], scale.get("seed", 0), settings], sort_keys=True)
     return f"v2|{model}|{language}|{length}|{hashlib.sha1(described.encode()).hexdigest()[:12]}"
 
 
 def measure(
-    model: Any, language: Any, metric: str, length: int, settings: dict, preset: dict, batch_size: int = 256
+    model: Any, language: Any, metric: str, length: int, settings: dict, scale: dict, batch_size: int = 256
 ) -> dict:
-    """One point: ``preset["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with its costs
+    """One point: ``scale["num_samples"]`` samples drawn with ``settings`` at temperature 1, scored, with its costs
     per token on the same axes as every table: sequential forwards, positions computed (rows x positions of every
     forward) and wall-clock milliseconds (this machine, batches of ``batch_size``); the canvases computed per token
     and, for speculative decoding, the tokens accepted per round."""
-    num = preset["num_samples"]
+    num = scale["num_samples"]
     samples, forwards, computed, positions, accepted = [], [], 0.0, 0.0, []
     start = time.perf_counter()
-    for out in generate_batches(model, num, length, preset.get("seed", 0), settings, batch_size):
+    for out in generate_batches(model, num, length, scale.get("seed", 0), settings, batch_size):
         samples.append(out.sequences.cpu())
         forwards.append(active_steps(out.history, int(model.config.mask_token_id)))
         computed += float(out.forward_rows)

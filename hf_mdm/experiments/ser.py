@@ -2,9 +2,9 @@
 
 ``ser_vs_steps`` measures the SER against N for a pruned HMM and for the Theorem 4.4 chain language, with the
 exact-posterior oracle and with trained MDMs, the trained AR model as reference, at several lengths L with N a
-fixed multiple of L (``preset["steps_over_length"]``): plotted against N/L the curves of all L fall on one
+fixed multiple of L (``scale["steps_over_length"]``): plotted against N/L the curves of all L fall on one
 (Theorem 4.4: SER needs N growing with L); for the chain the oracle rows carry the predicted SER. With
-``preset["steps_for_ser"]`` (``{target, lengths}``) it also finds the N the chain needs for an SER target at each
+``scale["steps_for_ser"]`` (``{target, lengths}``) it also finds the N the chain needs for an SER target at each
 L and fits its growth (`scaling`); trained languages get their denoiser's learning error (`learning`). Writes
 ``ser_vs_steps.{json,md,png}``; cells are cached in ``<out>/cache/ser_vs_steps.json``.
 """
@@ -37,40 +37,40 @@ from .scaling import scaling_table, steps_for_ser
 SER_KEYS = ("ser", "ser_ci_low", "ser_ci_high")
 
 
-def ser_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
-    """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
-    ratios = preset["steps_over_length"]
+def ser_vs_steps(scale: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the experiment with ``scale`` and write its outputs into ``out``; returns the JSON dict."""
+    ratios = scale["steps_over_length"]
     rows = measure_languages(
-        "ser_vs_steps", preset, out, cell=ser_cell, steps_for=lambda length: steps_at(length, ratios), label="SER"
+        "ser_vs_steps", scale, out, cell=ser_cell, steps_for=lambda length: steps_at(length, ratios), label="SER"
     )
     add_ratios_and_predictions(rows)
     cache = CellCache(out / "cache" / "ser_vs_steps.json")
-    fast = fast_rows(preset, out, cache, ser_cell)
-    learning = learning_rows(preset, out, cache)
-    scaling = steps_for_ser(preset["steps_for_ser"], preset["num_samples"], cache) if "steps_for_ser" in preset else []
+    fast = fast_rows(scale, out, cache, ser_cell)
+    learning = learning_rows(scale, out, cache)
+    scaling = steps_for_ser(scale["steps_for_ser"], scale["num_samples"], cache) if "steps_for_ser" in scale else []
     extra = {
         **({"fast_rows": fast} if fast else {}),
         **({"learning_rows": learning} if learning else {}),
         **({"scaling_rows": scaling} if scaling else {}),
     }
-    result = experiment_result("ser_vs_steps", preset, rows, **extra)
-    setup = "\n".join(setup_lines(preset)) + "\n"
-    table = setup + ser_table(rows) + fast_table(fast, preset, "ser", ("ser_ci_low", "ser_ci_high"), "SER")
+    result = experiment_result("ser_vs_steps", scale, rows, **extra)
+    setup = "\n".join(setup_lines(scale)) + "\n"
+    table = setup + ser_table(rows) + fast_table(fast, scale, "ser", ("ser_ci_low", "ser_ci_high"), "SER")
     table += learning_table(learning) + scaling_table(scaling)
     write_outputs(out, "ser_vs_steps", result, table, lambda p: plot_ser(rows, p))
     return result
 
 
-def learning_rows(preset: dict, out: Path, cache: CellCache) -> list[dict]:
+def learning_rows(scale: dict, out: Path, cache: CellCache) -> list[dict]:
     """Per trained language: the trained denoiser's KL to the language's posterior at the training length
-    (`learning.denoiser_kl`, ``preset["num_samples"]`` sequences)."""
+    (`learning.denoiser_kl`, ``scale["num_samples"]`` sequences)."""
     rows = []
-    for spec in preset["languages"]:
+    for spec in scale["languages"]:
         if not spec.get("train", False):
             continue
-        language, name, length = make_language(spec), language_name(spec), preset["train_length"]
-        pair = lazy_pair(language, length, preset, out, name, spec.get("training"))
-        num = preset["num_samples"]
+        language, name, length = make_language(spec), language_name(spec), scale["train_length"]
+        pair = lazy_pair(language, length, scale, out, name, spec.get("training"))
+        num = scale["num_samples"]
         cell = cache.get(
             f"learning|{name}|{length}|{num}", lambda: denoiser_kl(pair()["mdm"], language, length, num, 0)
         )

@@ -1,7 +1,7 @@
 """Experiment c: MDM vs AR wall-clock as the sequence length grows, as forwards x cost per forward.
 
-``wallclock`` times one batch at each length L of ``preset["lengths"]``: the same-size AR model (Llama) decoding
-with its KV cache (L forwards of one new token each), and the MDM at each step count of ``preset["mdm_steps"]``
+``wallclock`` times one batch at each length L of ``scale["lengths"]``: the same-size AR model (Llama) decoding
+with its KV cache (L forwards of one new token each), and the MDM at each step count of ``scale["mdm_steps"]``
 (the paper's 512) and at N chosen *per L* from the paper's TER at that L (`steps_per_length`): the smallest N
 whose TER relative increase is within ``ter_target`` of the optimum, from the chain language's closed form (exact,
 every L) and, with ``steps_from``, from the oracle's measured TER in that experiment's results (upper 95% bound
@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..generation import diffusion_generate
 from ..languages import ChainLanguage
 from ..timer import Stopwatch, interleaved_times
-from .common import CellCache, experiment_result, write_outputs
+from .common import CellCache, experiment_result, scale_of, write_outputs
 from .plotting import pyplot, save_figure
 
 AR_MODEL = "AR, KV cache"
@@ -43,50 +43,50 @@ CHAIN_SOURCE = "chain (closed form, exact)"
 
 
 @torch.no_grad()
-def wallclock(preset: dict, out: Path) -> dict[str, Any]:
-    """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
+def wallclock(scale: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the experiment with ``scale`` and write its outputs into ``out``; returns the JSON dict."""
     cache = CellCache(out / "cache" / "wallclock.json")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    mdm, ar = untrained_models(preset, device)
-    chosen = steps_per_length(preset, out)
-    settings = mdm_settings(preset, chosen)
+    mdm, ar = untrained_models(scale, device)
+    chosen = steps_per_length(scale, out)
+    settings = mdm_settings(scale, chosen)
     rows: list[dict] = []
-    for length in tqdm(preset["lengths"], desc="wall-clock", leave=False):
-        rows += timing_rows(mdm, ar, length, preset, settings, cache, device)
+    for length in tqdm(scale["lengths"], desc="wall-clock", leave=False):
+        rows += timing_rows(mdm, ar, length, scale, settings, cache, device)
     parameters = {"mdm": sum(p.numel() for p in mdm.parameters()), "ar": sum(p.numel() for p in ar.parameters())}
     crossovers = {s["model"]: crossover_length(rows, s["model"]) for s in settings}
     result = experiment_result(
-        "wallclock", preset, rows, crossover_length=crossovers, parameters=parameters, steps_per_length=chosen
+        "wallclock", scale, rows, crossover_length=crossovers, parameters=parameters, steps_per_length=chosen
     )
     write_outputs(out, "wallclock", result, wallclock_table(result), lambda p: plot_wallclock(rows, p))
     return result
 
 
-def untrained_models(preset: dict, device: torch.device) -> tuple[Any, Any]:
-    """The MDM and the AR model of ``preset["size"]`` for the longest length, seeded, on ``device``, in eval mode."""
+def untrained_models(scale: dict, device: torch.device) -> tuple[Any, Any]:
+    """The MDM and the AR model of ``scale["size"]`` for the longest length, seeded, on ``device``, in eval mode."""
     from transformers import LlamaForCausalLM
 
     from .. import MDMForMaskedDiffusion
     from ..training import ar_config_for, mdm_config_for
 
-    vocab, longest = preset["vocab_size"], max(preset["lengths"])
+    vocab, longest = scale["vocab_size"], max(scale["lengths"])
     torch.manual_seed(0)
-    mdm = MDMForMaskedDiffusion(mdm_config_for(vocab, longest, preset["size"])).to(device).eval()
-    ar = LlamaForCausalLM(ar_config_for(vocab, longest, preset["size"])).to(device).eval()
+    mdm = MDMForMaskedDiffusion(mdm_config_for(vocab, longest, scale["size"])).to(device).eval()
+    ar = LlamaForCausalLM(ar_config_for(vocab, longest, scale["size"])).to(device).eval()
     return mdm, ar
 
 
-def steps_per_length(preset: dict, out: Path) -> dict[str, dict]:
+def steps_per_length(scale: dict, out: Path) -> dict[str, dict]:
     """``{source: {"L": N, ...}}``: per length, the smallest N whose paper TER relative increase is within
-    ``preset["ter_target"]``: ``chain (closed form, exact)`` at every L of the preset, and (with ``steps_from``) the
+    ``scale["ter_target"]``: ``chain (closed form, exact)`` at every L of the scale, and (with ``steps_from``) the
     oracle's measured TER per language of that experiment's JSON, upper 95% bound within the target, at the lengths
     it measured (where no N measured qualifies, the length is left out). Keys are strings (JSON)."""
-    target = preset.get("ter_target")
+    target = scale.get("ter_target")
     if target is None:
         return {}
-    chain = {str(length): chain_steps(length, target) for length in preset["lengths"]}
+    chain = {str(length): chain_steps(length, target) for length in scale["lengths"]}
     chosen = {CHAIN_SOURCE: chain}
-    path = out / f"{preset['steps_from']}.json" if preset.get("steps_from") else None
+    path = out / f"{scale['steps_from']}.json" if scale.get("steps_from") else None
     if path is not None and path.exists():
         rows = [r for r in json.loads(path.read_text())["rows"] if r["model"] == "oracle MDM" and "ter_ci_high" in r]
         for name in dict.fromkeys(r["language"] for r in rows):
@@ -109,19 +109,19 @@ def chain_steps(length: int, target: float) -> int:
     return low
 
 
-def mdm_settings(preset: dict, chosen: dict[str, dict]) -> list[dict]:
+def mdm_settings(scale: dict, chosen: dict[str, dict]) -> list[dict]:
     """The MDM settings to time: ``{"model": label, "steps": {L: N}, "dual": bool}``, each step count of
-    ``preset["mdm_steps"]`` (the same N at every L) and each per-length choice of ``chosen``, then each again with
+    ``scale["mdm_steps"]`` (the same N at every L) and each per-length choice of ``chosen``, then each again with
     the dual cache (``dual_cache_blocks``)."""
-    lengths = [str(length) for length in preset["lengths"]]
+    lengths = [str(length) for length in scale["lengths"]]
     plain = [
-        {"model": f"MDM, {n} steps", "steps": dict.fromkeys(lengths, n), "dual": False} for n in preset["mdm_steps"]
+        {"model": f"MDM, {n} steps", "steps": dict.fromkeys(lengths, n), "dual": False} for n in scale["mdm_steps"]
     ]
-    target = preset.get("ter_target")
+    target = scale.get("ter_target")
     for source, steps in chosen.items():
         label = f"MDM, N from the paper's sampler's TER within {100 * target:g}% ({source})"
         plain.append({"model": label, "steps": steps, "dual": False})
-    blocks = preset.get("dual_cache_blocks")
+    blocks = scale.get("dual_cache_blocks")
     dual = (
         [{**s, "model": s["model"].replace("MDM", f"MDM + dual cache ({blocks} blocks)"), "dual": True} for s in plain]
         if blocks
@@ -131,11 +131,11 @@ def mdm_settings(preset: dict, chosen: dict[str, dict]) -> list[dict]:
 
 
 def timing_rows(
-    mdm: Any, ar: Any, length: int, preset: dict, settings: list[dict], cache: CellCache, device: torch.device
+    mdm: Any, ar: Any, length: int, scale: dict, settings: list[dict], cache: CellCache, device: torch.device
 ) -> list[dict]:
     """One row per model at one length: AR first, then each MDM setting with an N at this length, timed together
     (`timed_together`: warm-up, interleaved repeats, medians)."""
-    vocab, batch, blocks = preset["vocab_size"], preset["batch_size"], preset["dual_cache_blocks"]
+    vocab, batch, blocks = scale["vocab_size"], scale["batch_size"], scale["dual_cache_blocks"]
     prompt = torch.zeros(batch, 0, dtype=torch.long, device=device)
     run_ar = ar_run(ar, length, vocab, batch, device)
 
@@ -159,8 +159,8 @@ def timing_rows(
         runs[s["model"]] = (run_mdm(steps, s["dual"]), mdm, steps)
     described = json.dumps([[name, steps] for name, (_, _, steps) in runs.items()])
     digest = hashlib.sha1(described.encode()).hexdigest()[:10]
-    key = f"v3|{length}|{batch}|{device.type}|{preset['repeats']}|{digest}"
-    cells = cache.get(key, lambda: timed_together(runs, preset["repeats"], device))
+    key = f"v3|{length}|{batch}|{device.type}|{scale['repeats']}|{digest}"
+    cells = cache.get(key, lambda: timed_together(runs, scale["repeats"], device))
     return [row(name, length, runs[name][2], cell, batch) for name, cell in cells.items()]
 
 
@@ -279,7 +279,7 @@ def crossover_sentence(rows: list[dict], model: str) -> str:
 def steps_sentence(chosen: dict[str, dict], target: Optional[float]) -> str:
     """Where the per-length steps come from, in words, with the N chosen at each L."""
     if not chosen:
-        return "No `ter_target` in the preset: the MDM is timed at fixed step counts only."
+        return "No `ter_target` in the scale: the MDM is timed at fixed step counts only."
     parts = []
     for source, steps in chosen.items():
         ordered = sorted(steps.items(), key=lambda item: int(item[0]))
@@ -294,11 +294,11 @@ def steps_sentence(chosen: dict[str, dict], target: Optional[float]) -> str:
 
 def size_sentence(result: dict) -> str:
     """Why these times are not the paper's, in words: the model size, batch and machine."""
-    preset = result["preset"]
+    scale = scale_of(result)
     return (
-        f"Absolute times are not comparable with the paper's: these are untrained `{preset['size']}` models "
+        f"Absolute times are not comparable with the paper's: these are untrained `{scale['size']}` models "
         f"({result['parameters']['mdm']:,} / {result['parameters']['ar']:,} parameters, MDM / AR; the paper published "
-        f"neither its model size nor its hardware) at batch {preset['batch_size']} on {result['machine']}. At this "
+        f"neither its model size nor its hardware) at batch {scale['batch_size']} on {result['machine']}. At this "
         "size a forward's fixed overhead weighs more than its arithmetic, and on a CPU a forward's cost grows with "
         "the positions it computes, so the shape against L, read as forwards x cost per forward, is what compares."
     )
@@ -307,7 +307,7 @@ def size_sentence(result: dict) -> str:
 def wallclock_table(result: dict) -> str:
     """Markdown: each model's steps, forwards, milliseconds per forward and seconds per batch at each L, then the
     set-up, the per-length steps, the model size and the crossovers in words."""
-    preset, rows = result["preset"], result["rows"]
+    scale, rows = scale_of(result), result["rows"]
     lines = [
         "| L | model | steps | sequential forwards / token | positions computed / token | wall ms / token "
         "| ms / forward | seconds, median [min, max] | AR / model |",
@@ -325,8 +325,8 @@ def wallclock_table(result: dict) -> str:
     models = list(dict.fromkeys(r["model"] for r in rows if r["model"] != AR_MODEL))
     lines += [
         "",
-        f"{preset['vocab_size']} tokens, batch {preset['batch_size']}; at each L every setting ran once untimed "
-        f"(warm-up), then {preset['repeats']} interleaved rounds timed each once: medians with the range of the "
+        f"{scale['vocab_size']} tokens, batch {scale['batch_size']}; at each L every setting ran once untimed "
+        f"(warm-up), then {scale['repeats']} interleaved rounds timed each once: medians with the range of the "
         "rounds. Every MDM row samples with deterministic transfer in confidence order (argmax), AR decodes "
         "greedily; forwards are counted per run. A row whose N comes from a TER target takes N from the *paper's* "
         "sampler (stochastic transfer, random order), whose TER was measured; the timed sampler is another one "
@@ -334,7 +334,7 @@ def wallclock_table(result: dict) -> str:
         "a step count, not a quality. Each length is timed in its own interleaved rounds: ratios within a length "
         "share a time window, growth across lengths compares different windows.",
         "",
-        steps_sentence(result.get("steps_per_length") or {}, preset.get("ter_target")),
+        steps_sentence(result.get("steps_per_length") or {}, scale.get("ter_target")),
         "",
         size_sentence(result),
         "",

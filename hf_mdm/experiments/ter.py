@@ -53,7 +53,7 @@ from .ter_cells import (
 
 #: Relative increases are drawn on a log axis, at least this.
 PLOT_FLOOR = 1e-5
-#: Defaults of the preset's paper-TER keys: sequences of the language per cell, most particles a run.
+#: Defaults of the scale's paper-TER keys: sequences of the language per cell, most particles a run.
 TER_SAMPLES, TER_PARTICLES = 128, MAX_PARTICLES
 #: Seed of the language's sequences scored for the paper's TER (apart from the samplers' seeds).
 TER_SEED = 10_000
@@ -61,49 +61,49 @@ TER_SEED = 10_000
 QUANTITIES = {"ter": "TER(p)/TER(q) - 1 (the paper's TER)", "gen_ppl": "GenPPL(p)/TER(q) - 1 (generative perplexity)"}
 
 
-def ter_vs_steps(preset: dict, out: Path) -> dict[str, Any]:
-    """Run (or resume) the experiment with ``preset`` and write its outputs into ``out``; returns the JSON dict."""
-    steps_list = preset["steps"]
+def ter_vs_steps(scale: dict, out: Path) -> dict[str, Any]:
+    """Run (or resume) the experiment with ``scale`` and write its outputs into ``out``; returns the JSON dict."""
+    steps_list = scale["steps"]
     rows = measure_languages(
-        "ter_vs_steps_gen_ppl", preset, out, cell=gen_ppl_cell, steps_for=lambda length: steps_list, label="GenPPL"
+        "ter_vs_steps_gen_ppl", scale, out, cell=gen_ppl_cell, steps_for=lambda length: steps_list, label="GenPPL"
     )
     cache = CellCache(out / "cache" / "ter_vs_steps.json")
-    add_paper_ter(rows, preset, out, cache)
-    exact = exact_rows(preset, cache)
-    chain = chain_rows(preset["lengths"], steps_list)
-    fast = fast_rows(preset, out, cache, gen_ppl_cell)
-    result = experiment_result("ter_vs_steps", preset, rows, exact_rows=exact, chain_rows=chain, fast_rows=fast)
+    add_paper_ter(rows, scale, out, cache)
+    exact = exact_rows(scale, cache)
+    chain = chain_rows(scale["lengths"], steps_list)
+    fast = fast_rows(scale, out, cache, gen_ppl_cell)
+    result = experiment_result("ter_vs_steps", scale, rows, exact_rows=exact, chain_rows=chain, fast_rows=fast)
     table = "\n".join(
         [
-            *setup_lines(preset),
-            f"Paper's TER, estimated: {TER_ESTIMATOR} Here n = {preset.get('ter_samples', TER_SAMPLES)}, "
-            f"at most {preset.get('ter_particles', TER_PARTICLES)} particles a run; the trained AR model's p(x) is exact (its "
+            *setup_lines(scale),
+            f"Paper's TER, estimated: {TER_ESTIMATOR} Here n = {scale.get('ter_samples', TER_SAMPLES)}, "
+            f"at most {scale.get('ter_particles', TER_PARTICLES)} particles a run; the trained AR model's p(x) is exact (its "
             "chain rule), its mean over the same n sequences an estimate with the same kind of interval.",
             "",
             ter_table(rows, steps_list, "ter"),
-            f"{GEN_PPL_MEANING} {preset['num_samples']} samples per cell.",
+            f"{GEN_PPL_MEANING} {scale['num_samples']} samples per cell.",
             "",
             ter_table(rows, steps_list, "gen_ppl"),
             *validation_table(rows),
             exact_table(exact),
             chain_table(chain, steps_list),
-            fast_table(fast, preset, "gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), QUANTITIES["gen_ppl"]),
+            fast_table(fast, scale, "gen_ppl_increase", ("gen_ppl_ci_low", "gen_ppl_ci_high"), QUANTITIES["gen_ppl"]),
         ]
     )
     write_outputs(out, "ter_vs_steps", result, table, lambda p: plot_ter(rows, p))
     return result
 
 
-def add_paper_ter(rows: list[dict], preset: dict, out: Path, cache: CellCache) -> None:
+def add_paper_ter(rows: list[dict], scale: dict, out: Path, cache: CellCache) -> None:
     """Adds the paper's TER (``ter_*`` keys) to every oracle row, and to the trained MDM and AR rows at the lengths
-    ``preset["ter_trained_lengths"]`` (default: the training length, where AR is measured too), in place: a trained
+    ``scale["ter_trained_lengths"]`` (default: the training length, where AR is measured too), in place: a trained
     model's estimate costs a particle filter of transformer forwards."""
-    num, particles = preset.get("ter_samples", TER_SAMPLES), preset.get("ter_particles", TER_PARTICLES)
-    trained_lengths = preset.get("ter_trained_lengths", [preset["train_length"]])
-    specs = {language_name(spec): spec for spec in preset["languages"]}
+    num, particles = scale.get("ter_samples", TER_SAMPLES), scale.get("ter_particles", TER_PARTICLES)
+    trained_lengths = scale.get("ter_trained_lengths", [scale["train_length"]])
+    specs = {language_name(spec): spec for spec in scale["languages"]}
     languages = {name: make_language(spec) for name, spec in specs.items()}
     pairs = {
-        name: lazy_pair(languages[name], preset["train_length"], preset, out, name, spec.get("training"))
+        name: lazy_pair(languages[name], scale["train_length"], scale, out, name, spec.get("training"))
         for name, spec in specs.items()
         if spec.get("train", False)
     }
@@ -131,20 +131,20 @@ def paper_ter(row: dict, language: Any, pair: Any, num: int, particles: int) -> 
     return sampler_ter_cell(model, language, RevealLaw(row["steps"]), row["length"], num, particles, TER_SEED)
 
 
-def exact_rows(preset: dict, cache: CellCache) -> list[dict]:
-    """At ``preset["exact"]["length"]``, per language and each N of ``preset["exact"]["steps"]``: the oracle's
+def exact_rows(scale: dict, cache: CellCache) -> list[dict]:
+    """At ``scale["exact"]["length"]``, per language and each N of ``scale["exact"]["steps"]``: the oracle's
     paper TER and generative perplexity, both exact (the sampler's law enumerated), and the estimate of the paper's
     TER (``ter_samples``, ``ter_particles``) beside them; [] without an ``exact`` section."""
-    section = preset.get("exact")
+    section = scale.get("exact")
     if not section:
         return []
     length, num, particles = (
         section["length"],
-        preset.get("ter_samples", TER_SAMPLES),
-        preset.get("ter_particles", TER_PARTICLES),
+        scale.get("ter_samples", TER_SAMPLES),
+        scale.get("ter_particles", TER_PARTICLES),
     )
     rows = []
-    for spec in preset["languages"]:
+    for spec in scale["languages"]:
         language, name = make_language(spec), language_name(spec)
         oracle = OracleDenoiser(language, mask_token_id=language.vocab_size)
         for steps in section["steps"]:

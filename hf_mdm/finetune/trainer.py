@@ -138,28 +138,13 @@ def apply_lora(model: Any, r: int = 16, alpha: int = 32, dropout: float = 0.05, 
 
 def require_mask_token(config: Any, name: Optional[str] = None) -> None:
     """A ValueError saying what to do when ``config`` (of the checkpoint ``name``, when given) has no
-    ``mask_token_id``: an autoregressive Llama / Qwen2 is converted with A2D first; any other model needs its [MASK]
-    id in its config."""
+    ``mask_token_id`` (`hf_mdm.loading.require_kind`'s words: an autoregressive Llama / Qwen2 is converted with A2D
+    first, DiffusionGemma's noise is uniform, any other model needs its [MASK] id in its config)."""
     if getattr(config, "mask_token_id", None) is not None:
         return
-    from .a2d import CONVERTIBLE
+    from ..loading import require_kind
 
-    model_type = getattr(config, "model_type", None)
-    what = name or "the model"
-    if model_type in CONVERTIBLE:
-        command = (
-            f"`hf-mdm a2d --model {name} --output-dir DIR`, then fine-tune DIR"
-            if name
-            else "hf_mdm.finetune.convert_to_mdm (`hf-mdm a2d`)"
-        )
-        raise ValueError(
-            f"{what} is an autoregressive {model_type} model (no [MASK] token): convert it first with {command}"
-        )
-    raise ValueError(
-        f"{what} (model_type {model_type!r}) has no mask_token_id in its config: SFT fine-tunes masked diffusion "
-        "models (MDM, LLaDA, Dream, LLaDA2.x); convert an autoregressive Llama or Qwen2 with `hf-mdm a2d` first, or "
-        "set mask_token_id in its config.json to the tokenizer's [MASK] id"
-    )
+    require_kind(config, "masked", name, "masked diffusion fine-tuning (SFT, GRPO)")
 
 
 def sft_trainer(

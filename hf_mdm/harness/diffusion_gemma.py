@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import transformers
 from lm_eval.api.registry import register_model
 
+from ..loading import auto_class, checkpoint_kind
 from .timed import TimedHFLM
 
 DIFFUSION_GEMMA_SETTINGS = (
@@ -52,14 +52,14 @@ class DiffusionGemmaLM(TimedHFLM):
     def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: Optional[bool] = False) -> None:
         """Tokenise as a decoder; load with the Auto class transformers maps DiffusionGemma to (a ValueError for
         another checkpoint, before its weights are loaded)."""
-        if getattr(config, "model_type", None) != "diffusion_gemma":
+        if checkpoint_kind(config) != "uniform":
             raise ValueError(
                 f"hf_diffusion_gemma takes DiffusionGemma checkpoints (model_type 'diffusion_gemma'), got "
                 f"{getattr(config, 'model_type', None)!r}: use hf_mdm for masked diffusion models and hf_timed for "
                 "autoregressive ones"
             )
         self.backend = "causal"
-        self.AUTO_MODEL_CLASS = transformers.AutoModelForImageTextToText
+        self.AUTO_MODEL_CLASS = auto_class(config)
 
     def _generation_settings(self) -> dict[str, Any]:
         settings = dict(self._settings)

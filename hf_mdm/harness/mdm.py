@@ -15,7 +15,6 @@ import warnings
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
-import transformers
 from lm_eval import utils as lm_eval_utils
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
@@ -32,6 +31,7 @@ from ..generation_denoiser import Denoiser
 from ..generation_reference import REFERENCE_ARGS
 from ..generation_rows import invariance_guarantee
 from ..likelihood import ELBOEstimator, greedy_matches
+from ..loading import auto_class, checkpoint_kind, require_kind
 from .argument_checks import check_near_misses, check_pretrained, explain_model_arguments, hflm_arguments
 from .reproducible import reproducibility_info
 from .sampler_config import (
@@ -50,6 +50,13 @@ from .timing import RequestTag, Stopwatch, tag_requests
 __all__ = ["MaskedDiffusionLM"]
 
 logger = logging.getLogger(__name__)
+
+#: What ``hf_mdm`` says of a checkpoint of another kind: the lm-eval model that runs it.
+HF_MDM_HINTS = {
+    "autoregressive": "; time an autoregressive LM with --model hf_timed",
+    "uniform": "; run it with --model hf_diffusion_gemma",
+    "masked": "",
+}
 
 
 @register_model("hf_mdm")
@@ -172,9 +179,14 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
     # -- loading ---------------------------------------------------------------------------------------------
 
     def _get_backend(self, config: Any, backend: str = "default", trust_remote_code: Optional[bool] = False) -> None:
-        """Tokenise as a decoder (prompt + continuation encoded together); load with the masked-LM Auto class."""
+        """Tokenise as a decoder (prompt + continuation encoded together); load with the Auto class the family takes
+        (`hf_mdm.loading.auto_class`), after refusing a checkpoint that is no masked diffusion model (unless remote
+        code with ``trust_remote_code`` says how to load it)."""
         self.backend = "causal"
-        self.AUTO_MODEL_CLASS = _auto_model_class(config, bool(trust_remote_code))
+        if not (trust_remote_code and getattr(config, "auto_map", None)):
+            name = getattr(config, "_name_or_path", None) or None
+            require_kind(config, "masked", name, "--model hf_mdm", "pretrained=", HF_MDM_HINTS[checkpoint_kind(config)])
+        self.AUTO_MODEL_CLASS = auto_class(config, bool(trust_remote_code))
 
     def _create_tokenizer(self, *args: Any, **kwargs: Any) -> None:
         """HFLM's tokenizer; without a pad token it pads with EOS (HFLM would take UNK first, or add a token the
@@ -391,21 +403,3 @@ def _former_preset_argument(reference: Any, kwargs: dict[str, Any]) -> Any:
     return preset
 
 
-def _auto_model_class(config: Any, trust_remote_code: bool) -> type:
-    """AutoModelForMaskedLM for registered masked LMs (hf_mdm, LLaDA, Dream), else what the remote code offers; a
-    checkpoint that is neither (an autoregressive one) is a ValueError."""
-    if type(config) in transformers.MODEL_FOR_MASKED_LM_MAPPING:
-        return transformers.AutoModelForMaskedLM
-    auto_map = getattr(config, "auto_map", None) or {}
-    if trust_remote_code:
-        for name in ("AutoModelForMaskedLM", "AutoModel", "AutoModelForCausalLM"):
-            if name in auto_map:
-                return getattr(transformers, name)
-    causal = type(config) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING
-    raise ValueError(
-        f"pretrained is a {getattr(config, 'model_type', type(config).__name__)!r} checkpoint, "
-        + ("an autoregressive LM" if causal else "not a masked LM")
-        + ", not a masked diffusion model: --model hf_mdm takes hf_mdm's MDMs, LLaDA and Dream (or masked diffusion "
-        "remote code with trust_remote_code=True)"
-        + ("; time an autoregressive LM with --model hf_timed" if causal else "")
-    )

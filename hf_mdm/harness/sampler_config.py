@@ -28,6 +28,7 @@ from typing import Any, Mapping, Optional, Sequence
 from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig
 from ..generation_config import DIFFUSION_FIELDS
+from ..generation_presets import preset_config
 from ..generation_reference import (
     REFERENCE_ARGS,
     REFERENCE_ONLY_ARGS,
@@ -209,33 +210,33 @@ class RequestConfigs:
             logger.warning("hf_mdm: generation kwarg %r %s; ignored", key, why)
 
     def _reference_config(self, max_gen_toks: int, kwargs: dict) -> MaskedDiffusionGenerationConfig:
-        """`MaskedDiffusionGenerationConfig.llada` / `.dream` from the model arguments of the reference, the
-        request's kwargs of the reference, the reference's defaults; generations padded after the first EOS."""
+        """The reference's preset (`MaskedDiffusionGenerationConfig.llada` / `.dream`, through `preset_config`) from
+        the model arguments of the reference, the request's kwargs of the reference, the reference's defaults;
+        generations padded after the first EOS."""
         values = self._reference_values(kwargs)
-        steps = _positive_int("steps", values.pop("steps", max_gen_toks))
-        common = dict(
-            eos_token_id=values.pop("eos_token_id", None) or self.stop_ids or None,
-            pad_token_id=values.pop("pad_token_id", self.pad_token_id),
-            stop_at_eos=True,
-            return_dict_in_generate=True,
-        )
-        mask_id = values.pop("mask_token_id", self.base.mask_token_id)
+        settings = {
+            **values,
+            "steps": _positive_int("steps", values.get("steps", max_gen_toks)),
+            "eos_token_id": values.get("eos_token_id") or self.stop_ids or None,
+            "pad_token_id": values.get("pad_token_id", self.pad_token_id),
+            "stop_at_eos": True,
+            "return_dict_in_generate": True,
+        }
+        mask_id = settings.pop("mask_token_id", self.base.mask_token_id)
         if self.reference == "llada":
-            block_length = _positive_int("block_length", values.pop("block_length", max_gen_toks))
+            settings["block_length"] = _positive_int("block_length", settings.get("block_length", max_gen_toks))
             check_llada_lengths(
                 max_gen_toks,
-                steps,
-                block_length,
+                settings["steps"],
+                settings["block_length"],
                 length_name="max_gen_toks",
                 length_note=" (the max_gen_toks model argument, else the task's)",
                 where=" (model argument or --gen_kwargs)",
             )
-            return MaskedDiffusionGenerationConfig.llada(
-                gen_length=max_gen_toks, steps=steps, block_length=block_length, mask_id=mask_id, **values, **common
-            )
-        return MaskedDiffusionGenerationConfig.dream(
-            max_new_tokens=max_gen_toks, steps=steps, mask_token_id=mask_id, **values, **common
-        )
+        settings["mask_id" if self.reference == "llada" else "mask_token_id"] = mask_id
+        config = preset_config(MaskedDiffusionGenerationConfig, self.reference, max_gen_toks, settings)
+        config.update(**settings)  # the settings the preset does not name (pad_token_id, stop_at_eos, ...)
+        return config
 
     def _reference_values(self, kwargs: dict) -> dict[str, Any]:
         """The reference's settings: model arguments, then the request's kwargs of the reference (None dropped)."""

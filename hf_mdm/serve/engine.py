@@ -22,7 +22,7 @@ from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaLis
 
 from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig, diffusion_generate
-from ..generation_presets import PRESET_NAMES, preset_config
+from ..generation_presets import preset_config
 from ..generation_resolve import resolve_config
 from ..generation_rows import batches_invariantly, draws_random_numbers
 from ..generation_uniform import check_uniform_config
@@ -31,9 +31,8 @@ from .forwards import SharedForwards
 from .protocol import ApiError, Asked
 from .settings import ServeSettings
 
-__all__ = ["Engine", "Job", "Answer", "PRESETS"]
+__all__ = ["Engine", "Job", "Answer"]
 
-PRESETS = PRESET_NAMES
 STEPS_PER_TOKEN = 4  # a request's step counts are capped at this many per token of the server's max_tokens
 STEP_FIELDS = ("steps", "max_denoising_steps", "max_post_steps")
 

@@ -1,60 +1,17 @@
-"""What ``hf-mdm serve MODEL`` loads: the model with the auto class its family takes, its tokenizer, and the
-generation config it serves with (``--generation-config``; ``--preset`` is a setting of every request,
-`hf_mdm.serve.settings.ServeSettings.preset`). What cannot be loaded is a ValueError saying what and why, in one
-line (the command's error)."""
+"""The generation config ``hf-mdm serve MODEL`` serves with (``--generation-config``; ``--preset`` is a setting of
+every request, `hf_mdm.serve.settings.ServeSettings.preset`). The model and its tokenizer load through
+`hf_mdm.loading.load_pretrained`. What cannot be read is a ValueError saying what and why, in one line (the
+command's error)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
-import torch
-
-from ..families import facts_of
 from ..generation import MaskedDiffusionGenerationConfig
 from ..generation_presets import PRESET_NAMES
 
-__all__ = ["load_model", "serving_config"]
-
-
-def load_model(
-    name: str,
-    dtype: str = "auto",
-    device: str = "cpu",
-    trust_remote_code: bool = False,
-    quantization: Optional[str] = None,
-) -> tuple:
-    """(model, tokenizer) from a local folder or Hub id: a masked diffusion family with ``AutoModelForMaskedLM``
-    (hf_mdm's, LLaDA, Dream, LLaDA2), DiffusionGemma with transformers' ``AutoModelForImageTextToText``, anything
-    else as an autoregressive ``AutoModelForCausalLM``; a ValueError naming ``name`` and the reason otherwise.
-    ``quantization`` (``"int8"``, ``"int4"``): weight-only through torchao (`hf_mdm.quantization`), the weights
-    quantized as they load onto ``device``."""
-    try:
-        return _load(name, dtype, device, trust_remote_code, quantization)
-    except Exception as err:
-        raise ValueError(f"cannot load the model {name!r}: {_one_line(err)}") from err
-
-
-def _load(name: str, dtype: str, device: str, trust_remote_code: bool, quantization: Optional[str]) -> tuple:
-    import transformers
-
-    from ..quantization import quantization_config
-
-    quantized = quantization_config(quantization, device)
-    extra = {} if quantized is None else {"quantization_config": quantized, "device_map": device}
-
-    config = transformers.AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
-    if getattr(config, "model_type", None) == "diffusion_gemma":
-        auto = transformers.AutoModelForImageTextToText
-    elif facts_of(config) is not None:
-        auto = transformers.AutoModelForMaskedLM
-    else:
-        auto = transformers.AutoModelForCausalLM
-    torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
-    model = auto.from_pretrained(name, dtype=torch_dtype, trust_remote_code=trust_remote_code, **extra)
-    model = model.eval() if quantized is not None else model.to(device).eval()
-    tokenizer = transformers.AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-    return model, tokenizer
+__all__ = ["serving_config"]
 
 
 def serving_config(

@@ -1,8 +1,8 @@
-"""Presets: read from ``evaluation/configs/*.yaml`` (``load_preset``), and shrunk to a miniature (``miniature``).
+"""Scales: read from ``evaluation/configs/*.yaml`` (``load_scale``), and shrunk to a miniature (``miniature``).
 
-A miniature keeps every key of a preset and its languages, samplers and code path, and swaps the sizes for tiny
+A miniature keeps every key of a scale and its languages, samplers and code path, and swaps the sizes for tiny
 ones (``MINIATURE`` for the experiment's own keys, ``MINIATURE_TRAINING`` for its training settings and a language
-entry's overrides, ``MINIATURE_FAST`` for its ``fast_samplers`` section; nested ``trained`` and ``timing`` sections alike): the paper-scale ``--full`` presets run
+entry's overrides, ``MINIATURE_FAST`` for its ``fast_samplers`` section; nested ``trained`` and ``timing`` sections alike): the paper-scale ``--full`` scales run
 end to end in seconds this way (``tests/test_experiments.py``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-#: The experiment-level sizes of a miniature: only keys the preset has are replaced.
+#: The experiment-level sizes of a miniature: only keys the scale has are replaced.
 MINIATURE = {
     "num_samples": 16,
     "nll_sequences": 8,
@@ -35,7 +35,7 @@ MINIATURE = {
     "diffusion_training_steps": 2,
     "rollout_steps": [2, 8],
 }
-#: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
+#: The training settings of a miniature (a scale's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {
     "size": "tiny",
     "num_train": 64,
@@ -51,8 +51,8 @@ MINIATURE_FAST = {"block_length": 4}
 MINIATURE_GRPO = {"max_steps": 2, "batch_size": 4, "num_generations": 2}
 
 
-def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
-    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections; a
+def load_scale(config_path: Path, full: bool = False) -> tuple[str, dict]:
+    """``(experiment name, scale)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections; a
     one-line ValueError naming the file when it does not read as one."""
     from ..fileio import read_yaml
 
@@ -67,10 +67,10 @@ def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
     return config["experiment"], config["full" if full else "quick"]
 
 
-def miniature(preset: dict) -> dict:
-    """A copy of ``preset`` with the same keys and tiny sizes (``MINIATURE``, ``MINIATURE_TRAINING``,
+def miniature(scale: dict) -> dict:
+    """A copy of ``scale`` with the same keys and tiny sizes (``MINIATURE``, ``MINIATURE_TRAINING``,
     ``MINIATURE_FAST``): the same experiment and code path in seconds."""
-    small = copy.deepcopy(preset)
+    small = copy.deepcopy(scale)
     _replace(small, MINIATURE)
     _replace(small.get("training", {}), MINIATURE_TRAINING)
     for spec in small.get("languages", []):
