@@ -13,7 +13,6 @@ Rerun the same command after a kill: it resumes from the newest readable checkpo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from typing import Any
 
@@ -47,8 +46,9 @@ def _grpo(args: argparse.Namespace) -> int:
 
 
 def _grpo_trainer(args: argparse.Namespace) -> Any:
-    """Everything that can be checked without the weights is checked first (the task, the rewards, the estimator
-    and its options against the rollouts), then the model loads (refused by kind before its weights)."""
+    """Everything that can be checked without the weights is checked first (the task, the rewards; the estimator
+    and its options against the rollouts as the config is built), then the model loads (refused by kind before its
+    weights)."""
     from .loading import load_pretrained
     from .rl.rewards import reward_by_name
     from .rl.trainer import DiffusionGRPOConfig, grpo_trainer
@@ -66,7 +66,6 @@ def _grpo_trainer(args: argparse.Namespace) -> Any:
         rollout=key_value_pairs(args.rollout, "--rollout"), gradient_accumulation_steps=args.grad_accum,
         bf16=args.bf16,
     )  # fmt: skip
-    _check_estimator(config)
     # a language model's ids are the language's tokens: no tokenizer saved with it (language_tokenizer instead)
     pretrained = load_pretrained(args.model, require="masked", command="hf-mdm grpo", tokenizer=language is None)
     tokenizer = pretrained.tokenizer
@@ -76,38 +75,6 @@ def _grpo_trainer(args: argparse.Namespace) -> Any:
         tokenizer = language_tokenizer(language.vocab_size, pretrained.model.config.mask_token_id)
     lora = {"r": args.lora_r, "alpha": args.lora_alpha} if args.lora else None
     return grpo_trainer(pretrained.model, rewards, _prompts(args, language), config, tokenizer, lora)
-
-
-def _check_estimator(config: Any) -> None:
-    """A ValueError naming the flags to change when ``config``'s estimator is unknown, is given an option it does not
-    take, or cannot score the rollouts' sampler (``decoding`` knows the law of random and left-to-right orders
-    only); nothing is loaded."""
-    from .rl.estimators import ESTIMATORS, build_estimator
-    from .rl.trainer import estimator_options, rollout_config
-
-    name = config.estimator
-    options = [field.name for field in dataclasses.fields(ESTIMATORS[name])] if name in ESTIMATORS else []
-    unknown = [key for key in config.estimator_options if key not in options]
-    if name in ESTIMATORS and unknown:
-        takes = f"its options are {', '.join(options)}" if options else "it takes no options"
-        raise ValueError(
-            f"--estimator-option {unknown[0]}: not an option of --estimator {name}; {takes} (--estimator-option "
-            "NAME=VALUE)"
-        )
-    settings = estimator_options(config, rollout_config(config, None))
-    try:
-        _ = build_estimator(name, **settings).forwards  # draws one set of masks: the law must be one it knows
-    except ValueError as err:
-        if name != "decoding":
-            raise ValueError(f"--estimator {name}: {err}") from None
-        from .sampler_likelihood import LAW_ORDERS, LAW_TRANSFERS
-
-        raise ValueError(
-            f"--estimator decoding scores the rollouts' own sampler, whose law it knows for --rollout strategy="
-            f"{' or '.join(LAW_ORDERS)} with --rollout transfer={' or '.join(LAW_TRANSFERS)} only ({err}): set them, "
-            "e.g. --rollout strategy=random --rollout transfer=stochastic (the paper's sampler), or choose another "
-            "--estimator"
-        ) from None
 
 
 def _language(path: str) -> Any:
