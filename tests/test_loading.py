@@ -80,7 +80,7 @@ def test_a_folder_without_a_tokenizer_is_named_before_the_weights(configs):
 def grpo(model: Path, out: Path, *extra: str, reward: str = "language") -> list[str]:
     return ["grpo", "--model", str(model), "--reward", reward, "--output-dir", str(out), "--max-steps", "1",
             "--num-generations", "2", "--batch-size", "2", "--max-completion-length", "8", "--prompts", "2",
-            "--save-steps", "1", "--logging-steps", "1", *extra]  # fmt: skip
+            "--save-steps", "1", "--logging-steps", "1", "--lr", "3e-4", *extra]  # fmt: skip
 
 
 def error_of(capsys) -> str:

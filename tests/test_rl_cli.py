@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,32 @@ def test_the_command_line_trains_on_a_language_and_records_its_rollouts(language
     assert saved.config.mask_token_id == 4 and (tmp_path / "run" / "checkpoint-2").is_dir()
     again = hf_mdm(*grpo_arguments(language_run, tmp_path / "run"))  # rerun: resumes at its last checkpoint
     assert again.returncode == 0 and "already at step 2" in again.stdout
+
+
+def test_help_shows_every_default_and_asks_for_the_learning_rate(capsys):
+    from hf_mdm.cli import main
+
+    with pytest.raises(SystemExit) as shown:
+        main(["grpo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert shown.value.code == 0 and "--lr LR the learning rate (required)" in text
+    for flag, default in (("--max-steps", 100), ("--save-total-limit", 2), ("--num-generations", 8), ("--beta", 0.0)):
+        assert re.search(rf"{flag} \S+ .*?\(default: {default}\)", text), flag
+    with pytest.raises(SystemExit) as refused:
+        main(["grpo", "--model", "m", "--reward", "language", "--output-dir", "o"])
+    assert refused.value.code == 2 and "the following arguments are required: --lr" in capsys.readouterr().err
+
+
+def test_a_vocabulary_that_is_not_the_languages_is_named():
+    from hf_mdm.cli_grpo import check_vocabulary
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_vocabulary(mdm_config_for(4, 8, "tiny"), 4, "m")  # the language's 4 tokens and [MASK]: silent
+    with pytest.warns(UserWarning, match="has 9 token ids, the --language 4 tokens and \\[MASK\\] \\(5\\)"):
+        check_vocabulary(mdm_config_for(8, 8, "tiny"), 4, "m")
+    with pytest.raises(ValueError, match="has 5 token ids, fewer than the --language's 6 tokens"):
+        check_vocabulary(mdm_config_for(4, 8, "tiny"), 6, "m")
 
 
 @pytest.mark.slow

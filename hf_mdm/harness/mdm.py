@@ -401,5 +401,3 @@ def _former_preset_argument(reference: Any, kwargs: dict[str, Any]) -> Any:
     if reference not in ("auto", None) and canonical_reference(reference) != canonical_reference(preset):
         raise ValueError(f"reference={reference!r} and preset={preset!r} disagree: pass reference=... alone")
     return preset
-
-
