@@ -242,8 +242,8 @@ class Proposer:
         return proposals._replace(logits=raw) if self.record else proposals
 
     def _propose(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool, drawn=None) -> Proposals:
-        """Proposals at N positions from their logits (N, V); the distributions are returned when sampling or when
-        ``need_probs`` (margin, entropy). At temperature 0 the probability of the argmax is exp(max - logsumexp):
+        """Proposals at N positions from their logits (N, V); the distributions are returned when ``need_probs``
+        (margin, entropy, the entropy bound). At temperature 0 the probability of the argmax is exp(max - logsumexp):
         two read-only passes over the logits instead of writing a softmax. ``ids``: what the processors read."""
         logits = self.process(logits, ids)
         picked = None if self.ngram is None else self.ngram.propose(logits, ids.x, ids.rows, ids.cols, self._pick)
@@ -253,17 +253,19 @@ class Proposer:
             if picked is not None:
                 tokens = picked
             elif self.temperature:
-                sample_probs = probs.clone()
+                # the token drawn with [MASK] left out: in a copy when the distributions are returned, else in place
+                # (the drawn token is never [MASK], so its probability is the same)
+                sample_probs = probs.clone() if need_probs else probs
                 sample_probs[:, self.mask_id] = 0.0
-                tokens = (
-                    torch.multinomial(sample_probs, 1, generator=self.generator).squeeze(1)
-                    if drawn is None  # one stream (and a compiled step: torch's own call, one graph break)
-                    else random_multinomial(sample_probs, self.generator, *drawn)
-                )
+                if drawn is None and self.compile_options is not None:  # compiled: torch's call, one graph break
+                    tokens = torch.multinomial(sample_probs, 1, generator=self.generator).squeeze(1)
+                else:  # torch.multinomial's numbers and indices without its checks (or one generator per row)
+                    tokens = random_multinomial(sample_probs, self.generator, *(drawn or ()))
             else:
                 logits[:, self.mask_id] = -float("inf")
                 tokens = logits.argmax(-1)
-            return Proposals(tokens, probs.gather(-1, tokens[:, None]).squeeze(1), probs, scores)
+            confidence = probs.gather(-1, tokens[:, None]).squeeze(1)
+            return Proposals(tokens, confidence, probs if need_probs else None, scores)
         log_normaliser = torch.logsumexp(logits, dim=-1)
         logits[:, self.mask_id] = -float("inf")
         top, tokens = logits.max(-1)  # ties: the first index, as argmax

@@ -22,8 +22,8 @@ The random numbers are drawn in transformers' order and shapes (``generator``, e
 A step does less than transformers' around the same decoder forward, with the same numbers: the decoder and LM
 head called without the model's outer wrappers (`CanvasModel.decode`), the temperature divided in place, the
 entropies computed once for the acceptance and the stop (`token_entropy`), the drafts drawn as ``multinomial``
-draws them without its checks (`draw_one`), argmaxes read off ``torch.max`` on the CPU (`first_argmax`), and one
-host read of the rows done.
+draws them without its checks (`hf_mdm.generation_random.draw_one`), argmaxes read off ``torch.max`` on the CPU
+(`hf_mdm.generation_random.first_argmax`), and one host read of the rows done.
 Settings a call leaves unset read transformers' defaults (`UNIFORM_DEFAULTS`, its
 ``_get_default_generation_params``); masked-diffusion settings are a ValueError here (`check_uniform_config`), as
 are the uniform ones on a masked model (`uses_uniform_corruption`). Exported with the model as remote code.
@@ -42,6 +42,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .families import DiffusionFacts, facts_of, register_family
 from .generation_config import DIFFUSION_FIELDS, MaskedDiffusionGenerateOutput, MaskedDiffusionGenerationConfig
 from .generation_processors import HONOURED, is_active
+from .generation_random import draw_one, first_argmax
 from .generation_stopping import eos_tensor, with_max_time
 from .timer import Stopwatch
 
@@ -213,25 +214,6 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
     normalized = logits - logits.logsumexp(dim=-1, keepdim=True)
     probs = torch.softmax(normalized, dim=-1)
     return -normalized.clamp_(min=torch.finfo(normalized.dtype).min).mul_(probs).sum(-1)
-
-
-def draw_one(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
-    """(N,) an index per row of ``probs`` (N, V): on the CPU and CUDA, the operations of
-    ``torch.multinomial(probs, 1, generator=generator)`` (argmax of probs / q, q ~ Exp(1) drawn in probs' shape:
-    the same random numbers and indices) without its checks of ``probs`` (reductions, and on older torch a host
-    read); elsewhere ``torch.multinomial`` itself."""
-    if probs.device.type not in ("cpu", "cuda"):
-        return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
-    q = torch.empty_like(probs).exponential_(1, generator=generator)
-    return first_argmax(torch.div(probs, q, out=q))
-
-
-def first_argmax(values: torch.Tensor) -> torch.Tensor:
-    """``torch.argmax(values, dim=-1)``: the first index of the largest value (of the first NaN, if any); on the CPU
-    read off ``torch.max(values, dim=-1)``, which gives the same indices about three times faster."""
-    if values.device.type == "cpu":
-        return torch.max(values, dim=-1).indices
-    return torch.argmax(values, dim=-1)
 
 
 def _plain_decoder(model: Any) -> Any:

@@ -192,6 +192,8 @@ def diffusion_attention_mask(
     if attention_mask is not None and attention_mask.dim() == 4:
         return attention_mask
     if query_columns is not None and attention_mask is None:  # the key length is the canvas', not the span's
+        if block_size is None and config._attn_implementation == "sdpa" and not torch.compiler.is_compiling():
+            return None  # nothing masked: what transformers returns for sdpa, after reading back the all-ones mask
         attention_mask = torch.ones(
             inputs_embeds.shape[0], canvas_length, dtype=torch.bool, device=inputs_embeds.device
         )

@@ -25,6 +25,7 @@ from transformers.models.diffusion_gemma import generation_diffusion_gemma as dg
 from hf_mdm import generation_uniform as uniform
 from hf_mdm.families import facts_of
 from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
+from hf_mdm.generation_random import draw_one, first_argmax
 from hf_mdm.harness.tiny import TINY_DIFFUSION_GEMMA_TEXT, TINY_VISION
 
 VOCAB, CANVAS, PAD = 64, 8, 0
@@ -155,14 +156,14 @@ def test_step_helpers_are_torchs_operations_to_the_bit():
     probs = torch.softmax(logits, dim=-1).view(-1, 50)
     for seed in range(3):
         ours, theirs = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
-        drawn = uniform.draw_one(probs, ours)
+        drawn = draw_one(probs, ours)
         assert torch.equal(drawn, torch.multinomial(probs, 1, generator=theirs).squeeze(-1))
         assert torch.equal(torch.rand(4, generator=ours), torch.rand(4, generator=theirs))
     expected = torch.distributions.Categorical(logits=logits).entropy()
     assert torch.equal(uniform.token_entropy(logits.clone()), expected)
     ties = torch.randint(-2, 2, (64, 300), generator=torch.Generator().manual_seed(1)).float()
     ties[0, 7], ties[1, 3], ties[2] = float("nan"), float("nan"), float("-inf")
-    assert torch.equal(uniform.first_argmax(ties), torch.argmax(ties, dim=-1))
+    assert torch.equal(first_argmax(ties), torch.argmax(ties, dim=-1))
 
 
 def test_the_decoder_is_called_as_the_models_forward_calls_it(model):

@@ -141,3 +141,35 @@ def test_speculative_decoding_reads_one_value_per_round(model, temperature):
     assert many - few == many_nfe - few_nfe
     blocks, blocks_nfe = reads(32, block_length=4)  # 8 blocks
     assert 0 < (blocks - many - (blocks_nfe - many_nfe)) / 7 <= READS_PER_BLOCK
+
+
+def _reads_between_forwards(model, **settings) -> list[int]:
+    """The host reads between each two consecutive forwards of one call (one block, so a step's reads only)."""
+    prompt = torch.randint(0, MASK, (2, 5), generator=torch.Generator().manual_seed(1))
+    marks: list[int] = []
+    with count_host_syncs() as syncs:
+        handle = model.register_forward_pre_hook(lambda module, args: marks.append(syncs.total))
+        try:
+            model.generate(prompt, max_new_tokens=24, steps=12, seed=0, **settings)
+        finally:
+            handle.remove()
+    assert len(marks) == 12
+    return [b - a for a, b in zip(marks, marks[1:])]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "settings, per_step",
+    [
+        (dict(transfer="threshold", threshold=1.0), 1),
+        (dict(transfer="threshold", threshold=1.0, kv_cache="dual"), 1),
+        (dict(transfer="entropy_bound", entropy_bound=1e-3), 1),
+        (dict(transfer="deterministic", strategy="confidence"), 0),
+        (dict(transfer="stochastic", strategy="confidence"), 0),
+    ],
+)
+def test_host_reads_of_each_step(model, settings, per_step, temperature):
+    """Counted step by step, between one forward and the next: the threshold step reads one value (whether the
+    block is done, and how many positions the next step asks logits at), at temperature 0 and 1 (the draws read
+    nothing), and so does the entropy bound; a fixed rule's step reads none."""
+    assert _reads_between_forwards(model, temperature=temperature, **settings) == [per_step] * 11
