@@ -5,7 +5,7 @@ Setting: a 2-gram language of 4 tokens at L = 6 (every one of its 4^6 sequences 
 it; rollouts drawn by the paper's sampler (stochastic transfer, random order, linear schedule, temperature 1) at
 N = 2 and N = L. For each rollout y:
 
-- log pi_N(y): its exact log-likelihood under that sampler (`hf_mdm.sampler_likelihood.exact_sampler_log_probs`:
+- log pi_N(y): its exact log-likelihood under that sampler (`hf_mdm.likelihood_law.exact_sampler_log_probs`:
   every ordered grouping of the positions enumerated);
 - each estimator's expectation, by enumerating its masks (`hf_mdm.rl.estimators.exact_expectation`), and the
   spread of one estimate (``--draws`` independent draws);
@@ -33,8 +33,8 @@ from bench_measure import print_and_write  # noqa: E402
 
 from hf_mdm.experiments.common import sample_mdm, trained_model  # noqa: E402
 from hf_mdm.languages import NGramLanguage  # noqa: E402
+from hf_mdm.likelihood_law import RevealLaw, exact_sampler_log_probs  # noqa: E402
 from hf_mdm.rl import build_estimator, exact_expectation  # noqa: E402
-from hf_mdm.sampler_likelihood import RevealLaw, exact_sampler_log_probs  # noqa: E402
 
 VOCAB, LENGTH = 4, 6
 TRAINING = {"size": "tiny", "num_train": 20000, "num_validation": 1000, "batch_size": 128, "max_steps": 400,

@@ -40,15 +40,15 @@ from tqdm.auto import tqdm
 
 from hf_mdm.fileio import write_atomic
 from hf_mdm.languages import ChainLanguage, HMMLanguage, NGramLanguage, OracleDenoiser
-from hf_mdm.metrics import TokenErrorRate
-from hf_mdm.metrics.common import mean_interval, wilson_interval
-from hf_mdm.sampler_likelihood import (
+from hf_mdm.likelihood_law import (
     RevealLaw,
     estimate_sampler_log_probs,
     exact_sampler_log_probs,
     prior_sampling_log_probs,
 )
-from hf_mdm.sampler_smc import ESTIMATE_VARIANCE_LIMIT, MAX_PARTICLES, variance_limit
+from hf_mdm.likelihood_smc import ESTIMATE_VARIANCE_LIMIT, MAX_PARTICLES, variance_limit
+from hf_mdm.metrics import TokenErrorRate
+from hf_mdm.metrics.common import mean_interval, wilson_interval
 
 CHAIN_LENGTHS, QUICK_LENGTHS, CHAIN_STEPS = (16, 64, 256), (16, 64), (2, 4, 8, 16, 64)
 #: Chain cells from this length on (the slow ones) take ``--long-groups`` groups instead of ``--groups``.
@@ -248,7 +248,7 @@ def report(rows: list[dict], args) -> str:
         f"groups whose interval holds 0. With {args.per_group} sequences a group that interval's own nominal "
         f"coverage is {level:.3f} (Student t with {args.per_group - 1} degrees of freedom), not 0.95. 'variance': a "
         "group's mean per-sequence variance of the runs' log Z (nats^2), what `ESTIMATE_VARIANCE_LIMIT` in "
-        f"hf_mdm/sampler_smc.py compares ({ESTIMATE_VARIANCE_LIMIT}); above its twist's limit a group is "
+        f"hf_mdm/likelihood_smc.py compares ({ESTIMATE_VARIANCE_LIMIT}); above its twist's limit a group is "
         "labelled an upper bound. The pseudo-likelihood twist (a trained model's) is run up to "
         f"L = {args.max_pseudo_length}. Sequences and runs are seeded per cell; one estimator call per cell and "
         "method, so the groups of a cell share the particles and twist power its pilot chose. Each chain cell is "

@@ -4,35 +4,40 @@ One implementation serves ``model.generate`` (through `MaskedDiffusionGeneration
 `diffusion_generate(model, input_ids, ...)`, which works with any model whose output has ``.logits`` (hf_mdm's own
 models, LLaDA and Dream loaded natively or with ``trust_remote_code``, the exact-posterior ``OracleDenoiser``).
 
-`diffusion_generate` reads as its steps, each path a step of its own: resolve the config; uniform corruption
-(DiffusionGemma) runs its own sampler; else the canvas is built; rows run alone or in batched groups where the call
-asks for it; else the batch as given runs the sampler's pieces through the reverse process, then padding and the
-output. The pieces live in flat sibling modules, one concept each (``save_pretrained`` exports them with the model
-as remote code, so they import only torch, transformers and each other):
+`diffusion_generate` reads as its steps, each a call into a piece: resolve the config; check the inputs in one gate;
+uniform corruption (DiffusionGemma) runs its own sampler; else the canvas is built; rows run alone or in batched groups
+where the call asks for it; else the batch as given runs the sampler's pieces through the loop of its mode
+(`generation_mode` -> `LOOPS`), then padding and the output. The pieces live in flat sibling modules, one concept
+each (``save_pretrained`` exports them with the model as remote code, so they import only torch, transformers and
+each other), by stage:
 
-- `hf_mdm.generation_config`: `MaskedDiffusionGenerationConfig` (fields, validation), the output dataclass;
-- `hf_mdm.generation_canvas`: the canvas (prompt, masks, padding, whole blocks), the loop over its blocks, the
-  padding at the end;
-- `hf_mdm.generation_rows`: rows generated alone or in batched groups (``batch_invariant``, one seed per row);
-- `hf_mdm.generation_transfer`: how many positions a step reveals (time grid, steps per block, counts);
-- `hf_mdm.generation_strategy`: which positions (proposals, scores, choice);
-- `hf_mdm.generation_denoiser`: the one model call (``logits_to_keep``, guidance, logits shift, NFE);
-- `hf_mdm.generation_static`: static shapes for a compiled model call (fixed LM-head rows, fixed-width spans);
-- `hf_mdm.generation_sampler`: the sampler's pieces, the denoising steps of a block and the tokens they write;
-- `hf_mdm.generation_speculative`: exact speculative decoding of the left-to-right factorisation;
-- `hf_mdm.generation_remask`: the remasking samplers (ReMDM), steps of a block that may take tokens back;
-- `hf_mdm.generation_stopping`: EOS, stopping criteria, padding after EOS, streaming, the trace of a call;
-- `hf_mdm.generation_reference`: LLaDA's and Dream's reference samplers, token for token;
-- `hf_mdm.generation_uniform`: uniform-corruption models (transformers' DiffusionGemma), token for token;
-- `hf_mdm.timer`: the device-synchronised timer behind ``elapsed_s``.
+1. The settings: `hf_mdm.generation_config` (`MaskedDiffusionGenerationConfig`, its validation, the output),
+   `hf_mdm.generation_values` (what a number is to the validators), `hf_mdm.generation_presets` (the published
+   samplers as presets), `hf_mdm.generation_resolve` (which level sets each field of a call).
+2. The inputs, the canvas and its rows: `hf_mdm.generation_canvas` (the one gate of the inputs, the canvas, the loop
+   over its blocks, the padding at the end), `hf_mdm.generation_rows` (rows alone or in batched groups:
+   ``batch_invariant``, one seed per row), `hf_mdm.generation_random` (the draws: one stream, or one per row).
+3. The model call: `hf_mdm.generation_denoiser` (``logits_to_keep``, guidance, logits shift, cache, NFE),
+   `hf_mdm.generation_static` (static shapes for a compiled call).
+4. A step: `hf_mdm.generation_processors` (transformers' generation fields: processors and warpers),
+   `hf_mdm.generation_ngram` (``no_repeat_ngram_size`` in any order), `hf_mdm.generation_strategy` (which positions:
+   proposals, scores, choice), `hf_mdm.generation_transfer` (how many: time grid, steps per block, counts).
+5. The loops: `hf_mdm.generation_sampler` (the sampler's pieces, the modes of a block's steps and the tokens they
+   write), `hf_mdm.generation_editing` (LLaDA2.1's token editing), `hf_mdm.generation_remask` (ReMDM's remasking
+   steps), `hf_mdm.generation_speculative` (exact speculative decoding over the canvas).
+6. The end: `hf_mdm.generation_stopping` (EOS, stopping criteria, padding after EOS, streaming, the trace of a
+   call), `hf_mdm.timer` (the device-synchronised timer behind ``elapsed_s``).
+7. Other samplers, token for token: `hf_mdm.generation_reference` (LLaDA's and Dream's), `hf_mdm.generation_uniform`
+   (uniform-corruption models: transformers' DiffusionGemma).
 
 Every public name of those modules that users import from here is re-exported.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import torch
 from transformers import GenerationConfig
@@ -46,7 +51,6 @@ from .generation_canvas import (
     fill_last_blocks,
     finish_canvas,
     new_tokens,
-    position_limit,
     prepare_canvas,
     sample_blocks,
     whole_block_length,
@@ -61,8 +65,6 @@ from .generation_reference import (
     LLADA_REMASKINGS,
     REFERENCES,
     ReferenceRun,
-    reject_inert_reference_args,
-    reject_reference_inputs,
     run_reference,
 )
 from .generation_remask import REMDM_VARIANTS, Remasking
@@ -171,27 +173,27 @@ def diffusion_generate(
     """
     # 1. the config: each field from the highest level that sets it (call, generation config, model, defaults)
     config = resolve_config(model, generation_config, kwargs)
-    reject_inert_reference_args(config, kwargs)
-    # 2. uniform corruption (random tokens for noise, DiffusionGemma): its own sampler (hf_mdm.generation_uniform)
-    if uses_uniform_corruption(model, config, seed):
+    # 2. the inputs, checked in one gate before anything is built (hf_mdm.generation_canvas.check_inputs)
+    uniform = uses_uniform_corruption(model, config, seed)
+    check_inputs(model, config, kwargs, input_ids, attention_mask, logits_processor, stopping_criteria, uniform)
+    # 3. uniform corruption (random tokens for noise, DiffusionGemma): its own sampler (hf_mdm.generation_uniform)
+    if uniform:
         return _uniform_corruption(
             model, input_ids, attention_mask, config, generator, seed, logits_processor, stopping_criteria, streamer
         )
-    # 3. the canvas: the prompt, then max_new_tokens [MASK] tokens; padding never attended to nor generated
+    # 4. the canvas: the prompt, then max_new_tokens [MASK] tokens; padding never attended to nor generated
     mask_id, length = int(config.mask_token_id), new_tokens(config, input_ids)
-    canvas = prepare_canvas(input_ids, attention_mask, length, mask_id, position_limit(model))
-    check_inputs(model, config, canvas, input_ids)
-    reject_reference_inputs(config, logits_processor, stopping_criteria)
-    # 4. rows alone or in batched groups without padding (batch_invariant, one seed per row): a call for each group
+    canvas = prepare_canvas(input_ids, attention_mask, length, mask_id)
+    # 5. rows alone or in batched groups without padding (batch_invariant, one seed per row): a call for each group
     layout, groups = rows_of_call(model, config, seed, generator, input_ids, attention_mask)
     if groups is not None:
         again = functools.partial(diffusion_generate, model, logits_processor=logits_processor)
         return generate_rows(again, layout, groups, config, length, seed, stopping_criteria, streamer)
     generator = call_generator(generator, seed, input_ids.device)  # the batch as given: one stream of draws
-    # 5. whole blocks: each row runs to the end of its last attention block (the block tail, cut at the end)
+    # 6. whole blocks: each row runs to the end of its last attention block (the block tail, cut at the end)
     if config.whole_blocks:
         canvas = fill_last_blocks(canvas, whole_block_length(model, config), mask_id)
-    # 6. the batch as given: the sampler's pieces (with hide_block_tail the tail hidden from attention), the reverse
+    # 7. the batch as given: the sampler's pieces (with hide_block_tail the tail hidden from attention), the reverse
     # process, padding, the output
     sampler = _build_sampler(model, config, canvas, input_ids.shape[1], logits_processor, generator)
     return _run_batch(config, sampler, canvas, streamer, stopping_criteria, input_ids.shape[1])
@@ -200,7 +202,7 @@ def diffusion_generate(
 def _uniform_corruption(
     model, input_ids, attention_mask, config, generator, seed, logits_processor, stopping_criteria, streamer
 ):
-    """2. The uniform-corruption sampler on the batch; with ``batch_invariant`` every row alone (the rows of a batch
+    """3. The uniform-corruption sampler on the batch; with ``batch_invariant`` every row alone (the rows of a batch
     share the canvas draws), its padding dropped."""
     layout, groups = rows_of_call(model, config, seed, generator, input_ids, attention_mask)
     if config.batch_invariant and groups:  # (no groups without the mode: one seed per row is refused here)
@@ -214,7 +216,7 @@ def _uniform_corruption(
 
 
 def _build_sampler(model: Any, config: Any, canvas: Canvas, prompt_len: int, logits_processor, generator) -> Sampler:
-    """6. The sampler of the call: the model call (guidance, cache, logits shift, compiled forward; with
+    """7. The sampler of the call: the model call (guidance, cache, logits shift, compiled forward; with
     ``hide_block_tail`` the block tail hidden from attention), the proposals (processors from the config's fields
     before the user's, then warpers), the strategy, the transfer rule, the schedule and the records."""
     mask_id = int(config.mask_token_id)
@@ -255,7 +257,7 @@ def _build_sampler(model: Any, config: Any, canvas: Canvas, prompt_len: int, log
 
 
 def _run_batch(config, sampler: Sampler, canvas: Canvas, streamer, stopping_criteria, prompt_len: int):
-    """6. The reverse process on the batch as given, timed; then the padding, the stream's end and the output."""
+    """7. The reverse process on the batch as given, timed; then the padding, the stream's end and the output."""
     remasking = Remasking.from_config(config, streamer)  # None without remdm
     stopping = with_max_time(stopping_criteria, config.max_time)
     eos_ids = eos_tensor(config, canvas.x.device)
@@ -277,15 +279,62 @@ def _run_batch(config, sampler: Sampler, canvas: Canvas, streamer, stopping_crit
 
 
 def _reverse_process(config, sampler: Sampler, remasking, canvas: Canvas, trace: Trace, eos_ids, stopping, prompt_len):
-    """The reverse process on ``canvas``, in place; returns the (B,) rows that finished early: a reference sampler,
-    a transfer's own loop over the canvas (speculative decoding), or the block loop (with ReMDM's block steps)."""
+    """The reverse process on ``canvas``, in place, by the loop of the call's mode (`generation_mode`, `LOOPS`);
+    returns the (B,) rows that finished early."""
+    run = LoopRun(config, sampler, remasking, canvas, trace, eos_ids, stopping, prompt_len)
+    return LOOPS[generation_mode(config, sampler)](run)
+
+
+@dataclasses.dataclass
+class LoopRun:
+    """What a loop of `LOOPS` runs on: the call's config, sampler, remasking (ReMDM or None), canvas and trace, its
+    EOS ids and stopping criteria, the prompt's length."""
+
+    config: MaskedDiffusionGenerationConfig
+    sampler: Sampler
+    remasking: Any
+    canvas: Canvas
+    trace: Trace
+    eos_ids: Optional[torch.Tensor]
+    stopping: Any
+    prompt_len: int
+
+
+def generation_mode(config: MaskedDiffusionGenerationConfig, sampler: Sampler) -> str:
+    """The mode of a call: ``"reference"`` (LLaDA's or Dream's sampler, token for token), ``"canvas"`` (a transfer
+    with its own loop over the canvas: speculative decoding), else ``"blocks"`` (the block loop; in a block, the
+    steps of `hf_mdm.generation_sampler.block_mode`, a transfer's own or ReMDM's)."""
     if config.reference is not None:
-        run_reference(ReferenceRun(config, sampler.denoiser, canvas, prompt_len, sampler.generator, trace))
-        return torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
-    if sampler.transfer.canvas_loop is not None:
-        return sampler.transfer.canvas_loop(sampler, canvas, trace, config.block_length, eos_ids, stopping)
-    finishing_eos = eos_ids if config.finish_at_eos else None
-    return sample_blocks(sampler, canvas, trace, config.steps, config.block_length, finishing_eos, stopping, remasking)
+        return "reference"
+    return "canvas" if sampler.transfer.canvas_loop is not None else "blocks"
+
+
+def _reference_loop(run: LoopRun) -> torch.Tensor:
+    canvas, sampler = run.canvas, run.sampler
+    run_reference(ReferenceRun(run.config, sampler.denoiser, canvas, run.prompt_len, sampler.generator, run.trace))
+    return torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
+
+
+def _canvas_loop(run: LoopRun) -> torch.Tensor:
+    loop = run.sampler.transfer.canvas_loop
+    return loop(run.sampler, run.canvas, run.trace, run.config.block_length, run.eos_ids, run.stopping)
+
+
+def _block_loop(run: LoopRun) -> torch.Tensor:
+    config = run.config
+    finishing_eos = run.eos_ids if config.finish_at_eos else None
+    return sample_blocks(
+        run.sampler, run.canvas, run.trace, config.steps, config.block_length, finishing_eos, run.stopping,
+        run.remasking,
+    )  # fmt: skip
+
+
+#: The loop of each mode (`generation_mode`), as transformers maps its generation modes to their decoding loops.
+LOOPS: dict[str, Callable[[LoopRun], torch.Tensor]] = {
+    "reference": _reference_loop,
+    "canvas": _canvas_loop,
+    "blocks": _block_loop,
+}
 
 
 def _pad_id(config: MaskedDiffusionGenerationConfig, eos_ids: Optional[torch.Tensor], mask_id: int) -> int:

@@ -1,10 +1,14 @@
-"""The canvas of a call, from the prompt to the output, and the loop over its blocks.
+"""The canvas of a call, from its inputs to the output, and the loop over its blocks.
 
+0. `check_inputs`: the one gate of a call's inputs, before anything is built or run; each mistake is a ValueError
+   that says what to change: the prompt (2-D integer ids: `check_prompt`), its attention mask (same shape, no
+   all-zero row: `check_attention_mask`), something to generate (`check_something_to_generate`), the canvas within
+   the model's positions (`position_limit`, `new_tokens`), the ids against the vocabulary (`check_token_ids`), and the
+   reference samplers' settings (`hf_mdm.generation_reference`). A uniform-corruption model (DiffusionGemma) has no
+   [MASK]: only the reference settings are checked, its own sampler takes its inputs as transformers does;
 1. `prepare_canvas`: the prompt followed by ``max_new_tokens`` [MASK] tokens (`new_tokens`: else what ``max_length``
    leaves after the prompt). Masks already inside the prompt are generated too (infilling); padding (2-D
-   ``attention_mask``, left or right) is never attended to nor generated. The inputs are checked against the model
-   before anything runs: the canvas' length against its positions (`position_limit`), the token ids against its
-   vocabulary (`check_inputs`, `check_token_ids`);
+   ``attention_mask``, left or right) is never attended to nor generated;
 2. ``whole_blocks`` grows each row to the end of its last attention block (`fill_last_blocks`, `whole_block_length`):
    the columns past the output's ``width`` are the block tail (``hide_block_tail`` hides it from attention:
    `hf_mdm.generation_denoiser`);
@@ -30,16 +34,17 @@ import torch
 
 from .families import attention_block_size
 from .generation_denoiser import Rows
-from .generation_sampler import BlockDenoiser, Sampler, denoise_block
+from .generation_reference import reject_inert_reference_args, reject_reference_inputs
+from .generation_sampler import BlockDenoiser, Sampler, block_loop
 from .generation_stopping import Trace, finalize_eos, finished_rows, missing_positions
 
 __all__ = [
-    "Canvas",
-    "prepare_canvas",
-    "new_tokens",
-    "position_limit",
     "check_inputs",
     "check_token_ids",
+    "new_tokens",
+    "position_limit",
+    "Canvas",
+    "prepare_canvas",
     "fill_last_blocks",
     "whole_block_length",
     "Block",
@@ -85,6 +90,50 @@ class Canvas:
         return Canvas(self.x[:, : self.width], attn, self.gen_mask0[:, : self.width], self.width)
 
 
+def check_inputs(
+    model: Any,
+    config: Any,
+    call_kwargs: dict[str, Any],
+    input_ids: Any,
+    attention_mask: Optional[torch.Tensor],
+    logits_processor: Any,
+    stopping_criteria: Any,
+    uniform: bool,
+) -> None:
+    """Every check of a call's inputs (the module docstring), in one place; ``call_kwargs`` the settings the call
+    named, ``uniform`` whether the model's noise is uniform random tokens."""
+    reject_inert_reference_args(config, call_kwargs)
+    if uniform:
+        return
+    check_prompt(input_ids)
+    bsz, prompt_len = input_ids.shape
+    length, positions = new_tokens(config, input_ids), position_limit(model)
+    if length < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {length}")
+    if positions is not None and prompt_len + length > positions:
+        raise ValueError(
+            f"prompt ({prompt_len}) + max_new_tokens ({length}) = {prompt_len + length} "
+            f"exceeds the model's max_position_embeddings={positions}: shorten one of them"
+        )
+    if attention_mask is not None:
+        check_attention_mask(attention_mask, bsz, prompt_len)
+    check_something_to_generate(config, input_ids, attention_mask)
+    check_token_ids(model, config.mask_token_id, input_ids, config.eos_token_id)
+    reject_reference_inputs(config, logits_processor, stopping_criteria)
+
+
+def check_prompt(input_ids: Any) -> None:
+    """ValueErrors for a prompt that is not a 2-D tensor of integer token ids."""
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+        raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got {shape}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(
+            f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}: pass the "
+            "tokenizer's ids or input_ids.long()"
+        )
+
+
 def new_tokens(config: Any, input_ids: torch.Tensor) -> int:
     """Masks appended: ``max_new_tokens``, else what ``max_length`` leaves after the prompt, else 0."""
     if config.max_new_tokens is not None:
@@ -101,50 +150,14 @@ def position_limit(model: Any) -> Optional[int]:
     return getattr(model_config, "max_position_embeddings", None) or getattr(model_config, "max_sequence_length", None)
 
 
-def prepare_canvas(
-    input_ids, attention_mask, max_new_tokens: int, mask_id: int, max_positions: Optional[int] = None
-) -> Canvas:
-    """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded).
-    Prompt ids of any integer dtype are taken as ``torch.long`` (the canvas' dtype). ValueErrors, before anything is
-    allocated, for ids that are not integers, a canvas longer than ``max_positions`` (the model's positions) and a
-    row whose attention mask is all zeros."""
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
-        raise ValueError(f"input_ids must be a 2-D LongTensor (batch, prompt_length), got {shape}")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(
-            f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}: pass the "
-            "tokenizer's ids or input_ids.long()"
-        )
-    input_ids = input_ids.long()  # int32 / int16 / uint8 ids: the same tokens
-    bsz, prompt_len = input_ids.shape
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if max_positions is not None and prompt_len + max_new_tokens > max_positions:
-        raise ValueError(
-            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) = {prompt_len + max_new_tokens} "
-            f"exceeds the model's max_position_embeddings={max_positions}: shorten one of them"
-        )
-    if attention_mask is not None:
-        attention_mask = _checked_attention_mask(attention_mask, bsz, prompt_len, input_ids.device)
-    x = torch.cat([input_ids, input_ids.new_full((bsz, max_new_tokens), mask_id)], dim=1)
-    attn = None
-    if attention_mask is not None and not bool(attention_mask.all()):
-        attn = torch.cat([attention_mask, attention_mask.new_ones((bsz, max_new_tokens))], dim=1)
-    gen_mask = x == mask_id
-    if attn is not None:
-        gen_mask &= attn
-    return Canvas(x, attn, gen_mask, x.shape[1])
-
-
-def _checked_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: int, device: Any) -> torch.Tensor:
-    """The prompt's attention mask as booleans on ``device``; ValueErrors for another shape or an all-zero row."""
+def check_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: int) -> None:
+    """ValueErrors for an attention mask of another shape than the prompt's, or with an all-zero row."""
     if tuple(attention_mask.shape) != (bsz, prompt_len):
         raise ValueError(
             f"attention_mask must be 2-D (batch, prompt_length) = {(bsz, prompt_len)} like input_ids, "
             f"got {tuple(attention_mask.shape)}"
         )
-    attention_mask = attention_mask.to(device).bool()
+    attention_mask = attention_mask.bool()
     empty = (~attention_mask.any(1)).nonzero().flatten() if prompt_len else attention_mask.new_zeros(0)
     if empty.numel():
         raise ValueError(
@@ -152,20 +165,20 @@ def _checked_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: 
             "(1 = token, 0 = padding); drop those rows, or pass an empty prompt (prompt_length 0) to sample "
             "unconditionally"
         )
-    return attention_mask
 
 
-def check_inputs(model: Any, config: Any, canvas: Canvas, input_ids: torch.Tensor) -> None:
-    """ValueErrors for nothing to generate and token ids outside the model's vocabulary (`prepare_canvas` checked the
-    canvas' length and the attention mask)."""
-    if config.max_new_tokens is None and not bool(canvas.gen_mask0.any()):
+def check_something_to_generate(config: Any, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> None:
+    """A ValueError when no length is set and the prompt holds no [MASK] (outside its padding) to infill."""
+    infill = input_ids == config.mask_token_id
+    if attention_mask is not None:
+        infill &= attention_mask.to(input_ids.device).bool()
+    if config.max_new_tokens is None and new_tokens(config, input_ids) == 0 and not bool(infill.any()):
         raise ValueError(
             f"nothing to generate: input_ids hold no [MASK] (id {config.mask_token_id}) and no length is set "
             f"(max_new_tokens is unset in the call, the generation config and the model's generation config"
             + (f"; max_length={config.max_length} leaves no room after the prompt" if config.max_length else "")
             + "): pass max_new_tokens=..., or set model.generation_config.max_new_tokens"
         )
-    check_token_ids(model, config.mask_token_id, input_ids, config.eos_token_id)
 
 
 def check_token_ids(
@@ -174,7 +187,7 @@ def check_token_ids(
     """ValueErrors for a [MASK] id, EOS ids or prompt ids outside the model's vocabulary (which would otherwise fail
     inside the embedding, or never match a generated token); nothing when the model does not say its vocabulary
     size."""
-    vocab_size = _vocab_size(model)
+    vocab_size = vocab_size_of(model)
     if vocab_size is None:
         return
     if not 0 <= mask_token_id < vocab_size:
@@ -196,11 +209,31 @@ def check_token_ids(
         )
 
 
-def _vocab_size(model: Any) -> Optional[int]:
+def vocab_size_of(model: Any) -> Optional[int]:
     """Rows of the input embedding (else ``config.vocab_size``), or None when the model says neither."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None)
     return int(rows) if rows is not None else getattr(getattr(model, "config", None), "vocab_size", None)
+
+
+def prepare_canvas(
+    input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], max_new_tokens: int, mask_id: int
+) -> Canvas:
+    """The prompt followed by ``max_new_tokens`` masks; the attention mask extended (None when nothing is padded).
+    Prompt ids of any integer dtype are taken as ``torch.long`` (the canvas' dtype). The inputs were checked by
+    `check_inputs`."""
+    input_ids = input_ids.long()  # int32 / int16 / uint8 ids: the same tokens
+    bsz = input_ids.shape[0]
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(input_ids.device).bool()
+    x = torch.cat([input_ids, input_ids.new_full((bsz, max_new_tokens), mask_id)], dim=1)
+    attn = None
+    if attention_mask is not None and not bool(attention_mask.all()):
+        attn = torch.cat([attention_mask, attention_mask.new_ones((bsz, max_new_tokens))], dim=1)
+    gen_mask = x == mask_id
+    if attn is not None:
+        gen_mask &= attn
+    return Canvas(x, attn, gen_mask, x.shape[1])
 
 
 def whole_block_length(model: Any, config: Any) -> int:
@@ -293,7 +326,7 @@ def sample_blocks(
     blocks = plan_blocks(canvas, block_length, sampler.denoiser.block_causal)
     masked = torch.stack([block.region.sum(1).max() for block in blocks]).tolist() if blocks else []
     steps_per_block = sampler.transfer.block_steps(steps, masked)
-    denoise = denoise or sampler.transfer.block_denoiser or denoise_block
+    denoise = denoise or block_loop(sampler)
     finished = torch.zeros(canvas.x.shape[0], dtype=torch.bool, device=canvas.x.device)
     for block, num_steps in zip(blocks, steps_per_block):
         if num_steps == 0:

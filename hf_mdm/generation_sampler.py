@@ -89,29 +89,44 @@ BlockDenoiser = Callable[[Sampler, Rows, torch.Tensor, int, Callable[[], None]],
 def denoise_block(
     sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
 ) -> None:
-    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``. A step asks
-    the model for logits at each row's still-masked positions, as many as the most any row still has, a number the
-    host knows (`still_masked_positions`): a fixed rule's counts are decided at the block's start, so every step's
-    number is too and no step reads anything back from the device (`_denoise_block_by_table`); an adaptive rule's
-    come from each step's proposals, so a step reads one value, the most positions a row still has masked (the
-    block is done at 0) (`_denoise_block_adaptively`). A transfer with neither (a `count_rule` of its own) runs step by step, each step
-    reading the columns still masked. With ``eos_early_stop``, a row that stops leaves the block's region, and a
-    fixed rule's step reads whether any row still runs."""
+    """Denoise the masked positions of ``region`` (B, L) in ``num_steps`` steps, in place on ``rows.x``, with the loop
+    of the sampler's mode (`block_mode`, `BLOCK_LOOPS`). A step asks the model for logits at each row's still-masked
+    positions, as many as the most any row still has, a number the host knows (`still_masked_positions`): a fixed
+    rule's counts are decided at the block's start, so every step's number is too and no step reads anything back
+    from the device (`_denoise_block_by_table`); an adaptive rule's come from each step's proposals, so a step reads
+    one value, the most positions a row still has masked (the block is done at 0) (`_denoise_block_adaptively`). A
+    transfer with neither (a `count_rule` of its own) runs step by step, each step reading the columns still masked.
+    With ``eos_early_stop``, a row that stops leaves the block's region, and a fixed rule's step reads whether any
+    row still runs."""
+    BLOCK_LOOPS[block_mode(sampler)](sampler, rows, region, num_steps, on_step)
+
+
+def block_mode(sampler: Sampler) -> str:
+    """The mode of a block's steps: ``"independent"`` (the paper's sampler: stochastic counts of random positions,
+    each position's step drawn up front), ``"adaptive"`` (an adaptive transfer: the counts come from each step's
+    proposals), else ``"counted"`` (a fixed rule: its counts decided at the block's start, or step by step)."""
     if sampler.transfer.name == "stochastic" and sampler.strategy.name == "random":
-        return _denoise_block_independently(sampler, rows, region, num_steps, on_step)
-    mask_id = sampler.mask_id
-    m0 = ((rows.x == mask_id) & region).sum(1)
+        return "independent"
+    return "adaptive" if sampler.transfer.adaptive else "counted"
+
+
+def block_loop(sampler: Sampler) -> BlockDenoiser:
+    """The loop of a block: a transfer's own (``block_denoiser``: LLaDA2.1's editing), else `denoise_block`."""
+    return sampler.transfer.block_denoiser or denoise_block
+
+
+def _denoise_block_counted(
+    sampler: Sampler, rows: Rows, region: torch.Tensor, num_steps: int, on_step: Callable[[], None]
+) -> None:
+    """A fixed rule's steps: by its table of counts where it has one (`_denoise_block_by_table`), else step by step."""
+    m0 = ((rows.x == sampler.mask_id) & region).sum(1)
     region = region.clone()  # rows that stop inside the block (eos_early_stop) leave it
-    if not sampler.transfer.adaptive:
-        table = sampler.transfer.count_table(sampler.schedule, num_steps, m0, sampler.generator)
-        if table is not None:
-            return _denoise_block_by_table(sampler, rows, region, table, on_step)
-    # also where an adaptive rule sets up its block (LLaDA2's shares)
+    table = sampler.transfer.count_table(sampler.schedule, num_steps, m0, sampler.generator)
+    if table is not None:
+        return _denoise_block_by_table(sampler, rows, region, table, on_step)
     counts_at = sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)
-    if sampler.transfer.adaptive:
-        return _denoise_block_adaptively(sampler, rows, region, num_steps, on_step)
     for i in range(num_steps):
-        block_mask = (rows.x == mask_id) & region
+        block_mask = (rows.x == sampler.mask_id) & region
         keep = block_mask.any(0).nonzero().flatten()
         if keep.numel() == 0:
             break
@@ -165,6 +180,9 @@ def _denoise_block_adaptively(
     """The steps of a block under an adaptive rule: the block's columns read once at its start, then one read per
     step, after it: the most positions a row still has to reveal (the block is done at 0), which is also how many
     positions a row the next step asks logits at."""
+    region = region.clone()  # rows that stop inside the block (eos_early_stop) leave it
+    m0 = ((rows.x == sampler.mask_id) & region).sum(1)
+    sampler.transfer.count_rule(sampler.schedule, num_steps, m0, sampler.generator)  # sets up the block (LLaDA2)
     block_mask = (rows.x == sampler.mask_id) & region
     keep = block_mask.any(0).nonzero().flatten()
     if keep.numel() == 0:
@@ -195,6 +213,14 @@ def _denoise_block_independently(sampler: Sampler, rows: Rows, region, num_steps
         if most:
             reveal_where(sampler, rows, step_of == i, table[:, i + 1], most)
             on_step()
+
+
+#: The loop of each block mode (`block_mode`).
+BLOCK_LOOPS: dict[str, BlockDenoiser] = {
+    "independent": _denoise_block_independently,
+    "counted": _denoise_block_counted,
+    "adaptive": _denoise_block_adaptively,
+}
 
 
 def _step(

@@ -13,7 +13,7 @@ from typing import Optional
 
 from .experiments.learning import learning_sentences
 from .experiments.samplers import LEFT_TO_RIGHT
-from .sampler_smc import ESTIMATE_VARIANCE_LIMIT
+from .likelihood_smc import ESTIMATE_VARIANCE_LIMIT
 
 #: Which side of another an interval lies on: entirely below, entirely above, or overlapping.
 BELOW, ABOVE, OVERLAP = "below", "above", "overlap"

@@ -10,7 +10,7 @@ from tiny_mdm import tiny_mdm
 
 from hf_mdm.languages import HMMLanguage, OracleDenoiser
 from hf_mdm.likelihood import left_to_right_log_probs
-from hf_mdm.sampler_likelihood import RevealLaw, exact_sampler_log_probs
+from hf_mdm.likelihood_law import RevealLaw, exact_sampler_log_probs
 
 
 def test_the_oracle_decoded_left_to_right_has_the_language_likelihood():

@@ -1,6 +1,6 @@
 """GRPO for masked diffusion LMs (`hf_mdm.rl`): the log-likelihood estimators against exact values by enumeration
 (each averages to its own enumerated expectation; the ELBO's is the any-order expectation over every order and
-lies below the exact log-likelihood under one-token-a-step decoding, `hf_mdm.sampler_likelihood`); a GRPO step's
+lies below the exact log-likelihood under one-token-a-step decoding, `hf_mdm.likelihood_law`); a GRPO step's
 loss and gradient against a hand computation on a group of 2; the same masks for a rollout in any batch; LoRA leaves
 the base unchanged; a killed run resumes to the same step count; the rewards; bad settings as one-line errors."""
 
@@ -18,11 +18,11 @@ pytest.importorskip("trl")
 from hf_mdm import MDMForMaskedDiffusion  # noqa: E402
 from hf_mdm.generation_config import MaskedDiffusionGenerationConfig  # noqa: E402
 from hf_mdm.languages import NGramLanguage  # noqa: E402
+from hf_mdm.likelihood_law import RevealLaw, exact_sampler_log_probs  # noqa: E402
 from hf_mdm.rl import build_estimator, exact_expectation, gsm8k_correct, language_membership  # noqa: E402
 from hf_mdm.rl.estimators import estimator_options, masked_token_log_probs  # noqa: E402
 from hf_mdm.rl.language_task import language_prompts, language_tokenizer  # noqa: E402
 from hf_mdm.rl.trainer import DiffusionGRPOConfig, grpo_trainer  # noqa: E402
-from hf_mdm.sampler_likelihood import RevealLaw, exact_sampler_log_probs  # noqa: E402
 from hf_mdm.training import mdm_config_for  # noqa: E402
 
 V, L = 3, 4
@@ -80,7 +80,7 @@ def test_the_elbo_is_the_any_order_expectation_and_bounds_the_decoding_law(model
 
 
 @pytest.mark.parametrize("steps", [1, 2, 4])
-def test_the_decoding_law_estimate_bounds_the_exact_sampler_likelihood(model, steps):
+def test_the_decoding_law_estimate_bounds_the_exact_likelihood_law(model, steps):
     """The ``decoding`` estimator's expectation is at most log pi_N(x), the exact log-likelihood under the paper's
     sampler at N steps (equal at N = 1, where there is one grouping)."""
     law = RevealLaw(steps=steps)

@@ -12,8 +12,7 @@ import torch
 
 from hf_mdm.generation import diffusion_generate
 from hf_mdm.languages import ChainLanguage, NGramLanguage, OracleDenoiser
-from hf_mdm.metrics import METRICS_DIR, GenerativePerplexity, TokenErrorRate
-from hf_mdm.sampler_likelihood import (
+from hf_mdm.likelihood_law import (
     RevealLaw,
     estimate_sampler_log_probs,
     exact_sampler_log_probs,
@@ -21,7 +20,8 @@ from hf_mdm.sampler_likelihood import (
     prior_sampling_log_probs,
     sampler_denoiser,
 )
-from hf_mdm.sampler_smc import ESTIMATE_VARIANCE_LIMIT, TWIST_POWERS, smc_log_probs, variance_limit
+from hf_mdm.likelihood_smc import ESTIMATE_VARIANCE_LIMIT, TWIST_POWERS, smc_log_probs, variance_limit
+from hf_mdm.metrics import METRICS_DIR, GenerativePerplexity, TokenErrorRate
 
 
 def small_ngram():

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from ..likelihood_law import token_log_probs
 from ..metrics.common import mean_interval
-from ..sampler_likelihood import token_log_probs
 
 
 def denoiser_kl(model: Any, language: Any, length: int, num: int, seed: int, batch_size: int = 256) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..sampler_likelihood import RevealLaw
+from ..likelihood_law import RevealLaw
 from .common import (
     CellCache,
     experiment_result,

@@ -7,7 +7,7 @@ revealed tokens can be masked again and predicted anew) and exact speculative de
 factorisation, drafted from the marginals of the previous forward and verified in one batched forward). On a
 synthetic language their cost is measured against the language's exact likelihood: SER and generative perplexity
 of their samples (the samples scored by the language; the paper's TER needs the sampler's law, known for the
-paper's sampler only: `hf_mdm.sampler_likelihood`), with
+paper's sampler only: `hf_mdm.likelihood_law`), with
 the exact-posterior oracle (no learning error) and with trained MDMs.
 
 A scale (``evaluation/configs/samplers.yaml``) lists languages, each with its ``metric`` (``ser`` or ``ter``) and

@@ -27,8 +27,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ..languages import ChainLanguage, OracleDenoiser
-from ..sampler_likelihood import RevealLaw, exact_sampler_log_probs
-from ..sampler_smc import MAX_PARTICLES
+from ..likelihood_law import RevealLaw, exact_sampler_log_probs
+from ..likelihood_smc import MAX_PARTICLES
 from .common import (
     CellCache,
     experiment_result,

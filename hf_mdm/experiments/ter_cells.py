@@ -19,13 +19,13 @@ from typing import Any
 import torch
 
 from ..generation_denoiser import model_device
+from ..likelihood_law import RevealLaw, estimate_sampler_log_probs, exact_sampler_log_probs
 from ..metrics import GenerativePerplexity, TokenErrorRate
-from ..sampler_likelihood import RevealLaw, estimate_sampler_log_probs, exact_sampler_log_probs
 
 #: How the paper's TER of a sampler is estimated where it is not exact, in words (printed with every such table).
 TER_ESTIMATOR = (
     "TER(p) = 2^(E_{x~q}[-log2 p(x)/L]) is estimated from n sequences drawn from the language: for each, log p(x) "
-    "comes from 4 independent runs of a twisted particle filter over the sampler's steps (hf_mdm.sampler_smc; the "
+    "comes from 4 independent runs of a twisted particle filter over the sampler's steps (hf_mdm.likelihood_smc; the "
     "twist is the language's exact conditional for the oracle, a pseudo-likelihood for a trained model), corrected "
     "for the bias of the log by half the runs' variance; its 95% interval is over the n sequences and carries the "
     "estimator's own noise. Its calibration is measured in evaluation/ter_calibration.py (coverage of the exact "

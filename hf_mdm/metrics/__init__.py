@@ -3,7 +3,7 @@ perplexity under its own name.
 
 - `TokenErrorRate` (the paper's TER): TER(p) = 2^(E_{x~q}[-log2 p(x) / |x|]), q the language and p the model's law
   over generated sequences: inputs are the language's samples and the model's log p of each
-  (`hf_mdm.sampler_likelihood` computes them for a sampler, exactly for small L).
+  (`hf_mdm.likelihood_law` computes them for a sampler, exactly for small L).
 - `GenerativePerplexity`: 2^(E_{x~p}[-log2 q(x) / |x|]): the model's samples scored by the language.
 - `SequenceErrorRate` (the paper's SER): 1 - p(support of q), the fraction of samples q cannot produce.
 

@@ -11,7 +11,7 @@ returns a (B, C) tensor of per-token terms whose sum over a row is its estimate 
 - ``coupled`` (DiffuCoder's coupled-GRPO, arXiv 2506.20639): a mask time t uniform in ``time_range``, each
   completion token masked with probability t, and the complementary mask; every token is scored exactly once, in
   the copy where it is masked. Two forwards; less variance than one random mask, and no 1/t weight.
-- ``decoding``: the rollouts' own sampler law (`hf_mdm.sampler_likelihood.RevealLaw`: ``steps``, transfer, order,
+- ``decoding``: the rollouts' own sampler law (`hf_mdm.likelihood_law.RevealLaw`: ``steps``, transfer, order,
   schedule and ``block_length``, every one taken from the rollouts' settings, which it refuses by name where they
   shape the law in a way it does not model): the positions grouped into steps as that sampler groups them, each
   token scored given the tokens revealed before its step. ``steps`` forwards; its expectation is a lower bound of
@@ -25,7 +25,7 @@ returns a (B, C) tensor of per-token terms whose sum over a row is its estimate 
 
 `exact_expectation` computes each estimator's expectation by enumerating the masks (small C; each estimator class
 carries its own enumeration, `LogLikelihoodEstimator.expectation`), and
-`hf_mdm.sampler_likelihood.exact_sampler_log_probs` the log-likelihood under a sampler's decoding law, so the
+`hf_mdm.likelihood_law.exact_sampler_log_probs` the log-likelihood under a sampler's decoding law, so the
 bias of each against the decoding law and the spread of its draws can be measured (`evaluation/rl_estimators.py`).
 
 Each row draws its masks from its own generator: GRPO's old, reference and current log-likelihoods of a rollout must
@@ -292,7 +292,7 @@ class DecodingLaw(LogLikelihoodEstimator):
             ) from None
 
     def law(self) -> Any:
-        from ..sampler_likelihood import RevealLaw
+        from ..likelihood_law import RevealLaw
 
         return RevealLaw(self.steps, self.order, self.transfer, self.schedule, self.block_length)
 
@@ -335,7 +335,7 @@ class DecodingLaw(LogLikelihoodEstimator):
     def expectation(self, scores: Scores, length: int) -> float:
         """Every ordered partition of the positions with its chance under the law, each group scored given the
         groups before it."""
-        from ..sampler_likelihood import ordered_partitions
+        from ..likelihood_law import ordered_partitions
 
         if self.generation_length not in (None, length):
             raise ValueError(f"generation_length={self.generation_length}: enumerate sequences of that length")

@@ -1,7 +1,7 @@
 """Token Error Rate (TER), as the paper defines it: the perplexity of the true language's samples under the model.
 
 Loadable with ``evaluate.load("<path>/hf_mdm/metrics/ter")`` as well as ``hf_mdm.metrics.TokenErrorRate``. The
-model's log-likelihoods of the language's samples come from `hf_mdm.sampler_likelihood` (exact for small L,
+model's log-likelihoods of the language's samples come from `hf_mdm.likelihood_law` (exact for small L,
 estimated otherwise). This file is copied on its own by ``evaluate.load``: it imports hf_mdm absolutely, one
 import per line.
 """
@@ -38,7 +38,7 @@ the relative increase TER(p) / TER(q) - 1 = exp(KL(q || p) / L) - 1 (the paper's
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `float`): log p(x) <= 0, natural log, of each reference sequence under the model (the
-        sampler's law: `hf_mdm.sampler_likelihood.exact_sampler_log_probs` or `estimate_sampler_log_probs`);
+        sampler's law: `hf_mdm.likelihood_law.exact_sampler_log_probs` or `estimate_sampler_log_probs`);
         `-inf` where p(x) = 0. Positive values and NaN raise a ValueError naming the first.
     references (`list` of `list` of `int`): the sequences x, drawn from the true language q (or, with `weights`,
         every sequence of the support). Lengths may differ.

@@ -13,7 +13,7 @@ with P the law of the grouping (`RevealLaw`) and p_theta the denoiser's token la
 
 - `exact_sampler_log_probs`: every x of V^L at once, enumerating the ordered partitions and every partly revealed
   canvas ((V + 1)^L forwards): exact, for small L (the Fubini number of ordered partitions grows fast);
-- `estimate_sampler_log_probs`: for given x, a particle filter over the sampler's steps (`hf_mdm.sampler_smc`):
+- `estimate_sampler_log_probs`: for given x, a particle filter over the sampler's steps (`hf_mdm.likelihood_smc`):
   each step summed out exactly given the positions revealed before it, resampling, several independent runs, and
   the bias of the log removed from the runs' spread. Whether its 95% intervals hold the exact value depends on
   that spread: `evaluation/ter_calibration.py` measures their coverage against the runs' variance, on the chain
@@ -43,7 +43,7 @@ import torch
 from .generation_denoiser import model_device
 from .generation_transfer import deterministic_counts, draw_steps, normalised_alpha, split_steps, time_grid
 from .languages import OracleDenoiser
-from .sampler_smc import MAX_PARTICLES, NUM_REPLICATES, Denoiser, SMCEstimate, smc_log_probs
+from .likelihood_smc import MAX_PARTICLES, NUM_REPLICATES, Denoiser, SMCEstimate, smc_log_probs
 from .schedules import get_schedule
 
 #: The orders and transfer rules whose grouping law `RevealLaw` knows.
@@ -268,7 +268,7 @@ def estimate_sampler_log_probs(
     exact_twist: bool = True,
 ) -> SMCEstimate:
     """`SMCEstimate` of log p(x) for each row of ``x`` (B, L) under the sampler ``law`` with ``model`` as
-    denoiser: a twisted particle filter over the sampler's steps (`hf_mdm.sampler_smc`), ``num_replicates``
+    denoiser: a twisted particle filter over the sampler's steps (`hf_mdm.likelihood_smc`), ``num_replicates``
     independent runs per sequence, bias-corrected from the runs' spread (``.log_prob``), with the uncorrected
     stochastic lower bound (``.log_prob_bound``), the per-sequence variance and whether the correction is trusted
     (``.reliable``: the mean variance at most its twist's `ESTIMATE_VARIANCE_LIMIT`). With ``num_particles=None`` a
@@ -292,7 +292,7 @@ def estimate_sampler_log_probs(
 def sampler_denoiser(
     model: Any, vocab_size: int, x: torch.Tensor, batch_size: int = 4096, exact_twist: bool = True
 ) -> Denoiser:
-    """The denoiser as `hf_mdm.sampler_smc` calls it: (canvases, tokens) -> (log p_theta(token_i | canvas), log psi),
+    """The denoiser as `hf_mdm.likelihood_smc` calls it: (canvases, tokens) -> (log p_theta(token_i | canvas), log psi),
     log psi = log q(x_masked | x_visible) for the oracle of a language on sequences of its support (unless
     ``exact_twist=False``: the oracle then seen as a trained model is), else None."""
     language = model.language if isinstance(model, OracleDenoiser) and exact_twist else None

@@ -1,6 +1,6 @@
 """log p(x) of a sequence under a masked diffusion sampler, estimated by a twisted particle filter.
 
-p(x) sums over the ways the sampler can group the L positions into its N steps (`hf_mdm.sampler_likelihood`):
+p(x) sums over the ways the sampler can group the L positions into its N steps (`hf_mdm.likelihood_law`):
 
     p(x) = E_{G ~ P}[ prod_j prod_{i in G_j} p_theta(x_i | x_{G_1 u ... u G_{j-1}}) ].
 
@@ -40,7 +40,7 @@ from typing import Callable, Optional
 
 import torch
 
-#: Per twist, the mean per-sequence variance of the runs' log Z (nats^2) above which an estimate (`hf_mdm.sampler_likelihood.estimate_sampler_log_probs`)
+#: Per twist, the mean per-sequence variance of the runs' log Z (nats^2) above which an estimate (`hf_mdm.likelihood_law.estimate_sampler_log_probs`)
 #: labels its result an upper bound instead of an estimate (`SMCEstimate.reliable`): ``"exact"``, the language's
 #: own conditional (the oracle's); ``"pseudo-likelihood"``, a trained model's. Set from evaluation/TER_CALIBRATION.md
 #: (groups of 16 sequences, nominal coverage 0.931) as the largest band edge below which every variance band held
