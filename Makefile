@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export TORCH_SPEC
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce reproduce-paper venv bench gpu-check clean system-deps test-newest test-lowest lock lint docs
+.PHONY: test reproduce reproduce-quick reproduce-paper venv bench gpu-check clean system-deps test-newest test-lowest lock lint docs
 
 venv: $(STAMP)
 
@@ -43,15 +43,22 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
+# The experiments at three sizes, the `first_look:`, `quick:` and `full:` profiles of evaluation/configs
+# (hf_mdm/experiments/profiles.py holds each experiment's measured CPU minutes; every line of progress says its own).
+# `make reproduce`: the first look, every experiment and kind of finding in about 15 minutes on 2 CPU cores, into
+# results/first_look. `make reproduce-quick`: the committed results/REPORT.md, about an hour on 2 CPU cores.
 reproduce: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce
 
-# The paper's scale: the `full:` presets of evaluation/configs (L = 256..1024, 2,000 samples per cell, models trained
+reproduce-quick: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce --profile quick
+
+# The paper's scale: the `full:` profiles of evaluation/configs (L = 256..1024, 2,000 samples per cell, models trained
 # on 1,000,000 sequences) into results/full; results/REPORT.md links its report once present. Training alone is
 # estimated in REPORT.md's "Paper scale" section (hf_mdm.report.paper_scale_estimate): days on a GPU, years on 2 CPU
 # cores. Run it where a GPU is; resumable (every finished cell and model is kept).
 reproduce-paper: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce --full --output-dir results/full
+	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce --profile full
 
 # The suite on the newest releases the ranges admit, and on the lower bounds of the ranges (fresh environments).
 test-newest:

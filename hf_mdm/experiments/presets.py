@@ -34,6 +34,7 @@ MINIATURE = {
     "ar_training_steps": 2,
     "diffusion_training_steps": 2,
     "rollout_steps": [2, 8],
+    "rl_steps": [2],
 }
 #: The training settings of a miniature (a preset's ``training`` and a language entry's ``training``).
 MINIATURE_TRAINING = {
@@ -51,9 +52,10 @@ MINIATURE_FAST = {"block_length": 4}
 MINIATURE_GRPO = {"max_steps": 2, "batch_size": 4, "num_generations": 2}
 
 
-def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
-    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections; a
-    one-line ValueError naming the file when it does not read as one."""
+def load_preset(config_path: Path, full: bool = False, profile: str = "") -> tuple[str, dict]:
+    """``(experiment name, preset)`` from a YAML config with ``experiment:``, ``quick:`` and ``full:`` sections (and
+    the other profiles of ``profiles.PROFILES``): the ``profile`` section, else ``full:`` or ``quick:``; a one-line
+    ValueError naming the file when it does not read as one or lacks that section."""
     from ..fileio import read_yaml
 
     config = read_yaml(config_path, "experiment config")
@@ -61,10 +63,11 @@ def load_preset(config_path: Path, full: bool = False) -> tuple[str, dict]:
         raise ValueError(
             f"{config_path}: an experiment config is a YAML mapping with experiment:, quick: and full: sections"
         )
-    for key in ("experiment", "quick", "full"):
+    section = profile or ("full" if full else "quick")
+    for key in dict.fromkeys(("experiment", "quick", "full", section)):
         if key not in config:
             raise ValueError(f"{config_path}: missing the `{key}` field")
-    return config["experiment"], config["full" if full else "quick"]
+    return config["experiment"], config[section]
 
 
 def miniature(preset: dict) -> dict:
@@ -78,6 +81,7 @@ def miniature(preset: dict) -> dict:
         _replace(spec.get("training", {}), MINIATURE_TRAINING)
     _replace(small.get("fast_samplers", {}), MINIATURE_FAST)
     _replace(small.get("grpo", {}), MINIATURE_GRPO)
+    _replace(small.get("kl_sweep", {}), {"rollout_steps": MINIATURE["rl_steps"][0], "betas": [0.04]})
     _replace(small.get("steps_for_ser", {}), {"lengths": [8, 16, 32]})  # three lengths: a slope and its interval
     for part in ("trained", "timing", "equal_flops", "a2d"):  # nested sections (the block diffusion experiment's)
         if part in small:

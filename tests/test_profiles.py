@@ -1,0 +1,46 @@
+"""The profiles of the experiment configs (`hf_mdm.experiments.profiles`): every config offers each, the first look
+runs the same keys (so the same code path and findings) as the quick profile, and its measured CPU minutes fit the
+20 minutes `make reproduce` promises on 2 cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_mdm.cli_reproduce import CONFIG_DIR, EXPERIMENT_CONFIGS
+from hf_mdm.experiments import load_preset
+from hf_mdm.experiments.profiles import CPU_MINUTES, PROFILES, estimate_line, wall_estimate
+
+
+def key_paths(value, path=""):
+    """The paths of a preset's settings (a list's entries, such as languages, are its own to choose)."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from [f"{path}.{key}", *key_paths(inner, f"{path}.{key}")]
+
+
+@pytest.mark.parametrize("name", EXPERIMENT_CONFIGS)
+def test_every_config_offers_every_profile_and_the_first_look_has_quicks_keys(name):
+    presets = {p: load_preset(CONFIG_DIR / f"{name}.yaml", profile=p)[1] for p in PROFILES}
+    assert set(key_paths(presets["first_look"])) == set(key_paths(presets["quick"]))
+    assert presets["first_look"].get("num_samples", 0) <= presets["quick"].get("num_samples", 0)
+
+
+def test_the_first_look_fits_twenty_minutes_on_two_cores_and_the_lines_say_so():
+    assert set(CPU_MINUTES["first_look"]) == set(EXPERIMENT_CONFIGS) == set(CPU_MINUTES["quick"])
+    minutes = wall_estimate("first_look", list(EXPERIMENT_CONFIGS), jobs=2)
+    table = CPU_MINUTES["first_look"]
+    parallel = sum(v for k, v in table.items() if k != "wallclock")
+    assert minutes == max(parallel / 2, max(v for k, v in table.items() if k != "wallclock")) + table["wallclock"]
+    assert minutes <= 20
+    assert wall_estimate("full", ["rl"], jobs=2) is None
+    assert estimate_line("quick", "ter_vs_steps") == f"about {CPU_MINUTES['quick']['ter_vs_steps']:.0f} CPU-min"
+    assert "no estimate" in estimate_line("full", "rl")
+
+
+def test_a_config_without_the_asked_profile_says_which(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text("experiment: rl\nquick: {}\nfull: {}\n")
+    with pytest.raises(ValueError, match=f"{path}: missing the `first_look` field"):
+        load_preset(Path(path), profile="first_look")
