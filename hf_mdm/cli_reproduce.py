@@ -143,7 +143,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     names = list(args.only or EXPERIMENT_CONFIGS)
     for name in names:  # every config read before the first experiment starts
         check_config(Path(args.config_dir) / f"{name}.yaml", profile)
-    minutes = wall_estimate(profile, names, args.jobs)
+    minutes = wall_estimate(profile, names, args.jobs, AFTER)
     expected = f"about {minutes:.0f} min on {args.jobs} cores" if minutes else "no estimate"
     print(f"profile {profile} -> {output_dir} ({len(names)} experiments, {expected})", flush=True)
     progress = _Progress(names, profile)
@@ -182,8 +182,8 @@ def add_experiment_commands(commands: Any, at_least: Callable) -> None:
             "--profile",
             choices=PROFILES,
             default=DEFAULT_PROFILE,
-            help="the size of every experiment (default: %(default)s, about 15 min on 2 CPU cores; quick: the "
-            "committed report, about an hour; full: the paper's scale, for a GPU)",
+            help="the size of every experiment (default: %(default)s, about 12 min on 2 CPU cores; quick: the "
+            "committed report, about an hour and a half; full: the paper's scale, for a GPU)",
         )
         sub.add_argument("--full", action="store_true", help="the same as --profile full")
         sub.add_argument(

@@ -45,11 +45,11 @@ PAPER_WALLCLOCK = {  # seconds: MDM with 512 steps, AR; hardware not published
 
 #: What each profile is, under the report's first line (`hf_mdm.experiments.profiles`).
 PROFILE_TEXT = {
-    "quick": """The quick profile (`make reproduce-quick`, about an hour on 2 CPU cores) scales the paper down: shorter
-sequences, fewer samples, tiny models trained briefly. Each table states its languages, sampler, sample count, model
-sizes and training budget. `make reproduce` runs the first-look profile (about 15 minutes, wider intervals) and
+    "quick": """The quick profile (`make reproduce-quick`, about an hour and a half on 2 CPU cores) scales the paper
+down: shorter sequences, fewer samples, tiny models trained briefly. Each table states its languages, sampler, sample
+count, model sizes and training budget. `make reproduce` runs the first-look profile (about 12 minutes, wider intervals) and
 `make reproduce-paper` the paper's scale (see the section "Paper scale" at the end).""",
-    "first_look": """The first-look profile (`make reproduce`, about 15 minutes on 2 CPU cores) runs every experiment
+    "first_look": """The first-look profile (`make reproduce`, about 12 minutes on 2 CPU cores) runs every experiment
 of the quick profile smaller still: fewer samples, lengths and repeats, models trained for fewer steps, the RL
 experiment on one language. Its intervals are wider, so some findings the quick profile resolves are not resolved
 here. Each table states its languages, sampler, sample count, model sizes and training budget. `make

@@ -88,7 +88,7 @@ def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, cap
     printed = capfd.readouterr().out  # the experiment's own process prints its start
     minutes = CPU_MINUTES[DEFAULT_PROFILE]["ser_vs_steps"]
     assert f"profile {DEFAULT_PROFILE} -> {out} (1 experiments, about {minutes:.0f} min on 1 cores)" in printed
-    assert f"[1/1] ser_vs_steps: started, about {minutes:.0f} CPU-min (0 still to start)" in printed
+    assert f"[1/1] ser_vs_steps: started, about {minutes:.1f} CPU-min (0 still to start)" in printed
     assert "[1/1 done] ser_vs_steps: " in printed and " CPU-min (" in printed
     assert "ser_vs_steps: " in printed and f"{out / 'ser_vs_steps'}.md" in printed
     assert "## Findings" in printed and "| Wall-clock against AR | not run" in printed
