@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 export TORCH_SPEC
 OFFLINE := HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: test reproduce reproduce-paper venv bench gpu-check clean system-deps test-newest test-lowest lock lint docs
+.PHONY: test reproduce reproduce-quick reproduce-paper venv bench gpu-check clean system-deps test-newest test-lowest lock lint docs
 
 venv: $(STAMP)
 
@@ -43,15 +43,22 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
+# The experiments at three sizes, the `first_look:`, `quick:` and `full:` scales of evaluation/configs
+# (hf_mdm/experiments/scales.py holds each experiment's measured CPU minutes; every line of progress says its own).
+# `make reproduce`: the first look, every experiment and kind of finding in about 12 minutes on 2 CPU cores, into
+# results/first_look. `make reproduce-quick`: the committed results/REPORT.md, about an hour and a half on 2 CPU cores.
 reproduce: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce
+
+reproduce-quick: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce --scale quick
 
 # The paper's scale: the `full:` scales of evaluation/configs (L = 256..1024, 2,000 samples per cell, models trained
 # on 1,000,000 sequences) into results/full; results/REPORT.md links its report once present. Training alone is
 # estimated in REPORT.md's "Paper scale" section (hf_mdm.report.paper_scale_estimate): days on a GPU, years on 2 CPU
 # cores. Run it where a GPU is; resumable (every finished cell and model is kept).
 reproduce-paper: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce --full --output-dir results/full
+	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce --scale full
 
 # The suite on the newest releases the ranges admit, and on the lower bounds of the ranges (fresh environments).
 test-newest:
@@ -96,10 +103,9 @@ bench: $(STAMP)
 	$(OFFLINE) $(PY) evaluation/bench_grpo.py --output evaluation/GRPO.md
 	$(OFFLINE) $(PY) evaluation/rl_estimators.py --output evaluation/RL_ESTIMATORS.md
 
-# Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the real-shape table, then the
-# CUDA tests; the table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.
-# Ends in about 8 minutes: it prints its plan (hf_mdm.gpu_check.schedule) and skips, named, what --budget-s leaves
-# out; GPU_CHECK_ARGS="--quick" for batch 1 only.
+# Everything measured on a GPU in one unattended command (hf_mdm.gpu_check): the CUDA tests, then the real-shape
+# table (LLaDA-8B, Dream-7B, LLaDA2.0-mini, Qwen2.5-7B, Llama-3-8B; random weights), written to results/gpu/.
+# Meant to end in about 8 minutes (rows past --budget-s are skipped; first runs: results/gpu/README.md); GPU_CHECK_ARGS="--quick" for batch 1 only.
 GPU_CHECK_ARGS ?=
 gpu-check: $(STAMP)
 	$(OFFLINE) $(PY) -m hf_mdm.gpu_check $(GPU_CHECK_ARGS)

@@ -18,10 +18,16 @@ TER intervals at L <= 7 are several times the value, so whether they hold it tes
 
 Printed: per cell the exact value, the estimate over all groups with its interval, the particles and twist power
 the pilot chose, the groups' variances, the groups that cover (all, and those labelled ``estimate``), the mean
-error; then coverage by variance band and twist, coverage at or below candidate limits, and coverage of the
-groups labelled ``estimate`` under `ESTIMATE_VARIANCE_LIMIT`, each against the interval's own nominal level
-(`nominal`). ``--output`` writes the same as Markdown (atomically), ``--rows-json`` every group's numbers. Run:
-``.venv/bin/python evaluation/ter_calibration.py`` (about 7 minutes on one CPU core; ``--quick``: L <= 64).
+error; then coverage by variance band and twist, the limit the rule (`supported_limit`) gives per twist and per
+case (`CASES`: the trained model's case is the pseudo-likelihood twist where it is not exact) beside the library's,
+coverage at or below candidate limits, and coverage of the groups labelled ``estimate`` under
+`ESTIMATE_VARIANCE_LIMIT`, each against the interval's own nominal level (`nominal`). ``--output`` writes the same
+as Markdown (atomically), ``--runs`` the raw runs as JSONL (a line of settings, then a line per cell and method,
+with its groups), and ``--from-runs`` recomputes every table from such a file without running anything: the
+committed runs are evaluation/ter_calibration_runs.jsonl, and evaluation/TER_CALIBRATION.md is
+``--from-runs evaluation/ter_calibration_runs.jsonl --output evaluation/TER_CALIBRATION.md``. Run:
+``.venv/bin/python evaluation/ter_calibration.py`` (about 7 CPU-minutes on one core; ``--quick``: L <= 64). Times
+in the tables are CPU seconds (``time.process_time``), which contention for the cores barely changes.
 """
 
 from __future__ import annotations
@@ -168,7 +174,7 @@ def run(args) -> list[dict]:
                     continue
                 if cap != caps[0] and (method == "prior sampling" or chosen.get(method, 0) <= cap):
                     continue
-                start = time.perf_counter()
+                start = time.process_time()
                 out = estimate(method, model, language, RevealLaw(steps), x, seed - length * 999, cap)
                 chosen[method] = out["particles"]
                 whole = TokenErrorRate().compute(
@@ -185,7 +191,7 @@ def run(args) -> list[dict]:
                         "max_particles": None if method == "prior sampling" else cap,
                         "power": out["power"],
                         "groups": group_rows(out, exact_log_p, groups),
-                        "seconds": time.perf_counter() - start,
+                        "seconds": time.process_time() - start,
                     }
                 )
     return rows
@@ -237,6 +243,48 @@ def supported_limit(groups: list[dict]) -> float:
     return limit
 
 
+#: The cases a limit is set for, by the groups they cover: each twist on every cell, and the pseudo-likelihood twist
+#: where it is not exact (a trained model's case: its twist is never the language's exact one).
+CASES = {
+    "exact twist (the oracle's case)": lambda r: r["method"] == "exact twist",
+    "pseudo-likelihood twist, every cell": lambda r: r["method"] == "pseudo-likelihood twist",
+    "pseudo-likelihood twist, not exact (a trained model's case)": lambda r: (
+        r["method"] == "pseudo-likelihood twist" and not (r["cell"].startswith("chain") and r["power"] == 0.5)
+    ),
+}
+#: Which library limit (`ESTIMATE_VARIANCE_LIMIT`) serves each case.
+LIBRARY_LIMIT = {
+    "exact twist (the oracle's case)": "exact",
+    "pseudo-likelihood twist, every cell": "pseudo-likelihood",
+    "pseudo-likelihood twist, not exact (a trained model's case)": "pseudo-likelihood",
+}
+KINDS = {
+    "all": lambda r: True,
+    "chain": lambda r: r["cell"].startswith("chain"),
+    "enumeration": lambda r: "enumeration" in r["cell"],
+}
+
+
+def case_limits(rows: list[dict]) -> list[str]:
+    """Markdown lines: per case (`CASES`) and per kind of cell (`KINDS`), the limit the rule gives and the groups
+    behind it, beside the library's limit for that case."""
+    lines = [
+        f"The rule, per twist and case: the largest band edge below which every band holds the exact value in at "
+        f"least {TARGET_COVERAGE:.0%} of its groups (`supported_limit`), over the groups of each case and kind of "
+        "cell, beside the limit the library applies to that case (`ESTIMATE_VARIANCE_LIMIT`):",
+        "",
+        "| case | cells | groups | rule's limit | library's limit |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for case, chosen in CASES.items():
+        for kind, keep in KINDS.items():
+            groups = [g for r in rows if chosen(r) and keep(r) for g in r["groups"]]
+            if groups:
+                library = ESTIMATE_VARIANCE_LIMIT[LIBRARY_LIMIT[case]]
+                lines.append(f"| {case} | {kind} | {len(groups)} | {supported_limit(groups):g} | {library:g} |")
+    return lines + [""]
+
+
 def report(rows: list[dict], args) -> str:
     level = nominal(args.per_group)
     caps = ", ".join(str(c) for c in args.max_particles[1:]) or "-"
@@ -275,6 +323,7 @@ def report(rows: list[dict], args) -> str:
         f"The largest band edge below which every band holds the exact value in at least {TARGET_COVERAGE:.0%} of "
         "its groups: " + "; ".join(f"{t}: {v:g}" for t, v in supported.items()) + ".",
         "",
+        *case_limits(rows),
         "Groups at or below each candidate limit (those a limit there labels estimates), and above it:",
         "",
         "| twist | variance <= | groups | covered | coverage [95% CI] | error, nats/seq | groups above |",
@@ -350,27 +399,46 @@ def main() -> None:
     parser.add_argument(
         "--max-particles", type=int, nargs="+", default=list(MAX_PARTICLE_CAPS), help="the caps of the chain cells"
     )
-    parser.add_argument("--rows-json", type=Path, default=None, help="also write every group's numbers here (JSON)")
+    parser.add_argument("--runs", type=Path, default=None, help="also write the raw runs here (JSONL)")
     parser.add_argument(
-        "--from-json", type=Path, default=None, help="tabulate the groups a --rows-json holds (under today's limit)"
+        "--from-runs", type=Path, default=None, help="recompute the tables from the runs a --runs file holds"
     )
     args = parser.parse_args()
     if min(args.groups, args.long_groups, *args.max_particles) < 1 or args.per_group < 2:
         parser.error("--groups, --long-groups and --max-particles must be >= 1, --per-group >= 2")
-    if args.from_json is not None:
-        stored = json.loads(args.from_json.read_text())
-        vars(args).update(stored["settings"])
-        rows = stored["rows"]
+    if args.from_runs is not None:
+        settings, rows = read_runs(args.from_runs)
+        vars(args).update(settings)
     else:
         torch.set_num_threads(1)
-        rows = run(args)
+        rows = [_compact(r) for r in run(args)]  # as --runs stores them, so that --from-runs gives the same tables
     text = report(rows, args)
     print(text)
     if args.output is not None:
         write_atomic(args.output, text)
-    if args.rows_json is not None:
-        settings = {k: getattr(args, k) for k in SETTINGS}
-        write_atomic(args.rows_json, json.dumps({"settings": settings, "rows": rows}, indent=1))
+    if args.runs is not None:
+        write_atomic(args.runs, runs_jsonl({k: getattr(args, k) for k in SETTINGS}, rows))
+
+
+def _compact(value):
+    """``value`` with its floats to 6 significant digits (the JSONL's size)."""
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items()}
+    return [_compact(v) for v in value] if isinstance(value, list) else value
+
+
+def runs_jsonl(settings: dict, rows: list[dict]) -> str:
+    """The raw runs as JSONL: ``{"settings": ...}``, then one row a line."""
+    lines = [json.dumps({"settings": settings})] + [json.dumps(r, separators=(",", ":")) for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def read_runs(path: Path) -> tuple[dict, list[dict]]:
+    """(settings, rows) of a ``--runs`` file."""
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return lines[0]["settings"], lines[1:]
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from .experiments.rl import rl_verdicts
+from .experiments.rl_report import rl_verdicts
 from .experiments.speed import AR_MODEL, crossover_length, crossover_sentence
 from .fileio import write_atomic
 from .report_summary import report_summary
@@ -43,9 +43,20 @@ PAPER_WALLCLOCK = {  # seconds: MDM with 512 steps, AR; hardware not published
     8192: (7.4, 45.8),
 }
 
-QUICK_SCALE = """The quick scale (`make reproduce`, 2 CPU cores) scales the paper down: shorter sequences, fewer
-samples, tiny models trained briefly. Each table states its languages, sampler, sample count, model sizes and
-training budget. `make reproduce-paper` runs the paper's scale (see the section "Paper scale" at the end)."""
+#: What each scale is, under the report's first line (`hf_mdm.experiments.scales`).
+SCALE_TEXT = {
+    "quick": """The quick scale (`make reproduce-quick`, about an hour and a half on 2 CPU cores) scales the paper
+down: shorter sequences, fewer samples, tiny models trained briefly. Each table states its languages, sampler, sample
+count, model sizes and training budget. `make reproduce` runs the first-look scale (about 12 minutes, wider intervals) and
+`make reproduce-paper` the paper's scale (see the section "Paper scale" at the end).""",
+    "first_look": """The first-look scale (`make reproduce`, about 12 minutes on 2 CPU cores) runs every experiment
+of the quick scale smaller still: fewer samples, lengths and repeats, models trained for fewer steps, the RL
+experiment on one language. Its intervals are wider, so some findings the quick scale resolves are not resolved
+here. Each table states its languages, sampler, sample count, model sizes and training budget. `make
+reproduce-quick` runs the quick scale (the committed results/REPORT.md) and `make reproduce-paper` the paper's
+scale.""",
+    "full": "",
+}
 
 PAPER_TER_NOTE = (
     "The paper's table, as published (trained MDMs on n-gram languages, L = 256..1024, 2,000 samples per cell, "
@@ -167,8 +178,10 @@ RL_TEXT = (
     "sample is in the language) is no longer that distribution, so the theorem does not bind it; what it gives up "
     "is measured by what the theorem leaves free: the share of distinct samples, and the paper's TER of the "
     "language's own sequences under the policy's sampler law (how much of the language the policy still covers; "
-    "a rise means lost coverage). Rollouts use the paper's sampler at N = L/4 and N = L; the trained MDM before RL and "
-    "the trained AR model are beside it. Two log-likelihood estimators drive GRPO's ratio: `decoding` scores each "
+    "a rise means lost coverage). Rollouts use the paper's sampler at the N the table states, a run per seed; the "
+    "trained MDM before RL and the trained AR model are beside it, each run's reward curve is in the figure, the runs "
+    "that lost reward during RL are counted and named, and a KL sweep (where the scale has one) sets the SER at "
+    "few steps against the share of distinct samples at several KL coefficients beta. Two log-likelihood estimators drive GRPO's ratio: `decoding` scores each "
     "token given the tokens revealed before its step under the rollouts' own sampler law, `coupled` is "
     "DiffuCoder's pair of complementary masks (their bias against the exact rollout likelihood: "
     "evaluation/RL_ESTIMATORS.md). What the numbers show (computed from the rows):"
@@ -245,17 +258,20 @@ def _paper_scale(folder: Path, full: bool) -> list[str]:
     return ["## Paper scale", "", paper_scale_text(), "", status, ""]
 
 
-def write_report(folder: Path, full: bool = False) -> Path:
+def write_report(folder: Path, full: bool = False, scale_name: str = "") -> Path:
+    """``<folder>/REPORT.md`` from the experiments' outputs there, for ``scale_name`` (else full or quick)."""
     folder = Path(folder)
+    scale_name = scale_name or ("full" if full else "quick")
+    full = scale_name == "full"
     lines = [
         "# Reproduction report",
         "",
         "Our numbers for the synthetic experiments of *Theoretical Benefit and Limitation of Diffusion Language "
         "Model* (Feng et al., NeurIPS 2025, arXiv 2502.09622), beside the paper's where it published them.",
         "",
-        "Scale: " + ("full (the paper's scale)." if full else "quick.") + "",
+        "Scale: " + ("full (the paper's scale)." if full else f"{scale_name}."),
         "",
-        "" if full else QUICK_SCALE,
+        SCALE_TEXT[scale_name],
         "",
         report_summary(folder),
     ]

@@ -64,7 +64,7 @@ def _wallclock(result: dict) -> list[str]:
 
 
 def _rl(result: dict) -> list[str]:
-    from .experiments.rl import rl_verdicts
+    from .experiments.rl_report import rl_verdicts
 
     return rl_verdicts(result)
 

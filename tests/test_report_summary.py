@@ -8,6 +8,7 @@ import yaml
 from hf_mdm import cli
 from hf_mdm.cli_reproduce import CONFIG_DIR
 from hf_mdm.experiments import load_scale, miniature
+from hf_mdm.experiments.scales import CPU_MINUTES, DEFAULT_SCALE
 from hf_mdm.report import write_report
 from hf_mdm.report_summary import report_summary, verdict_of
 
@@ -69,7 +70,7 @@ def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, cap
     _, full = load_scale(CONFIG_DIR / "ser_vs_steps.yaml", full=True)
     small = miniature(full)
     (configs / "ser_vs_steps.yaml").write_text(
-        yaml.safe_dump({"experiment": "ser_vs_steps", "quick": small, "full": small})
+        yaml.safe_dump({"experiment": "ser_vs_steps", "first_look": small, "quick": small, "full": small})
     )
     out = tmp_path / "results"
     args = [
@@ -85,8 +86,10 @@ def test_reproduce_names_each_experiment_and_ends_with_the_summary(tmp_path, cap
     ]
     assert cli.main(args) == 0
     printed = capfd.readouterr().out  # the experiment's own process prints its start
-    assert "[1/1] ser_vs_steps: started (0 still to start)" in printed
-    assert "[1/1 done] ser_vs_steps: " in printed
+    minutes = CPU_MINUTES[DEFAULT_SCALE]["ser_vs_steps"]
+    assert f"scale {DEFAULT_SCALE} -> {out} (1 experiments, about {minutes:.0f} min on 1 cores)" in printed
+    assert f"[1/1] ser_vs_steps: started, about {minutes:.1f} CPU-min (0 still to start)" in printed
+    assert "[1/1 done] ser_vs_steps: " in printed and " CPU-min (" in printed
     assert "ser_vs_steps: " in printed and f"{out / 'ser_vs_steps'}.md" in printed
     assert "## Findings" in printed and "| Wall-clock against AR | not run" in printed
     assert f"report: {out / 'REPORT.md'}" in printed

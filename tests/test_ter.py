@@ -373,15 +373,18 @@ def test_ter_from_samples_uses_the_kl_per_token():
 
 def test_calibration_benchmark_runs_and_writes_its_table(tmp_path):
     """evaluation/ter_calibration.py as a user runs it, on one small chain cell (two particle caps) and one
-    enumeration cell per language; its stored groups give the same tables again."""
+    enumeration cell per language; its raw runs (JSONL, a line per cell and method) give the same tables again,
+    and the rule's limit per case is the one its groups give."""
+    import importlib.util
+    import json
     import subprocess
     import sys
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "evaluation" / "ter_calibration.py"
-    out, rows = tmp_path / "calibration.md", tmp_path / "rows.json"
+    out, rows = tmp_path / "calibration.md", tmp_path / "runs.jsonl"
     args = ["--lengths", "16", "--steps", "2", "--enum-steps", "2", "--groups", "2", "--per-group", "8"]
-    args += ["--max-particles", "32", "8", "--output", str(out), "--rows-json", str(rows)]
+    args += ["--max-particles", "32", "8", "--output", str(out), "--runs", str(rows)]
     subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, timeout=600)
     text = out.read_text()
     truth = ChainLanguage.predicted_ter_increase(16, 2)
@@ -390,9 +393,19 @@ def test_calibration_benchmark_runs_and_writes_its_table(tmp_path):
     assert "| 3-gram (enumeration), L = 5, N = 2 |" in text
     assert "| pseudo-likelihood twist | 0.3 |" in text  # the table of candidate limits
     assert "nominal coverage is 0.909 (Student t with 7 degrees of freedom)" in text
+    lines = rows.read_text().splitlines()
+    stored = [json.loads(line) for line in lines[1:]]
+    cells = [line for line in text.splitlines() if line.startswith("| chain, L = ") or "(enumeration), L =" in line]
+    assert json.loads(lines[0])["settings"]["per_group"] == 8 and len(stored) == len(cells)
+    spec = importlib.util.spec_from_file_location("ter_calibration", script)
+    calibration = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(calibration)
+    exact = [g for r in stored if r["method"] == "exact twist" for g in r["groups"]]
+    limit = calibration.supported_limit(exact)
+    assert f"| exact twist (the oracle's case) | all | {len(exact)} | {limit:g} | 0.5 |" in text
     again = tmp_path / "again.md"
     subprocess.run(
-        [sys.executable, str(script), "--from-json", str(rows), "--output", str(again)],
+        [sys.executable, str(script), "--from-runs", str(rows), "--output", str(again)],
         check=True,
         capture_output=True,
         timeout=600,

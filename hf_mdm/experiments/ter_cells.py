@@ -20,6 +20,7 @@ import torch
 
 from ..generation_denoiser import model_device
 from ..likelihood_law import RevealLaw, estimate_sampler_log_probs, exact_sampler_log_probs
+from ..likelihood_smc import ESTIMATE_VARIANCE_LIMIT
 from ..metrics import GenerativePerplexity, TokenErrorRate
 
 #: How the paper's TER of a sampler is estimated where it is not exact, in words (printed with every such table).
@@ -30,7 +31,9 @@ TER_ESTIMATOR = (
     "for the bias of the log by half the runs' variance; its 95% interval is over the n sequences and carries the "
     "estimator's own noise. Its calibration is measured in evaluation/ter_calibration.py (coverage of the exact "
     "value on the chain language's closed form and on enumeration, against the runs' variance). Where the runs' mean "
-    "variance exceeds the limit that calibration sets (0.5 nat^2 with the exact twist, 0.3 with a trained model's) "
+    "variance exceeds the limit that calibration sets "
+    f"({ESTIMATE_VARIANCE_LIMIT['exact']:g} nat^2 with the exact twist, {ESTIMATE_VARIANCE_LIMIT['pseudo-likelihood']:g} "
+    "with a trained model's) "
     "the correction is not trusted and the cell shows an upper bound of TER instead (marked <=), which no finding "
     "uses."
 )
