@@ -8,8 +8,9 @@
    whether it ever grows across steps (it should hold one canvas per layer and branch, constant).
 3. Parallel decoding on a trained tiny MDM of the 2-gram language of ``evaluation/configs/ter_vs_steps.yaml``
    (trained as ``make reproduce`` trains it, reused from ``--results`` when there): forwards per token and the
-   generative perplexity relative increase (95% interval) of threshold 0.9 and entropy-bound decoding with the dual cache, beside the
-   confidence-ordered one-token-a-step sampler (temperature 1, blocks of 8, ``hf_mdm.experiments.fast``).
+   generative perplexity relative increase (95% interval) of threshold 0.9 and entropy-bound decoding with the dual
+   cache, beside the confidence-ordered one-token-a-step sampler (temperature 1, blocks of 8,
+   ``hf_mdm.experiments.fast``).
 
     python evaluation/bench_cache.py [--repeats 5] [--threads 1] [--batches 1 8] [--device cuda --dtype bfloat16]
         [--skip-trained]
@@ -135,7 +136,8 @@ def memory(model) -> dict:
 
 
 def trained(results: Path) -> list[dict]:
-    """Forwards per token and generative perplexity of the plain, threshold and entropy-bound samplers on the trained 2-gram MDM."""
+    """Forwards per token and generative perplexity of the plain, threshold and entropy-bound samplers on the trained
+    2-gram MDM."""
     _, scale = load_scale(CONFIGS / "ter_vs_steps.yaml")
     spec = next(s for s in scale["languages"] if s.get("train"))
     language, length = make_language(spec), scale["train_length"]

@@ -6,8 +6,8 @@ LLaDA2's mixture of experts: 8 experts of width 256, 2 a token, one shared, the 
 weights give near-uniform logits, where any rounding flips the order of near-tied tokens; the LM head is scaled so
 that the logits' standard deviation on a random input is 3 (about a trained model's spread), and the rest kept as
 initialised. For each: the weights' memory (`hf_mdm.quantization.weight_bytes`: quantized tensors at their stored
-size) and that of the quantized layers (the ``nn.Linear`` weights but the LM head's); the top-1 agreement with bfloat16 of
-one forward at every position of a half-masked batch; the token agreement at T=0 of a 64-token generation (batch 4,
+size) and that of the quantized layers (the ``nn.Linear`` weights but the LM head's); the top-1 agreement with bfloat16
+of one forward at every position of a half-masked batch; the token agreement at T=0 of a 64-token generation (batch 4,
 a 32-token prompt each, blocks of 32, one token a step, no cache); ms per forward of that batch (96 positions),
 medians of interleaved rounds after a warm-up round.
 

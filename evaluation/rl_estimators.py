@@ -1,5 +1,6 @@
 """The GRPO log-likelihood estimators (`hf_mdm.rl.estimators`) against the exact log-likelihood of rollouts under
-the sampler that drew them: bias and spread, in nats per sequence. Part of ``make bench`` (-> evaluation/RL_ESTIMATORS.md).
+the sampler that drew them: bias and spread, in nats per sequence. Part of ``make bench`` (->
+evaluation/RL_ESTIMATORS.md).
 
 Setting: a 2-gram language of 4 tokens at L = 6 (every one of its 4^6 sequences enumerable), a tiny MDM trained on
 it; rollouts drawn by the paper's sampler (stochastic transfer, random order, linear schedule, temperature 1) at

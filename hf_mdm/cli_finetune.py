@@ -77,8 +77,8 @@ def check_bf16(bf16: bool) -> None:
 
 
 def report_interrupted(args: argparse.Namespace, trainer: Any) -> int:
-    """A training command's Ctrl-C (sft, grpo): one line naming the checkpoint kept (what rerunning the same command resumes from), after the
-    progress bar; exit 130."""
+    """A training command's Ctrl-C (sft, grpo): one line naming the checkpoint kept (what rerunning the same command
+    resumes from), after the progress bar; exit 130."""
     import warnings
 
     from transformers.trainer_callback import ProgressCallback

@@ -81,7 +81,8 @@ def _grpo_trainer(args: argparse.Namespace) -> Any:
 
 def check_vocabulary(config: Any, language_size: int, model: str) -> None:
     """A ValueError when the model cannot embed the language's tokens, a warning when its vocabulary is not the
-    language's tokens and [MASK] (a model trained on the language has exactly those: `hf_mdm.training.mdm_config_for`)."""
+    language's tokens and [MASK] (a model trained on the language has exactly those:
+    `hf_mdm.training.mdm_config_for`)."""
     if config.vocab_size < language_size:
         raise ValueError(
             f"--model {model} has {config.vocab_size} token ids, fewer than the --language's {language_size} tokens: "

@@ -30,7 +30,8 @@ exact-posterior oracle) and is the only place that calls it:
   last one: the block before it). Tokens equal ``kv_cache=None`` exactly.
 
 Transfers and strategies never see the model nor the cache; the denoiser knows nothing of them: the loop only says
-where a block starts (`Denoiser.begin_block`). Exported with the model as remote code (imports torch and `hf_mdm.kv_cache`).
+where a block starts (`Denoiser.begin_block`). Exported with the model as remote code (imports torch and
+`hf_mdm.kv_cache`).
 """
 
 from __future__ import annotations

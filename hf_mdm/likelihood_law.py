@@ -26,8 +26,8 @@ with P the law of the grouping (`RevealLaw`) and p_theta the denoiser's token la
 
 `RevealLaw` covers the samplers whose grouping does not depend on the sampled tokens: the paper's (stochastic
 transfer, random order: each position's step drawn independently from the schedule), and deterministic transfer
-(counts from the schedule) in random or left-to-right order, in one block or in blocks denoised left to right. Confidence-ordered samplers choose positions from
-the tokens they draw, so their law is not of this form.
+(counts from the schedule) in random or left-to-right order, in one block or in blocks denoised left to right.
+Confidence-ordered samplers choose positions from the tokens they draw, so their law is not of this form.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ class RevealLaw:
         return [(s, e, dataclasses.replace(self, steps=n, block_length=None)) for (s, e), n in zip(spans, per_block)]
 
     def total_steps(self, length: int) -> int:
-        """The steps the sampler takes on ``length`` positions (``steps``, or one a block where there are more blocks)."""
+        """The steps the sampler takes on ``length`` positions (``steps``, or one a block where there are more
+        blocks)."""
         return sum(law.steps for _, _, law in self.blocks(length))
 
     def one_block(self, length: int) -> bool:

@@ -122,7 +122,8 @@ def _paper_wallclock_table() -> str:
 
 
 def verdict_lines(folder: Path, name: str, verdicts: Callable[[dict], list[str]]) -> str:
-    """The sentences ``verdicts`` computes from ``<folder>/<name>.json``, as a Markdown list (without it, a line saying it is missing)."""
+    """The sentences ``verdicts`` computes from ``<folder>/<name>.json``, as a Markdown list (without it, a line saying
+    it is missing)."""
     path = folder / f"{name}.json"
     if not path.exists():
         return f"No findings: {path} is missing (`hf-mdm reproduce --only {name}` writes it)."

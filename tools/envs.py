@@ -9,9 +9,9 @@
 ``locked`` installs exactly the versions in ``constraints.txt`` (the suite last passed with them); ``newest`` the
 newest releases the ranges in ``pyproject.toml`` admit; ``lowest`` every direct dependency at the lower bound of its
 range (``name>=X`` pinned to ``X``; what they pull in resolved by pip). ``locked`` and ``newest`` install the ``test``,
-``serve``, ``peers``, ``rl``, ``quant`` and ``docs`` extras, ``lowest`` the ``test``, ``serve`` and ``quant`` extras (diffusers, the ``peers`` extra, needs a
-newer huggingface_hub than hf_mdm's lower bound, and TRL, the ``rl`` extra, a newer datasets; their tests skip with
-the reason). PyTorch is installed first from
+``serve``, ``peers``, ``rl``, ``quant`` and ``docs`` extras, ``lowest`` the ``test``, ``serve`` and ``quant`` extras
+(diffusers, the ``peers`` extra, needs a newer huggingface_hub than hf_mdm's lower bound, and TRL, the ``rl`` extra, a
+newer datasets; their tests skip with the reason). PyTorch is installed first from
 ``TORCH_SPEC`` (default ``torch==2.13.0``, which takes a local CPU wheel where one lies on disk), so that the rest
 installs nothing more for it; the lock therefore leaves torch out. Standard library only (Python >= 3.11 for tomllib).
 """

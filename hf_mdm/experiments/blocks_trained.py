@@ -6,8 +6,8 @@ Part of the ``block_diffusion`` experiment (`hf_mdm.experiments.blocks` measures
 - quality: per language, an AR model, the bidirectional MDM (b = L) and one block diffusion model per entry of
   ``block_sizes`` (block-causal attention, BD3-LM's objective), all of one size, trained on the same seeded sample
   of the language at ``length``; each diffusion model sampled with the paper's sampler block by block (its own
-  block size, the exact block cache) at each of ``steps_per_block``; SER and generative perplexity (the samples scored by the language, not the
-  paper's TER) with 95% intervals and the costs of
+  block size, the exact block cache) at each of ``steps_per_block``; SER and generative perplexity (the samples scored
+  by the language, not the paper's TER) with 95% intervals and the costs of
   `hf_mdm.experiments.blocks` (sequential forwards and positions computed per token).
 - time (``timing``): untrained models of one size at each length of ``lengths``, one sequence from the empty prompt:
   AR with its KV cache (one forward per token), the MDM and each block size revealing each of ``tokens_per_forward``

@@ -9,9 +9,9 @@ A scale's ``fast_samplers`` section (in ``ter_vs_steps.yaml`` and ``ser_vs_steps
 (samples, not argmax, so that generative perplexity and SER measure the distribution). Every sampler runs on the
 trained MDM; those without a cache also on the exact-posterior oracle (which has no keys/values), where the
 difference to the one-token-a-step row is the parallel rule's own cost, free of learning error. Sampler names say
-their order and transfer rule. The table's baseline (``fast_samplers.baseline``) is an exact sampler: random order, one token a
-step, whose law with the oracle is the language itself (any order of exact conditionals is the chain rule). Every
-row reports its costs on the same three axes: sequential forwards per token (the steps in which a row revealed
+their order and transfer rule. The table's baseline (``fast_samplers.baseline``) is an exact sampler: random order, one
+token a step, whose law with the oracle is the language itself (any order of exact conditionals is the chain rule).
+Every row reports its costs on the same three axes: sequential forwards per token (the steps in which a row revealed
 something, over L), positions computed per token (rows x positions of every forward, over the tokens generated)
 and wall-clock milliseconds per token (this machine, batches of 256). Cells are cached with the experiment's.
 """
@@ -139,8 +139,8 @@ def active_steps(history: tuple, mask_id: int) -> torch.Tensor:
 
 def fast_table(rows: list[dict], scale: dict, value: str, interval: tuple[str, str], label: str) -> str:
     """Markdown: one line per fast-sampling row: the metric with its 95% interval, the costs (`FAST_COSTS`), and
-    the change against the scale's ``fast_samplers.baseline`` sampler (exact in law with the oracle) of the same language and
-    model."""
+    the change against the scale's ``fast_samplers.baseline`` sampler (exact in law with the oracle) of the same
+    language and model."""
     if not rows:
         return ""
     baseline = scale["fast_samplers"]["baseline"]

@@ -5,8 +5,8 @@ on n-gram languages at several lengths L, with the exact-posterior oracle (no le
 (the trained AR model as reference), two quantities under their own names (`ter_cells`):
 
 - the paper's TER relative increase TER(p)/TER(q) - 1 (its epsilon_total), TER(p) = 2^(E_{x~q}[-log2 p(x)/L]),
-  estimated (``ter_samples`` sequences of the language, at most ``ter_particles`` particles a run; `ter_cells.TER_ESTIMATOR`),
-  exact for AR;
+  estimated (``ter_samples`` sequences of the language, at most ``ter_particles`` particles a run;
+  `ter_cells.TER_ESTIMATOR`), exact for AR;
 - the generative perplexity relative increase GenPPL(p)/TER(q) - 1 from ``num_samples`` samples.
 
 Exact references beside them: at the small length ``exact["length"]`` both quantities of the oracle computed exactly

@@ -69,7 +69,8 @@ def _load_file(path: Path) -> Dataset:
 
 
 def _has_rows(path: Path, header: bool) -> bool:
-    """Whether ``path`` has a non-blank line (after a CSV's header); a binary file (parquet): whether it is not empty."""
+    """Whether ``path`` has a non-blank line (after a CSV's header); a binary file (parquet): whether it is not
+    empty."""
     if FILE_FORMATS[path.suffix] == "parquet":
         return path.stat().st_size > 0
     with open(path, encoding="utf-8", errors="replace") as handle:

@@ -72,8 +72,8 @@ class Settings:
 
 @dataclass(frozen=True)
 class RowSpec:
-    """A row to measure: the model, the batch, the sampler, the weights (``"none"``: as built, or one of `QUANTIZED`) and
-    whether its forwards compile (the costly rows)."""
+    """A row to measure: the model, the batch, the sampler, the weights (``"none"``: as built, or one of `QUANTIZED`)
+    and whether its forwards compile (the costly rows)."""
 
     model: str
     batch: int

@@ -13,9 +13,10 @@ bubblewrap (https://github.com/containers/bubblewrap; Debian/Ubuntu ``apt-get in
   the program ends (the namespace's init exits), and its network is a loopback of its own (nothing outside it is
   reachable, nothing it listens on is reachable from outside);
 - the unprivileged uid and gid 65534 (``nobody``) with no capabilities, killed when its parent dies
-  (``--die-with-parent``); the sandbox starts bwrap in a new session (no controlling terminal). As root, bwrap runs without a user namespace (so that the read-only binds of a
-  Python inside ``/root`` work) and the sandbox's bootstrap drops to 65534 with ``setresuid`` before it reads the
-  program; as any other user, a user namespace maps uid 65534 on the caller (unprivileged already).
+  (``--die-with-parent``); the sandbox starts bwrap in a new session (no controlling terminal). As root, bwrap runs
+  without a user namespace (so that the read-only binds of a Python inside ``/root`` work) and the sandbox's bootstrap
+  drops to 65534 with ``setresuid`` before it reads the program; as any other user, a user namespace maps uid 65534 on
+  the caller (unprivileged already).
 
 `locate` finds ``bwrap`` and the Python to run; `Bubblewrap.command` builds the command line. Whether the layer
 works on this machine is probed once by `hf_mdm.harness.sandbox`, which refuses to run generated code where it does

@@ -70,8 +70,8 @@ class MaskedDiffusionLM(TimedGeneration, HFLM):
             `MaskedDiffusionGenerationConfig.llada`), ``"dream"`` (Dream's ``diffusion_generate()``,
             `MaskedDiffusionGenerationConfig.dream`), ``"none"`` (hf_mdm's sampler, every field of
             `MaskedDiffusionGenerationConfig`), or ``"auto"`` (default): the checkpoint generation config's
-            ``reference`` if set, else the reference its family declares (``llada`` for LLaDA, ``dream`` for Dream), else
-            ``none`` (see `hf_mdm.harness.sampler_config`). ``preset`` is the former name of this argument
+            ``reference`` if set, else the reference its family declares (``llada`` for LLaDA, ``dream`` for Dream),
+            else ``none`` (see `hf_mdm.harness.sampler_config`). ``preset`` is the former name of this argument
             (accepted, with a warning).
         max_gen_toks: tokens generated (masks appended); default: the request's ``max_gen_toks``, else 256.
         mc_num: Monte Carlo samples per ``loglikelihood`` request (LLaDA's default, 128); the samples of all

@@ -1,4 +1,5 @@
-"""Plain data on the wire between the trusted side of a test and the sandboxed program it calls (`hf_mdm.harness.verdict`).
+"""Plain data on the wire between the trusted side of a test and the sandboxed program it calls
+(`hf_mdm.harness.verdict`).
 
 Only these travel: None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset, and an exception
 as data (its type's name and message). Values are one line of JSON: None, booleans, finite and non-finite floats,

@@ -206,9 +206,10 @@ class TimedGeneration:
         kwargs: dict,
         seeds: list[int],
     ) -> dict[str, Any]:
-        """Generate for one left-padded batch, ``seeds`` the requests' own (`request_seed`). Returns ``tokens`` (B, T) after the prompt, ``generate_s`` (the
-        model's own generation seconds), ``nfe`` (forward passes of the batch), per-row ``generated_tokens`` and
-        optionally ``forward_tokens`` (positions the forwards computed, rows x span summed)."""
+        """Generate for one left-padded batch, ``seeds`` the requests' own (`request_seed`). Returns ``tokens`` (B, T)
+        after the prompt, ``generate_s`` (the model's own generation seconds), ``nfe`` (forward passes of the batch),
+        per-row ``generated_tokens`` and optionally ``forward_tokens`` (positions the forwards computed, rows x span
+        summed)."""
 
     def _autocast(self) -> torch.autocast:
         """HFLM's ``mixed_precision_dtype`` autocast (a no-op when unset)."""

@@ -4,9 +4,9 @@ published generate() as the default), transformers' DiffusionGemma (`DiffusionGe
 minimal vision tower it never uses for text) and a Llama, randomly initialised from a seed.
 
 `build_tiny_models(directory)` writes ``<directory>/mdm``, ``<directory>/llada2``, ``<directory>/diffusion_gemma``
-and ``<directory>/llama`` (each with the tokenizer) and returns their paths; it is idempotent, so configs and tests can call it before every run. The models are
-untrained (their output layer only allows printable ASCII, newline and EOS, so they write random text): they
-exercise loading, batching, sampling, stop strings, scoring and timing, not accuracy.
+and ``<directory>/llama`` (each with the tokenizer) and returns their paths; it is idempotent, so configs and tests can
+call it before every run. The models are untrained (their output layer only allows printable ASCII, newline and EOS, so
+they write random text): they exercise loading, batching, sampling, stop strings, scoring and timing, not accuracy.
 """
 
 from __future__ import annotations

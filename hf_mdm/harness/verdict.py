@@ -8,8 +8,8 @@ every name it takes from the program bound to a `CandidateFunction` that sends t
 the decoded reply: a value of a built-in type, or the exception the function raised (a built-in exception type is
 raised again as itself, any other as `CandidateError`). The comparisons of the test therefore happen here, on plain
 data, and the verdict is the test's: it passes when the test code runs to its end and no call failed. Every reply is
-awaited at most until the program's wall-clock limit (`SandboxLimits.timeout_s`, for the program as a whole). Whatever the
-program prints, returns or does to its own process, it can only answer calls: a value that is not plain data, a
+awaited at most until the program's wall-clock limit (`SandboxLimits.timeout_s`, for the program as a whole). Whatever
+the program prints, returns or does to its own process, it can only answer calls: a value that is not plain data, a
 malformed reply, a process that ends, ``SystemExit`` or a call past the time limit fail the test (a `CandidateFailure`,
 a BaseException that the test's own ``except Exception`` cannot swallow, and remembered even if a bare ``except``
 does).

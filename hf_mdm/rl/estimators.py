@@ -139,7 +139,8 @@ class LogLikelihoodEstimator(ABC):
 
     def expectation(self, scores: Scores, length: int) -> float:
         """The expectation of the summed estimate of one prompt-free sequence of ``length`` tokens, enumerating every
-        mask with its chance; ``scores(masked)`` gives log p(x_i | x with ``masked`` masked) for each i in ``masked``."""
+        mask with its chance; ``scores(masked)`` gives log p(x_i | x with ``masked`` masked) for each i in
+        ``masked``."""
         raise ValueError(f"no exact expectation for {self!r}")
 
     @property

@@ -219,8 +219,9 @@ def grpo_trainer(
     lora: Optional[dict] = None,
 ) -> DiffusionGRPOTrainer:
     """A `DiffusionGRPOTrainer` for one of hf_mdm's masked diffusion models (a ValueError before any work when it
-    has no [MASK] id or corrupts with uniform noise; ``args`` validated its settings when it was built), with LoRA adapters of ``lora``
-    (`hf_mdm.finetune.apply_lora`'s arguments) when given: the reference is then the base, adapters disabled."""
+    has no [MASK] id or corrupts with uniform noise; ``args`` validated its settings when it was built), with LoRA
+    adapters of ``lora`` (`hf_mdm.finetune.apply_lora`'s arguments) when given: the reference is then the base, adapters
+    disabled."""
     from ..families import facts_of
     from ..finetune.trainer import apply_lora, require_mask_token
 

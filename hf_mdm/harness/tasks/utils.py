@@ -92,7 +92,8 @@ def pass_at_k(references: Sequence[Any], predictions: Sequence[Sequence[dict]], 
 
 
 def extract_answer(pattern: RegexFilter, text: str) -> str:
-    """The answer ``pattern`` (lm-eval's GSM8K strict or flexible filter) takes from ``text`` (its fallback when none)."""
+    """The answer ``pattern`` (lm-eval's GSM8K strict or flexible filter) takes from ``text`` (its fallback when
+    none)."""
     return pattern.apply([[text]], [{}])[0][0]
 
 
