@@ -20,6 +20,8 @@ from typing import Any, Optional
 import torch
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 
+from .tokens import after_first_eos
+
 
 def eos_tensor(config: Any, device: Any) -> Optional[torch.Tensor]:
     """The EOS ids (E,) generation stops at, or None (no EOS, or ``stop_at_eos`` off)."""
@@ -84,9 +86,7 @@ def finalize_eos(x, gen_mask0, eos_ids, pad_id, unfilled) -> torch.Tensor:
     not counting ``unfilled`` positions (masks of rows that stopped early, set to padding)."""
     generated = gen_mask0 & ~unfilled
     if eos_ids is not None:
-        is_eos = torch.isin(x, eos_ids) & gen_mask0
-        after = (is_eos.long().cumsum(1) - is_eos.long()) > 0
-        after &= gen_mask0
+        after = after_first_eos(x, eos_ids, gen_mask0) & gen_mask0
         x.masked_fill_(after, pad_id)
         generated &= ~after
     return generated.sum(1)

@@ -45,6 +45,7 @@ from .generation_processors import HONOURED, is_active
 from .generation_random import draw_one, first_argmax
 from .generation_stopping import eos_tensor, with_max_time
 from .timer import Stopwatch
+from .tokens import after_first_eos
 
 __all__ = ["uniform_generate", "uses_uniform_corruption", "check_uniform_config", "UNIFORM_FIELDS", "UNIFORM_DEFAULTS"]
 __all__ += ["CanvasModel", "EntropyBoundAcceptance", "StableAndConfident", "LinearTemperature"]
@@ -445,9 +446,7 @@ def _finalize_canvas(sequence, finished, stopping, canvas_length: int, eos_ids, 
         sequence[before, -canvas_length:] = pad_id
         if eos_ids is not None and bool(finished_now.any()):
             new = sequence[:, -canvas_length:]
-            is_eos = torch.isin(new, eos_ids)
-            seen = is_eos.cumsum(dim=-1)
-            new[(seen > 0) & ~((seen == 1) & is_eos)] = pad_id
+            new[after_first_eos(new, eos_ids)] = pad_id
     return sequence, finished
 
 

@@ -1,5 +1,6 @@
 """Token lists as the sampler, the server, GRPO and the likelihoods batch and end them: the one rule each for left
-padding (`left_pad`) and for where a generation ends at its first EOS (`eos_index`, `cut_at_eos`).
+padding (`left_pad`) and for where a generation ends at its first EOS (`eos_index`, `cut_at_eos` on a list;
+`after_first_eos` on a batch of rows on the device, what the sampler makes padding).
 
 Left padding keeps every row's last token in the last column, so a batch of prompts of different lengths gets its
 generated columns at the same places; the pads are never attended to (attention mask 0). A generation ends at its
@@ -12,7 +13,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-__all__ = ["cut_at_eos", "eos_index", "eos_set", "left_pad"]
+__all__ = ["after_first_eos", "cut_at_eos", "eos_index", "eos_set", "left_pad"]
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -49,3 +50,13 @@ def cut_at_eos(tokens: Sequence[int], eos_ids: Any, keep_eos: bool = True) -> li
     """``tokens`` up to their first EOS, the EOS kept when ``keep_eos``; all of them without an EOS."""
     at = eos_index(tokens, eos_ids)
     return list(tokens) if at is None else list(tokens[: at + 1 if keep_eos else at])
+
+
+def after_first_eos(x: torch.Tensor, eos_ids: torch.Tensor, region: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """(B, L) booleans: the positions of ``x`` (B, L) after each row's first EOS (one of ``eos_ids``), counting only
+    EOS inside ``region`` (B, L) when given: what `cut_at_eos` drops, on the device, with no host read."""
+    is_eos = torch.isin(x, eos_ids)
+    if region is not None:
+        is_eos &= region
+    is_eos = is_eos.long()
+    return (is_eos.cumsum(-1) - is_eos) > 0
