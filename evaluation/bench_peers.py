@@ -22,7 +22,8 @@
   positions are the decoder's (the encoder's passes are not counted, as DiffusionGemma does not count them).
   diffusers' ``DiffusionGemmaPipeline`` is not timed: with transformers 5.24 it fails at its first call (it passes
   the cache as ``past_key_values`` where transformers names it ``cache``), and patched it appends the scheduler's
-  canvas instead of the argmax, so its tokens are not DiffusionGemma's (`tests/test_diffusion_gemma_sampler.py`).
+  canvas instead of the argmax, so its tokens are not DiffusionGemma's
+  (`tests/generation/test_diffusion_gemma_sampler.py`).
 
 Each row: median seconds over the interleaved rounds, model forwards, positions the forwards computed (rows x input
 length, summed), the time ratio to the peer, and whether the tokens equal the peer's (checked on every round).

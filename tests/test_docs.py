@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_harness_presets import write_checkpoint
+from tokenized_checkpoints import write_checkpoint
 
 from hf_mdm.harness.tiny import build_tokenizer
 

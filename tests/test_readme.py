@@ -7,10 +7,12 @@ models; the numbers the README and the guides quote are in the results they name
 - the guides' shell commands (docs/; tests/test_docs.py says which test runs each block): the synthetic pipeline of
   docs/data.md through ``hf_mdm.cli.main`` with the sizes scaled down (fewer training sequences and steps) and the
   Hub upload's network calls mocked; docs/tuning.md's block as written; docs/lm-eval.md's tiny-model block through
-  bash as written. That block's `accelerate launch` line runs in `tests/test_harness_cli.py` (two processes) and
-  `hf-mdm compare` on the tiny config there too (with a lower limit).
+  bash as written. That block's `accelerate launch` line runs in `tests/harness/test_harness_cli.py` (two processes) and
+  `hf-mdm compare` on the tiny config there too (with a lower limit);
+- the README's and guides' examples that stand alone run on their own, and every `hf_mdm.x.y` they name exists.
 """
 
+import importlib
 import json
 import os
 import re
@@ -40,6 +42,8 @@ from hf_mdm.languages import PAPER_CITATION
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = os.environ.setdefault("HF_MDM_DATA_DIR", str(REPO.parent / "shared" / "data"))
 BIN = Path(sys.executable).parent
+# the README and the guides it links (docs/), one text
+GUIDES = "\n".join(path.read_text() for path in [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))])
 SCALED = {
     "--num-train 20000": "--num-train 256 --num-validation 64 --num-test 16",
     "--max-steps 600": "--max-steps 2 --batch-size 16 --save-steps 2 --warmup-steps 0",
@@ -208,3 +212,37 @@ def test_readme_is_short_and_links_what_exists():
 def test_readme_cites_the_paper_as_the_package_does():
     (citation,) = [b["code"] for b in code_blocks(README) if b["language"] == "bibtex"]
     assert citation == PAPER_CITATION
+
+
+def python_block(after: str) -> str:
+    """The first ```python block after the text ``after``."""
+    return re.search(r"```python\n(.*?)```", GUIDES[GUIDES.index(after) :], flags=re.S).group(1)
+
+
+@pytest.mark.parametrize("after", ["# Reproducible at any batch size", "# Beside diffusers' LLaDA2Pipeline"])
+def test_readme_examples_run_on_their_own(after):
+    pytest.importorskip("diffusers")
+    exec(compile(python_block(after), f"README.md: {after}", "exec"), {})
+
+
+def exists(dotted: str) -> bool:
+    """Whether ``dotted`` (``hf_mdm.module.name``) is a module, or a name in the longest module it starts with."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(value, name):
+                return False
+            value = getattr(value, name)
+        return True
+    return False
+
+
+def test_readme_names_what_exists_and_how_to_reach_the_commands():
+    named = sorted(set(re.findall(r"`(hf_mdm(?:\.\w+)+)", GUIDES)))
+    assert "hf_mdm.generation_resolve.resolve_config" in named
+    assert [dotted for dotted in named if not exists(dotted)] == []
+    assert "source .venv/bin/activate" in GUIDES and "`.venv/bin/hf-mdm`" in GUIDES

@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
+from finetune_inputs import models_by_class, write_pairs
+from launching import launch
 from safetensors.torch import load_file
-from test_sft import models_by_class, write_pairs
 
 from hf_mdm.scaling import ACCELERATE_CONFIGS, accelerate_config
 from hf_mdm.scaling import main as scaling_main
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = os.environ.setdefault("HF_MDM_DATA_DIR", str(REPO.parent / "shared" / "data"))
-ACCELERATE = Path(sys.executable).parent / "accelerate"
 CONFIGS = {"multi_cpu": "MULTI_GPU", "fsdp": "FSDP", "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED"}
 
 
@@ -107,16 +105,6 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     from hf_mdm.harness.tiny import build_tiny_models
 
     return Path(build_tiny_models(tmp_path_factory.mktemp("tiny"))["mdm"])
-
-
-def launch(config: str, *command: str) -> subprocess.CompletedProcess:
-    """``ACCELERATE_USE_CPU=1 accelerate launch --config_file CONFIG --num_processes 2 -m COMMAND`` from the repo."""
-    launcher = [str(ACCELERATE), "launch", "--config_file", str(accelerate_config(config)), "--num_processes", "2"]
-    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    argv = [*launcher, "--main_process_port", "0", "-m", *command]
-    result = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return result
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ and stores what the tests compare hf_mdm with (``tests/fixtures/llada2_reference
 - the logits of one forward per model type on a random canvas, with the published generate()'s bfloat16 additive
   block-causal mask and with the same mask as a boolean one;
 - the tokens of the published ``generate()`` at temperature 0, and how many forwards it ran, for every case of
-  ``tests/llada2_tiny.GENERATE_CASES``.
+  ``tests/helpers/llada2_tiny.GENERATE_CASES``.
 
 The published files are not part of this project; get them and point the script at them:
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 import llada2_tiny as tiny  # noqa: E402
 
 
