@@ -98,11 +98,11 @@ def draws_random_numbers(config: Any) -> bool:
 def batches_invariantly(device: Any, dtype: torch.dtype) -> bool:
     """Whether rows of one length batched together get, on ``device`` in ``dtype``, the bits each gets alone: the
     kernels must not choose their reduction order by the number of rows. On the CPU, MKL's float32 products and
-    torch's attention do not (`tests/test_batch_invariance.py` checks every family); oneDNN's bfloat16/float16
-    products do on CPUs with AMX (measured: a 1024 -> 256 product changes bits from 280 rows), so there the rows run
-    alone, unless AMX is switched off (``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_AMX``). On CUDA cuBLAS picks its
-    kernels by the problem's size (split-K), so rows run alone; ``make gpu-check`` measures whether equal-length
-    batches stay invariant there."""
+    torch's attention do not (`tests/generation/test_batch_invariance.py` checks every family); oneDNN's
+    bfloat16/float16 products do on CPUs with AMX (measured: a 1024 -> 256 product changes bits from 280 rows), so there
+    the rows run alone, unless AMX is switched off (``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_AMX``). On CUDA cuBLAS
+    picks its kernels by the problem's size (split-K), so rows run alone; ``make gpu-check`` measures whether
+    equal-length batches stay invariant there."""
     if torch.device(device).type != "cpu":
         return False
     if dtype in (torch.float32, torch.float64):

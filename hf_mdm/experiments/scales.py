@@ -15,7 +15,7 @@ into the estimate of a progress line and `wall_estimate` into the run's expected
 A miniature keeps every key of a scale and its languages, samplers and code path, and swaps the sizes for tiny ones
 (``MINIATURE`` for the experiment's own keys, ``MINIATURE_TRAINING`` for its training settings and a language entry's
 overrides, ``MINIATURE_FAST`` for its ``fast_samplers`` section; nested ``trained`` and ``timing`` sections alike): the
-paper-scale ``--full`` scales run end to end in seconds this way (``tests/test_experiments.py``).
+paper-scale ``--full`` scales run end to end in seconds this way (``tests/experiments/test_experiments.py``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Qwen2's query/key/value biases are kept (the output projection gets a zero bias,
 all four); a checkpoint with scaled RoPE (``rope_type`` other than ``"default"``, e.g. Llama-3.1's ``"llama3"``) or a
 head size other than ``hidden_size / num_attention_heads`` is refused with a ValueError (hf_mdm's MDM has plain RoPE
 and that head size). With ``block_size=1`` and shift 1 the converted model's logits equal the AR model's
-(`tests/test_a2d.py`); train it with the MDM or block-diffusion objective (`hf_mdm.training.build_trainer` with
+(`tests/finetune/test_a2d.py`); train it with the MDM or block-diffusion objective (`hf_mdm.training.build_trainer` with
 ``model=``, or ``hf-mdm sft``).
 """
 

@@ -14,7 +14,7 @@ before anything runs; a part whose estimate would end past the deadline is skipp
    against one batched call, LLaDA-8B and LLaDA2.0-mini, 1 / 8 / 32 at once.
 4. The costly rows, last: CUDA graphs (bfloat16, then int8 and int4), transformers' static cache, model by model so
    that each model's compiled forwards serve its later rows.
-5. The CUDA tests (``pytest -m cuda``, `tests/test_cuda.py`; skipped, with the reason, where there is no GPU).
+5. The CUDA tests (``pytest -m cuda``, `tests/gpu_check/test_cuda.py`; skipped, with the reason, where there is no GPU).
 6. ``results/gpu/gpu_check.json`` and ``gpu_check.md``: the device, torch and CUDA versions, the plan, the tables,
    tokens/s beside published figures (`hf_mdm.gpu_check.published`); printed.
 
@@ -46,10 +46,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cuda_tests(timeout_s: float) -> dict[str, Any]:
-    """``pytest -m cuda tests/test_cuda.py``: its summary line and exit code (None when the tests are not there)."""
-    tests = REPO / "tests" / "test_cuda.py"
+    """``pytest -m cuda tests/gpu_check/test_cuda.py``: its summary line and exit code (None when the tests are not
+    there)."""
+    tests = REPO / "tests" / "gpu_check" / "test_cuda.py"
     if not tests.is_file():
-        return {"summary": "not run: tests/test_cuda.py is not here (an installed package)", "returncode": None}
+        return {
+            "summary": "not run: tests/gpu_check/test_cuda.py is not here (an installed package)",
+            "returncode": None,
+        }
     command = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-p", "no:logging"]
     command.append(str(tests))  # no:logging: a failing compiled test otherwise prints thousands of torch trace records
     try:

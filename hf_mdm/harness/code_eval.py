@@ -63,7 +63,7 @@ def humaneval_program(completion: str, doc: Mapping) -> str:
 
 
 # Tasks whose test cannot run apart from the program: found by running every reference solution with its verdict
-# on the trusted side (tests/test_harness_sandbox.py::test_every_reference_solution_passes checks this list).
+# on the trusted side (tests/harness/test_harness_sandbox.py::test_every_reference_solution_passes checks this list).
 UNSPLIT_TASKS: dict[str, str] = {
     "mbpp/533": "its asserts pass a type (int, str, float) to the function: not plain data",
 }
