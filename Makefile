@@ -46,7 +46,7 @@ lint: $(STAMP)
 # The experiments at three sizes, the `first_look:`, `quick:` and `full:` scales of evaluation/configs
 # (hf_mdm/experiments/scales.py holds each experiment's measured CPU minutes; every line of progress says its own).
 # `make reproduce`: the first look, every experiment and kind of finding in about 12 minutes on 2 CPU cores, into
-# results/first_look. `make reproduce-quick`: the committed results/REPORT.md, about an hour and a half on 2 CPU cores.
+# results/first_look. `make reproduce-quick`: the committed results/REPORT.md, about an hour on 2 CPU cores.
 reproduce: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/hf-mdm reproduce
 

@@ -185,7 +185,7 @@ def add_commands(commands: Any) -> None:
             choices=SCALES,
             default=DEFAULT_SCALE,
             help="the size of every experiment (default: %(default)s, about 12 min on 2 CPU cores; quick: the "
-            "committed report, about an hour and a half; full: the paper's scale, for a GPU)",
+            "committed report, about an hour; full: the paper's scale, for a GPU)",
         )
         sub.add_argument("--full", action="store_true", help="the same as --scale full")
         sub.add_argument(

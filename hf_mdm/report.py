@@ -45,7 +45,7 @@ PAPER_WALLCLOCK = {  # seconds: MDM with 512 steps, AR; hardware not published
 
 #: What each scale is, under the report's first line (`hf_mdm.experiments.scales`).
 SCALE_TEXT = {
-    "quick": """The quick scale (`make reproduce-quick`, about an hour and a half on 2 CPU cores) scales the paper
+    "quick": """The quick scale (`make reproduce-quick`, about an hour on 2 CPU cores) scales the paper
 down: shorter sequences, fewer samples, tiny models trained briefly. Each table states its languages, sampler, sample
 count, model sizes and training budget. `make reproduce` runs the first-look scale (about 12 minutes, wider intervals) and
 `make reproduce-paper` the paper's scale (see the section "Paper scale" at the end).""",

@@ -5,7 +5,7 @@ reproduce`` prints), and shrunk to a miniature (`miniature`).
 - ``first_look`` (the default of ``make reproduce``): every experiment and every kind of finding of the report, with
   fewer samples, shorter training and fewer lengths and repeats: 19.5 CPU-minutes measured, about 12 minutes on 2
   CPU cores (the block diffusion experiment, 8.1, after the TER one, 2.3, is the longest chain of the schedule);
-- ``quick`` (``make reproduce-quick``): the committed ``results/REPORT.md``, one to two hours on 2 CPU cores;
+- ``quick`` (``make reproduce-quick``): the committed ``results/REPORT.md``, about an hour on 2 CPU cores;
 - ``full`` (``make reproduce-paper``): the paper's scale, for a GPU (days).
 
 ``CPU_MINUTES`` holds each experiment's measured CPU time per scale (the experiment's own process on one thread,
@@ -30,9 +30,8 @@ DEFAULT_SCALE = "first_look"
 OUTPUT_DIRS = {"first_look": "results/first_look", "quick": "results", "full": "results/full"}
 #: CPU minutes per experiment (the experiment's own process, one thread, ``time.process_time``). first_look: measured
 #: from an empty output folder on the 2-core machine (each experiment's models trained once, as in a fresh run; 19.5
-#: in all). quick: the committed report's run (its minutes per experiment, one thread each), the RL experiment
-#: estimated from one GRPO run's measured CPU time (0.19 s a step of 16 completions with `decoding`, 0.08 with
-#: `coupled`, 4 to 7 s to measure a policy) times its 48 runs.
+#: in all). quick: the committed report's runs (their minutes per experiment, one thread each; the RL experiment's
+#: 32 GRPO runs measured alone: 12.5 CPU-minutes, 18.3 wall beside other jobs).
 CPU_MINUTES: dict[str, dict[str, float]] = {
     "first_look": {
         "ter_vs_steps": 2.3,
@@ -47,7 +46,7 @@ CPU_MINUTES: dict[str, dict[str, float]] = {
         "ser_vs_steps": 11.0,
         "samplers": 1.0,
         "block_diffusion": 20.0,
-        "rl": 57.0,
+        "rl": 12.5,
         "wallclock": 5.0,
     },
 }
