@@ -117,7 +117,7 @@ def check_inputs(
         )
     if attention_mask is not None:
         check_attention_mask(attention_mask, bsz, prompt_len)
-    check_something_to_generate(config, input_ids, attention_mask)
+    check_something_to_generate(config, input_ids, attention_mask, length)
     check_token_ids(model, config.mask_token_id, input_ids, config.eos_token_id)
     reject_reference_inputs(config, logits_processor, stopping_criteria)
 
@@ -167,12 +167,17 @@ def check_attention_mask(attention_mask: torch.Tensor, bsz: int, prompt_len: int
         )
 
 
-def check_something_to_generate(config: Any, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> None:
-    """A ValueError when no length is set and the prompt holds no [MASK] (outside its padding) to infill."""
+def check_something_to_generate(
+    config: Any, input_ids: torch.Tensor, attention_mask: Optional[torch.Tensor], length: int
+) -> None:
+    """A ValueError when no length is set (``length``, `new_tokens`, is 0) and the prompt holds no [MASK] (outside
+    its padding) to infill; the prompt is read only then."""
+    if config.max_new_tokens is not None or length > 0:
+        return
     infill = input_ids == config.mask_token_id
     if attention_mask is not None:
         infill &= attention_mask.to(input_ids.device).bool()
-    if config.max_new_tokens is None and new_tokens(config, input_ids) == 0 and not bool(infill.any()):
+    if not bool(infill.any()):
         raise ValueError(
             f"nothing to generate: input_ids hold no [MASK] (id {config.mask_token_id}) and no length is set "
             f"(max_new_tokens is unset in the call, the generation config and the model's generation config"

@@ -25,6 +25,7 @@ __all__ = [
     "check_tokenizer",
     "checkpoint_kind",
     "load_pretrained",
+    "one_line",
     "require_kind",
 ]
 
@@ -152,7 +153,7 @@ def load_pretrained(
         check_local_path(name, flag)
         config = AutoConfig.from_pretrained(name, trust_remote_code=trust_remote_code)
     except Exception as err:
-        raise ValueError(f"cannot load the model {name!r}: {_one_line(err)}") from err
+        raise ValueError(f"cannot load the model {name!r}: {one_line(err)}") from err
     if require is not None:
         require_kind(config, require, name, command, flag, hint)
     if tokenizer:
@@ -160,7 +161,7 @@ def load_pretrained(
     try:
         return _load(name, config, tokenizer, dtype, device, trust_remote_code, quantization)
     except Exception as err:
-        raise ValueError(f"cannot load the model {name!r}: {_one_line(err)}") from err
+        raise ValueError(f"cannot load the model {name!r}: {one_line(err)}") from err
 
 
 def _load(
@@ -189,5 +190,6 @@ def _load(
     return Pretrained(model.eval(), tokenizer, facts_of(model), checkpoint_kind(model))
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
+    """An error's message on one line (its type's name where it has none): what the commands print."""
     return " ".join(str(err).split()) or type(err).__name__

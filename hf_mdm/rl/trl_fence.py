@@ -20,6 +20,7 @@ checked against the installed TRL when a trainer is built, `check_trl`):
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import copy
 import inspect
@@ -87,10 +88,10 @@ def reference_as_copy(model: Any) -> Iterator[None]:
         setattr(grpo_module, SWAPPED_FUNCTION, original)
 
 
-class FencedGRPOTrainer(GRPOTrainer):
+class FencedGRPOTrainer(GRPOTrainer, metaclass=abc.ABCMeta):
     """`GRPOTrainer` with the two private hooks routed to public methods a subclass defines: `generate_rollouts`
-    and `log_likelihoods`; its reference a copy of the model (`reference_as_copy`); built only on a TRL the fence
-    holds against (`check_trl`)."""
+    and `log_likelihoods` (abstract: a subclass without them cannot be built); its reference a copy of the model
+    (`reference_as_copy`); built only on a TRL the fence holds against (`check_trl`)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         check_trl()
@@ -99,15 +100,15 @@ class FencedGRPOTrainer(GRPOTrainer):
         with reference_as_copy(model):
             super().__init__(*args, **kwargs)
 
+    @abc.abstractmethod
     def generate_rollouts(self, prompt_ids: list[list[int]]) -> list[list[int]]:
         """The completions' ids of the (already repeated) prompts' ids, each ending at its first EOS."""
-        raise NotImplementedError(f"{type(self).__name__} defines no generate_rollouts")
 
+    @abc.abstractmethod
     def log_likelihoods(
         self, model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, completion: int, batch_size: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, C) per-token log-likelihood terms of the last ``completion`` columns, and (B, C) entropies."""
-        raise NotImplementedError(f"{type(self).__name__} defines no log_likelihoods")
 
     def rollout_key(self) -> tuple[int, int, str]:
         """(global step, micro-step within it, "train" or "eval") of the rollouts being drawn or scored: equal in a

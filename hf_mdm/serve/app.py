@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException
 
+from ..loading import one_line
 from .batcher import MicroBatcher, Scheduler
 from .engine import Answer, Engine, Job
 from .joining import JoinScheduler
@@ -169,7 +170,7 @@ async def _load(state: ServerState, loader: Any, metrics: _Metrics) -> None:
     try:
         state.engine = await asyncio.get_running_loop().run_in_executor(None, loader)
     except Exception as err:  # the runner stops the server and reports it
-        state.load_error = " ".join(str(err).split()) or type(err).__name__
+        state.load_error = one_line(err)
         return
     _start(state, metrics)
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..generation import MaskedDiffusionGenerationConfig
 from ..generation_presets import PRESET_NAMES
+from ..loading import one_line
 
 __all__ = ["serving_config"]
 
@@ -34,8 +35,4 @@ def serving_config(
             return MaskedDiffusionGenerationConfig.from_pretrained(str(path.parent), config_file_name=path.name)
         return MaskedDiffusionGenerationConfig.from_pretrained(str(path))
     except Exception as err:
-        raise ValueError(f"--generation-config {generation_config}: {_one_line(err)}") from err
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+        raise ValueError(f"--generation-config {generation_config}: {one_line(err)}") from err

@@ -9,73 +9,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 from sampler_prompts import left_padded_prompts
+from tiny_mdm import tiny_dream, tiny_llada, tiny_mdm
 
-from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import MaskedDiffusionGenerationConfig, diffusion_generate
 from hf_mdm.generation_denoiser import Denoiser, Rows
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
 from hf_mdm.modeling_blocks import apply_rotary, rotary_cos_sin, split_heads
-from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 
 os.environ.setdefault("HF_MDM_DATA_DIR", str(Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 MASK, VOCAB = 30, 31
 
 
-def sharpen(model, head):
-    with torch.no_grad():  # a sharper random network: fewer near-ties among the confidences
-        head.weight.mul_(20)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def models():
-    torch.manual_seed(0)
-    mdm = MDMForMaskedDiffusion(
-        MDMConfig(
-            vocab_size=VOCAB,
-            mask_token_id=MASK,
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=128,
-        )
-    )
-    llada = LLaDAModelLM(
-        LLaDAConfig(
-            d_model=32,
-            n_heads=4,
-            n_kv_heads=2,
-            n_layers=2,
-            mlp_hidden_size=64,
-            vocab_size=VOCAB,
-            embedding_size=VOCAB,
-            mask_token_id=MASK,
-            eos_token_id=1,
-            pad_token_id=1,
-            weight_tying=False,
-        )
-    )
-    dream = DreamModel(
-        DreamConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            mask_token_id=MASK,
-            pad_token_id=1,
-            bos_token_id=1,
-            eos_token_id=1,
-        )
-    )
+    """The three classes at one size, each LM head sharpened (fewer near-ties among the confidences)."""
     return {
-        "mdm": sharpen(mdm, mdm.lm_head),
-        "llada": sharpen(llada, llada.model.transformer["ff_out"]),
-        "dream": sharpen(dream, dream.lm_head),
+        "mdm": tiny_mdm(sharpen=20, num_key_value_heads=2, max_position_embeddings=128),
+        "llada": tiny_llada(sharpen=20),
+        "dream": tiny_dream(sharpen=20),
     }
 
 

@@ -11,13 +11,12 @@ import math
 import pytest
 import torch
 from sampler_prompts import left_padded_prompts
+from tiny_mdm import tiny_dream, tiny_llada, tiny_mdm
 
-from hf_mdm import MDMConfig, MDMForMaskedDiffusion
 from hf_mdm.generation import diffusion_generate
 from hf_mdm.generation_canvas import block_spans, prepare_canvas
 from hf_mdm.generation_remask import LoopSchedule
 from hf_mdm.languages import NGramLanguage, OracleDenoiser
-from hf_mdm.models import DreamConfig, DreamModel, LLaDAConfig, LLaDAModelLM
 from hf_mdm.schedules import get_schedule
 
 ALPHA = 1e-4  # two-sided false-alarm rate of one check
@@ -38,48 +37,11 @@ def oracle():
 
 @pytest.fixture(scope="module")
 def models():
-    torch.manual_seed(0)
-    mdm = MDMForMaskedDiffusion(
-        MDMConfig(
-            vocab_size=VOCAB,
-            mask_token_id=MASK,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        )
-    )
-    llada = LLaDAModelLM(
-        LLaDAConfig(
-            d_model=32,
-            n_heads=4,
-            n_kv_heads=2,
-            n_layers=1,
-            mlp_hidden_size=64,
-            vocab_size=VOCAB,
-            embedding_size=VOCAB,
-            mask_token_id=MASK,
-            eos_token_id=1,
-            pad_token_id=1,
-            weight_tying=False,
-        )
-    )
-    dream = DreamModel(
-        DreamConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            mask_token_id=MASK,
-            pad_token_id=1,
-            bos_token_id=1,
-            eos_token_id=1,
-        )
-    )
-    return {"mdm": mdm.eval(), "llada": llada.eval(), "dream": dream.eval()}
+    return {
+        "mdm": tiny_mdm(num_hidden_layers=1, max_position_embeddings=64),
+        "llada": tiny_llada(layers=1),
+        "dream": tiny_dream(layers=1),
+    }
 
 
 def padded_prompts(length=4, seed=0):

@@ -39,19 +39,19 @@ def _sharpened(model: torch.nn.Module, head: torch.nn.Module, sharpen: float) ->
     return model.eval()
 
 
-def tiny_llada(sharpen: float = 1.0) -> LLaDAModelLM:
-    """LLaDA at the sizes of `tiny_mdm` (4 heads, 2 key/value heads, untied head), seeded with 0."""
+def tiny_llada(sharpen: float = 1.0, layers: int = 2) -> LLaDAModelLM:
+    """LLaDA at the sizes of `tiny_mdm` (4 heads, 2 key/value heads, untied head, ``layers`` layers), seeded with 0."""
     torch.manual_seed(0)
-    config = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=2, mlp_hidden_size=64, vocab_size=VOCAB,
+    config = LLaDAConfig(d_model=32, n_heads=4, n_kv_heads=2, n_layers=layers, mlp_hidden_size=64, vocab_size=VOCAB,
                          embedding_size=VOCAB, mask_token_id=MASK, eos_token_id=1, pad_token_id=1, weight_tying=False)  # fmt: skip
     model = LLaDAModelLM(config)
     return _sharpened(model, model.model.transformer["ff_out"], sharpen)
 
 
-def tiny_dream(sharpen: float = 1.0) -> DreamModel:
-    """Dream at the sizes of `tiny_mdm` (4 heads, 2 key/value heads), seeded with 0."""
+def tiny_dream(sharpen: float = 1.0, layers: int = 2) -> DreamModel:
+    """Dream at the sizes of `tiny_mdm` (4 heads, 2 key/value heads, ``layers`` layers), seeded with 0."""
     torch.manual_seed(0)
-    config = DreamConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    config = DreamConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                          num_attention_heads=4, num_key_value_heads=2, mask_token_id=MASK, pad_token_id=1,
                          bos_token_id=1, eos_token_id=1)  # fmt: skip
     model = DreamModel(config)
