@@ -54,10 +54,11 @@ OUTSIDE_MAX = 0.05
 SETTING = dict(max_new_tokens=192, steps=48, block_length=32, stop_at_eos=False, seed=0)
 
 
-def runs_of(model, prompt, generators: dict[str, Callable]) -> dict[str, tuple[Any, Callable]]:
+def runs_of(model, prompt, generators: dict[str, Callable], samplers: list[str]) -> dict[str, tuple[Any, Callable]]:
     """Every (sampler, checkout) run on ``model``: (model, call)."""
     runs = {}
-    for name, settings in SAMPLERS.items():
+    for name in samplers:
+        settings = SAMPLERS[name]
         for who, generate in generators.items():
             runs[f"{name}|{who}"] = (model, lambda g=generate, s=settings: g(model, prompt, **SETTING, **s))
     return runs
@@ -75,12 +76,15 @@ def reads_per_forward(generate: Callable, model, prompt, settings: dict) -> tupl
 
 
 @torch.no_grad()
-def measure_vocab(vocab: int, generators: dict[str, Callable], repeats: int, say: Callable[[str], None]) -> list[dict]:
+def measure_vocab(
+    vocab: int, generators: dict[str, Callable], repeats: int, say: Callable[[str], None], samplers: list[str]
+) -> list[dict]:
     model = tiny_model(vocab_size=vocab, hidden=256, layers=4)
     prompt = torch.randint(0, vocab - 2, (1, 64), generator=torch.Generator().manual_seed(1))
-    series = interleave(runs_of(model, prompt, generators), repeats, 1, progress=say)
+    series = interleave(runs_of(model, prompt, generators, samplers), repeats, 1, progress=say)
     rows = []
-    for name, settings in SAMPLERS.items():
+    for name in samplers:
+        settings = SAMPLERS[name]
         row: dict[str, Any] = dict(vocab=vocab, sampler=name)
         tokens = {}
         for who, generate in generators.items():
@@ -131,6 +135,7 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     parser.add_argument("--vocabs", type=int, nargs="+", default=[1024, 126464])
     parser.add_argument("--baseline", default=None, help="another checkout whose sampler runs beside this one")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--samplers", nargs="+", choices=list(SAMPLERS), default=None, help="only these rows")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     generators = {"ours": diffusion_generate}
@@ -145,7 +150,7 @@ def main(argv: Optional[list[str]] = None) -> list[dict]:
     rows = []
     for vocab in args.vocabs:
         say = lambda line, v=vocab: print(f"  vocab {v}: {line}", file=sys.stderr, flush=True)  # noqa: E731
-        rows += measure_vocab(vocab, generators, args.repeats, say)
+        rows += measure_vocab(vocab, generators, args.repeats, say, args.samplers or list(SAMPLERS))
     print(table(rows, bool(args.baseline)))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

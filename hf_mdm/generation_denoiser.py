@@ -36,6 +36,7 @@ where a block starts (`Denoiser.begin_block`). Exported with the model as remote
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -50,11 +51,17 @@ from .modeling_blocks import shift_logits
 
 
 def accepts(model: Any, name: str) -> bool:
-    """Whether ``model.forward`` takes an argument ``name``."""
+    """Whether ``model.forward`` takes an argument ``name`` (each function's parameters read once)."""
+    forward = getattr(model, "forward", None)
     try:
-        return name in inspect.signature(model.forward).parameters
+        return name in _parameters(getattr(forward, "__func__", forward))
     except (TypeError, ValueError):
         return False
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(function: Callable) -> frozenset[str]:
+    return frozenset(inspect.signature(function).parameters)
 
 
 def logits_shift_of(model: Any, config: Any = None) -> int:
@@ -189,6 +196,7 @@ class BlockCache:
     end: int
     cache: Any = None
     forwards: int = 0
+    span: Optional[torch.Tensor] = None  # the columns of its span forwards (the same at every step of the block)
 
 
 @dataclass
@@ -429,8 +437,10 @@ class Denoiser:
             self._refresh(kwargs)
             return None
         start = max(block.start - self.shift, 0)
-        end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
-        kwargs.update(cache=block.cache, cache_position=self._span_columns(start, end, inputs.device))
+        if block.span is None:
+            end = inputs.shape[1] if self.kv_cache == "prefix" else block.end
+            block.span = self._span_columns(start, end, inputs.device)
+        kwargs.update(cache=block.cache, cache_position=block.span)
         return start
 
     def _exact_cache_arguments(self, inputs: torch.Tensor, kwargs: dict[str, Any]) -> Optional[int]:

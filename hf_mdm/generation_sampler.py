@@ -26,7 +26,7 @@ import torch
 
 from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
-from .generation_random import only_rows, select_rows
+from .generation_random import RowGenerators, only_rows, select_rows
 from .generation_stopping import stops_inside_block
 from .generation_strategy import Proposals, Proposer, Strategy, choose, get_strategy
 from .generation_transfer import Transfer, reveal_steps
@@ -240,7 +240,9 @@ def _step(
     masked when the host knows it: the model is then asked for logits, and proposals drawn, only at each row's
     still-masked positions (`still_masked_positions`). A row whose count is 0 draws nothing (alone it skips the
     step)."""
-    with sampler.drawing_for(drawing=None if counts is None else counts > 0):
+    if counts is None or not isinstance(sampler.generator, RowGenerators):
+        return _reveal_step(sampler, rows, block_mask, keep, counts, steps_left, most, width)
+    with sampler.drawing_for(drawing=counts > 0):  # one generator per row: the rows that reveal nothing skip
         _reveal_step(sampler, rows, block_mask, keep, counts, steps_left, most, width)
 
 
@@ -258,10 +260,10 @@ def _reveal_step(sampler: Sampler, rows: Rows, block_mask, keep, counts, steps_l
         keep = torch.arange(*block, device=keep.device)
     gather = sampler.gather_still_masked and block is None
     positions = still_masked_positions(block_mask, keep, width if gather else None)
-    proposals = propose_at(sampler, rows, positions, block_mask.gather(1, positions))
+    masked = block_mask.gather(1, positions)
+    proposals = propose_at(sampler, rows, positions, masked)
     scores = sampler.strategy.scores(proposals, positions, rows.x.shape[1], sampler.generator)
     if counts is None:
-        masked = block_mask.gather(1, positions)
         counts = sampler.transfer.adaptive_counts(
             proposals.confidence, proposals.probs, scores.gather(1, positions), masked, steps_left
         )
@@ -279,8 +281,8 @@ def still_masked_positions(block_mask: torch.Tensor, keep: torch.Tensor, width: 
     bsz, k = block_mask.shape[0], keep.numel()
     if width is None or width >= k:
         return keep.expand(bsz, -1)
-    order = block_mask[:, keep].long() * (k + 1) - torch.arange(k, device=keep.device)
-    return keep[torch.topk(order, max(int(width), 1), dim=1).indices]
+    masked_first = block_mask.index_select(1, keep).sort(dim=1, descending=True, stable=True).indices
+    return keep.take(masked_first[:, : max(int(width), 1)])
 
 
 def propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor, drawing: torch.Tensor) -> Proposals:
@@ -291,10 +293,8 @@ def propose_at(sampler: Sampler, rows: Rows, positions: torch.Tensor, drawing: t
     denoiser = sampler.denoiser
     logits = denoiser.logits(rows, positions) if positions.dim() == 1 else denoiser.logits_at(rows, positions)
     k, vocab = logits.shape[1], logits.shape[2]
-    flat_rows = torch.arange(bsz, device=rows.x.device).repeat_interleave(k)
-    cols = positions.repeat(bsz) if positions.dim() == 1 else positions.reshape(-1)
-    ids = sampler.proposer.processor_ids(rows.x, flat_rows, cols)
-    drawn = (flat_rows, drawing.flatten())
+    grid = positions if positions.dim() == 2 else positions.expand(bsz, -1)
+    ids, drawn = sampler.proposer.grid_inputs(rows.x, grid, drawing)
     flat = sampler.proposer(logits.reshape(bsz * k, vocab), ids, sampler.needs_distributions, drawn)
     return Proposals(*(None if v is None else v.view(bsz, k, *v.shape[1:]) for v in flat))
 
@@ -357,9 +357,8 @@ def reveal_top(
     positions = torch.topk(scores.masked_fill(~candidates, -float("inf")), kmax, dim=-1).indices
     take = (torch.arange(kmax, device=x.device)[None, :] < counts[:, None]) & candidates.gather(1, positions)
     logits = _logits_at(sampler, rows, positions.masked_fill(~take, 0))  # unused slots: position 0, in any span
-    flat_rows, cols = torch.arange(bsz, device=x.device).repeat_interleave(kmax), positions.flatten()
-    ids = sampler.proposer.processor_ids(x, flat_rows, cols)
-    flat = sampler.proposer(logits.flatten(0, 1), ids, drawn=(flat_rows, take.flatten()))
+    ids, drawn = sampler.proposer.grid_inputs(x, positions, take)
+    flat = sampler.proposer(logits.flatten(0, 1), ids, drawn=drawn)
     proposals = type(flat)(*(None if v is None else v.view(bsz, kmax, *v.shape[1:]) for v in flat))
     x.scatter_(1, positions, torch.where(take, proposals.tokens, x.gather(1, positions)))
     sampler.record(rows, None, positions, proposals, take)

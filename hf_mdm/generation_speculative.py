@@ -230,9 +230,7 @@ def _laws(sampler: Sampler, rows: Rows, positions: torch.Tensor) -> torch.Tensor
     logits = sampler.denoiser.logits_at(rows, positions)
     n, k, vocab = logits.shape
     flat = logits.reshape(n * k, vocab).to(torch.float32, copy=True)
-    ids = sampler.proposer.processor_ids(
-        rows.x, torch.arange(n, device=rows.x.device).repeat_interleave(k), positions.reshape(-1)
-    )
+    ids, _ = sampler.proposer.grid_inputs(rows.x, positions)
     return sampler.proposer.distribution(flat, ids).view(n, k, vocab)
 
 

@@ -243,33 +243,27 @@ class Proposer:
 
     def _propose(self, logits: torch.Tensor, ids: ProcessorIds, need_probs: bool, drawn=None) -> Proposals:
         """Proposals at N positions from their logits (N, V); the distributions are returned when ``need_probs``
-        (margin, entropy, the entropy bound). At temperature 0 the probability of the argmax is exp(max - logsumexp):
-        two read-only passes over the logits instead of writing a softmax. ``ids``: what the processors read."""
+        (margin, entropy, the entropy bound). ``ids``: what the processors read."""
         logits = self.process(logits, ids)
         picked = None if self.ngram is None else self.ngram.propose(logits, ids.x, ids.rows, ids.cols, self._pick)
         scores = logits.clone() if self.record else None
-        if self.temperature or need_probs:
-            probs = torch.softmax(logits, dim=-1)
-            if picked is not None:
-                tokens = picked
-            elif self.temperature:
-                # the token drawn with [MASK] left out: in a copy when the distributions are returned, else in place
-                # (the drawn token is never [MASK], so its probability is the same)
-                sample_probs = probs.clone() if need_probs else probs
-                sample_probs[:, self.mask_id] = 0.0
-                if drawn is None and self.compile_options is not None:  # compiled: torch's call, one graph break
-                    tokens = torch.multinomial(sample_probs, 1, generator=self.generator).squeeze(1)
-                else:  # torch.multinomial's numbers and indices without its checks (or one generator per row)
-                    tokens = random_multinomial(sample_probs, self.generator, *(drawn or ()))
-            else:
-                logits[:, self.mask_id] = -float("inf")
-                tokens = logits.argmax(-1)
-            confidence = probs.gather(-1, tokens[:, None]).squeeze(1)
-            return Proposals(tokens, confidence, probs if need_probs else None, scores)
-        log_normaliser = torch.logsumexp(logits, dim=-1)
-        logits[:, self.mask_id] = -float("inf")
-        top, tokens = logits.max(-1)  # ties: the first index, as argmax
-        return Proposals(tokens, torch.exp(top - log_normaliser), None, scores)
+        probs = torch.softmax(logits, dim=-1)  # the confidence is the softmax's, as LLaDA's and Dream's code take it
+        if picked is not None:
+            tokens = picked
+        elif self.temperature:
+            # the token drawn with [MASK] left out: in a copy when the distributions are returned, else in place
+            # (the drawn token is never [MASK], so its probability is the same)
+            sample_probs = probs.clone() if need_probs else probs
+            sample_probs[:, self.mask_id] = 0.0
+            if drawn is None and self.compile_options is not None:  # compiled: torch's call, one graph break
+                tokens = torch.multinomial(sample_probs, 1, generator=self.generator).squeeze(1)
+            else:  # torch.multinomial's numbers and indices without its checks (or one generator per row)
+                tokens = random_multinomial(sample_probs, self.generator, *(drawn or ()))
+        else:
+            logits[:, self.mask_id] = -float("inf")
+            tokens = logits.argmax(-1)  # ties: the first index
+        confidence = probs.gather(-1, tokens[:, None]).squeeze(1)
+        return Proposals(tokens, confidence, probs if need_probs else None, scores)
 
     def _pick(self, logits: torch.Tensor) -> torch.Tensor:
         """A token (M,) from processed ``logits`` (M, V), [MASK] excluded: drawn at temperature > 0, else the argmax."""
@@ -304,6 +298,26 @@ class Proposer:
             return probs.argmax(-1)
         return random_multinomial(probs, self.generator)
 
+    @property
+    def reads_positions(self) -> bool:
+        """Whether proposing reads where each position is: processors, n-gram bans, or one generator per row."""
+        processors = len(self.processors) + len(self.context_processors)
+        return bool(processors) or self.ngram is not None or isinstance(self.generator, RowGenerators)
+
+    def grid_inputs(
+        self, x: torch.Tensor, positions: torch.Tensor, drawing: Optional[torch.Tensor] = None
+    ) -> tuple[ProcessorIds, Optional[tuple]]:
+        """`processor_ids` and the ``drawn`` argument for per-row ``positions`` (B, K) of ``x`` flattened row by row
+        (``drawing`` (B, K): where a row draws alone); nothing built when nothing reads them (`reads_positions`)."""
+        if not self.reads_positions:
+            return ProcessorIds(), None
+        bsz, k = positions.shape
+        rows = torch.arange(bsz, device=x.device).repeat_interleave(k)
+        return self.processor_ids(x, rows, positions.reshape(-1)), (
+            rows,
+            None if drawing is None else drawing.flatten(),
+        )
+
     def processor_ids(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> ProcessorIds:
         """What the processors read for the scored positions (``rows``, ``cols``) (N,) of the canvas ``x``."""
         canvas = x[rows] if len(self.processors) else None
@@ -322,6 +336,6 @@ def choose(
     kmax = int(counts.max()) if kmax is None else kmax
     if kmax == 0:
         return chosen
-    idx = torch.topk(scores.masked_fill(~candidates, -float("inf")), kmax, dim=-1).indices
+    idx = torch.topk(torch.where(candidates, scores, -float("inf")), kmax, dim=-1).indices
     take = torch.arange(kmax, device=scores.device)[None, :] < counts[:, None]
     return chosen.scatter_(1, idx, take & candidates.gather(1, idx))

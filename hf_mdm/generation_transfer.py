@@ -151,9 +151,9 @@ def warn_steps_raised(steps: int, per_block: list[int]) -> None:
 
 def threshold_counts(confident: torch.Tensor, remaining: torch.Tensor, steps_left: int) -> torch.Tensor:
     """Counts (B,) of the threshold transfer: the ``confident`` (B,) positions, at least one while any is masked,
-    and at least ``ceil(remaining / steps_left)`` so that the block never takes more than its steps."""
-    needed = (remaining + steps_left - 1) // steps_left
-    return torch.maximum(torch.maximum(confident, needed), (remaining > 0).long())
+    and at least ``ceil(remaining / steps_left)`` so that the block never takes more than its steps (which is at
+    least one where ``remaining`` > 0)."""
+    return torch.maximum(confident, (remaining + (steps_left - 1)) // steps_left)
 
 
 def entropy_bound_counts(
