@@ -48,21 +48,31 @@ def time_grid(num_steps: int) -> torch.Tensor:
     return 1.0 - torch.arange(num_steps + 1, dtype=torch.float64) / num_steps
 
 
-def deterministic_counts(num_masked: torch.Tensor, num_steps: int, schedule: Any) -> torch.Tensor:
+def deterministic_counts(
+    num_masked: torch.Tensor, num_steps: int, schedule: Any, shares: Optional[list[float]] = None
+) -> torch.Tensor:
     """Tokens revealed at each step of a block: (B, S) from masked counts (B,) at block start.
 
     floor(m0 * (alpha(s) - alpha(t))) per step, the remainder m0 - sum given one each to the earliest steps.
     For the linear schedule this is LLaDA's rule: m0 // S per step plus one on the first m0 % S steps.
+    ``shares``: `step_shares` when the caller keeps them. Counted on the host (float64, as torch would), once per
+    distinct m0: a block's table is a few dozen integers, and tensor operations on them cost more than the numbers.
     """
+    shares = step_shares(schedule, num_steps) if shares is None else shares
+    masked, tables = num_masked.tolist(), {}  # the one read (the table is the host's from here on)
+    for m0 in set(masked):
+        base = [math.floor(m0 * share + 1e-9) for share in shares]
+        full, extra = divmod(m0 - sum(base), num_steps)
+        tables[m0] = [count + full + (step < extra) for step, count in enumerate(base)]
+    return torch.tensor([tables[m0] for m0 in masked], dtype=torch.long, device=num_masked.device)
+
+
+def step_shares(schedule: Any, num_steps: int) -> list[float]:
+    """(alpha(s) - alpha(t)) of each step, normalised to sum to 1 (schedules whose alpha(1) is not exactly 0 still
+    reveal everything), float64."""
     alphas = schedule.alpha(time_grid(num_steps)).to(torch.float64)
     delta = alphas[1:] - alphas[:-1]
-    delta = delta / delta.sum()  # schedules whose alpha(1) is not exactly 0 still reveal everything
-    m0 = num_masked.to(torch.float64).cpu()
-    base = torch.floor(m0[:, None] * delta[None, :] + 1e-9).long()
-    remainder = num_masked.cpu().long() - base.sum(1)
-    steps = torch.arange(num_steps)
-    extra = (steps[None, :] < (remainder % num_steps)[:, None]).long() + (remainder // num_steps)[:, None]
-    return (base + extra).to(num_masked.device)
+    return (delta / delta.sum()).tolist()
 
 
 def reveal_probability(schedule: Any, t: float, s: float) -> float:
@@ -279,8 +289,14 @@ class DeterministicTransfer(Transfer):
 
     name = "deterministic"
 
+    def __init__(self) -> None:
+        self._shares: dict[tuple[int, int], list[float]] = {}  # a call's blocks share them
+
     def count_table(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> Optional[torch.Tensor]:
-        return deterministic_counts(m0, num_steps, schedule)
+        key = (id(schedule), num_steps)
+        if key not in self._shares:
+            self._shares[key] = step_shares(schedule, num_steps)
+        return deterministic_counts(m0, num_steps, schedule, self._shares[key])
 
 
 @register_transfer

@@ -5,7 +5,9 @@ running an operation whose output shape depends on the values (``nonzero``, bool
 ``bincount``, ...) stops the host until the device has caught up, so the host can no longer queue work ahead of it
 and a compiled or graph-captured step breaks there. `count_host_syncs` counts those operations as they are called,
 on any device (a CPU run counts the ones a GPU run would wait on), with a `TorchDispatchMode` for the operators and a
-`TorchFunctionMode` for ``Tensor.tolist`` (which reads a CPU tensor without dispatching any operator).
+`TorchFunctionMode` for the reads a tensor method makes (``Tensor.tolist``, and under ``torch.inference_mode``
+``.item()``, ``int(t)``, ``bool(t)``, which read a CPU tensor without dispatching any operator); a read counted there
+is not counted again by the operator it dispatches.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class HostSyncCounter(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.by_op: Counter[str] = Counter()
+        self.reading = False  # inside a read the function mode counted (its operator is not counted again)
 
     @property
     def total(self) -> int:
@@ -51,27 +54,42 @@ class HostSyncCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         name = func._schema.name
-        if name in _DATA_DEPENDENT or (name in _BOOL_INDEXED and _has_bool_index(args)):
+        if name == "aten::_local_scalar_dense" and self.reading:
+            pass
+        elif name in _DATA_DEPENDENT or (name in _BOOL_INDEXED and _has_bool_index(args)):
             self.by_op[name.removeprefix("aten::")] += 1
         elif name == "aten::repeat_interleave" and func._overloadname != "self_int":
             self.by_op["repeat_interleave"] += int((kwargs or {}).get("output_size") is None)  # repeats as a tensor
         return func(*args, **(kwargs or {}))
 
 
-class _ToListCounter(TorchFunctionMode):
+# tensor methods that read a value on the host, and the operator each is counted as
+_READS = {
+    "tolist": "tolist",
+    **dict.fromkeys(("item", "__int__", "__bool__", "__float__", "__index__"), "_local_scalar_dense"),
+}
+
+
+class _ReadCounter(TorchFunctionMode):
     def __init__(self, counter: HostSyncCounter) -> None:
         super().__init__()
         self.counter = counter
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
-        if getattr(func, "__name__", None) == "tolist":
-            self.counter.by_op["tolist"] += 1
-        return func(*args, **(kwargs or {}))
+        read = _READS.get(getattr(func, "__name__", None))
+        if read is None or self.counter.reading:
+            return func(*args, **(kwargs or {}))
+        self.counter.by_op[read] += 1
+        self.counter.reading = True
+        try:
+            return func(*args, **(kwargs or {}))
+        finally:
+            self.counter.reading = False
 
 
 @contextmanager
 def count_host_syncs() -> Iterator[HostSyncCounter]:
     """``with count_host_syncs() as syncs: ...``, then ``syncs.total`` and ``syncs.by_op`` (operator -> calls)."""
     counter = HostSyncCounter()
-    with _ToListCounter(counter), counter:
+    with _ReadCounter(counter), counter:
         yield counter

@@ -188,7 +188,7 @@ class Engine:
         ids, mask = left_pad([job.ids for job in jobs], self.pad_id)
         device = next(self.model.parameters()).device
         ids, mask = ids.to(device), mask.to(device)
-        with torch.no_grad():
+        with torch.inference_mode():  # no autograd records: less host work a forward
             tokens = self._diffusion(jobs, ids, mask) if self.diffusion else self._autoregressive(jobs, ids, mask)
         return [self.answer(job, row) for job, row in zip(jobs, tokens)]
 

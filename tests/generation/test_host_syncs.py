@@ -10,7 +10,9 @@ from tiny_mdm import MASK, tiny_mdm
 from hf_mdm import MDMForMaskedDiffusion
 from hf_mdm.host_syncs import count_host_syncs
 
-READS_PER_BLOCK = 3  # the rows still running, the block's columns and its count table
+# the rows still running, the block's masked counts (the deterministic count table is built from them on the host;
+# before, two copies to the CPU read them, which the counter does not see), the block's columns and its count table
+READS_PER_BLOCK = 4
 # the stochastic counts also read the block's reveal probabilities from the schedule: a tensor on the host (the time
 # grid), which the counter cannot tell from a device tensor on a CPU run
 SCHEDULE_READS = {"deterministic": 0, "stochastic": 1}
@@ -36,6 +38,16 @@ def test_the_counter_counts_reads_and_data_dependent_shapes():
         "index_put_": 1,
     }
     assert syncs.total == 7
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_reads_are_counted_once_in_either_mode(mode):
+    """Under inference mode a CPU tensor's ``.item()`` dispatches no operator: the read is counted at the method."""
+    with mode():
+        t = torch.arange(6)
+    with count_host_syncs() as syncs, mode():
+        int(t[0]), bool(t.any()), float(t[1]), t[2].item(), range(t[3]), t.tolist()
+    assert dict(syncs.by_op) == {"_local_scalar_dense": 5, "tolist": 1}
 
 
 def _syncs(model, **settings) -> tuple[int, torch.Tensor, int]:
