@@ -112,7 +112,7 @@ def measure(repeats: int, say: Callable[[str], None]) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     lines = [
-        "| model | row | forwards | ops / forward | ms, no_grad | ms, inference_mode | inference / no_grad: median "
+        "| model | row | forwards | ops a forward of 512 | ms, no_grad | ms, inference_mode | inference / no_grad: median "
         "(range) | ms a forward, no_grad | ms a forward, inference_mode |",
         "|---|---|---|---|---|---|---|---|---|",
     ]

@@ -14,9 +14,10 @@ synchronisations of one untimed call (`hf_mdm.host_syncs`) per forward. ``torch.
 inside its own kernel, which the counter does not see; the sampler no longer calls it.
 
 ``--baseline DIR``: another checkout's sampler (its ``hf_mdm/generation*.py`` and what they import, loaded under
-another package name: `bench_sampler.load_baseline`) on the same model and inputs; its tokens must equal this
-checkout's (asserted). The model is this checkout's in both, so a change inside the model's forward shows in both
-columns.
+another package name: `bench_sampler.load_baseline`) on the same model and inputs; *tokens = baseline's* is the
+share of generated tokens equal to the baseline's (a change of arithmetic, such as how a confidence is rounded, can
+break a near tie the other way). The model is this checkout's in both, so a change inside the model's forward shows
+in both columns.
 
 Run: ``python evaluation/bench_sampler_cost.py [--repeats 3] [--vocabs 1024 126464] [--baseline DIR] [--json out]``.
 """
@@ -95,7 +96,7 @@ def measure_vocab(
             row["nfe"] = s.calls[0].forwards
             row[f"reads_per_forward_{who}"], tokens[who] = reads_per_forward(generate, model, prompt, settings)
         if "baseline" in tokens:
-            assert torch.equal(tokens["ours"], tokens["baseline"]), f"{name}: the tokens differ from the baseline's"
+            row["tokens_equal"] = float((tokens["ours"] == tokens["baseline"])[:, prompt.shape[1] :].float().mean())
             row["outside_ratios"] = [
                 outside_of(a) / outside_of(b)
                 for a, b in zip(series[f"{name}|ours"].calls, series[f"{name}|baseline"].calls)
@@ -114,7 +115,7 @@ def table(rows: list[dict], baseline: bool) -> str:
     names = {"baseline": "baseline", "ours": "this"}
     head = ["vocab", "sampler", "NFE"]
     head += [f"outside ({names[w]})" for w in whose] + [f"reads / NFE ({names[w]})" for w in whose]
-    head += ["outside s, this / baseline: median (range)"] if baseline else []
+    head += ["outside s, this / baseline: median (range)", "tokens = baseline's"] if baseline else []
     lines = ["| " + " | ".join(head + [f"this <= {OUTSIDE_MAX:.0%}"]) + " |", "|" + "---|" * (len(head) + 1)]
     for r in rows:
         cells = [str(r["vocab"]), r["sampler"], str(r["nfe"])]
@@ -123,6 +124,7 @@ def table(rows: list[dict], baseline: bool) -> str:
         if baseline:
             ratios = r["outside_ratios"]
             cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+            cells.append(f"{r['tokens_equal']:.1%}")
         cells.append("PASS" if r["outside_ours"] <= OUTSIDE_MAX else "FAIL")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

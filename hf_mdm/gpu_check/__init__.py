@@ -7,7 +7,8 @@ before anything runs; a part whose estimate would end past the deadline is skipp
 1. The real-shape table with random weights (`hf_mdm.gpu_check.table`, models in `hf_mdm.gpu_check.shapes`):
    LLaDA-8B, Dream-7B, LLaDA2.0-mini and the autoregressive Qwen2.5-7B and Llama-3-8B, every model's eager rows at
    batch 1, then at batch 32, then LLaDA-8B's dual cache with int8 and int4 weights; each row beside its two limits
-   (`hf_mdm.gpu_check.limits`).
+   (`hf_mdm.gpu_check.limits`). After LLaDA-8B's batch-1 rows, threshold decoding against confidence decoding,
+   called in turn (`hf_mdm.gpu_check.adaptive`).
 2. Batch invariance (`hf_mdm.gpu_check.invariance`): whether rows of one length batched together get the bits each
    gets alone on this device, for each diffusion model.
 3. Serving (`hf_mdm.gpu_check.serving`): concurrent requests as joined calls (``hf-mdm serve --scheduler join``)
@@ -33,6 +34,7 @@ from typing import Any, Optional
 import torch
 
 from ..quantization import quantize_weights
+from .adaptive import measure_interleaved
 from .invariance import measure_invariance
 from .report import environment, write_report
 from .schedule import BUDGET_S, Planned, Schedule, compile_caches, plan
@@ -121,11 +123,11 @@ def execute(schedule: Schedule, shapes: list[Shape], settings: Settings, cuda: b
     """Runs the planned parts in order (a part whose estimate would end past the deadline is skipped); returns the
     table's rows in table order, the invariance and serving rows and the CUDA tests' outcome."""
     by_name = {shape.name: shape for shape in shapes}
-    models, rows, invariance, serving = _Models(by_name, settings), [], [], []
+    models, rows, invariance, serving, adaptive = _Models(by_name, settings), [], [], [], []
     tests = {"summary": "not run: not in the plan (past the budget)", "returncode": None}
     for planned in schedule.entries:
         item = planned.item
-        if item.kind != "row":
+        if item.kind not in ("row", "adaptive"):
             models.free()
         if item.kind == "row":
             rows.append(_measure(models, planned, rows))
@@ -134,6 +136,9 @@ def execute(schedule: Schedule, shapes: list[Shape], settings: Settings, cuda: b
             serving += _serve(by_name[item.model], entries, settings)
         elif not planned.planned or time.monotonic() + planned.seconds > settings.deadline:
             continue
+        elif item.kind == "adaptive":  # the model its batch-1 rows built
+            network = models.get(item.spec)
+            adaptive.append(measure_interleaved(network, by_name[item.model], models.prompt(1), settings))
         elif item.kind == "invariance":
             shape = by_name[item.model]
             measured = measure_invariance(
@@ -147,7 +152,7 @@ def execute(schedule: Schedule, shapes: list[Shape], settings: Settings, cuda: b
     order = [s for shape in shapes for b in settings.batches for s in table_rows(shape, b, cuda)]
     key = {(s.model, s.batch, s.sampler, s.weights): n for n, s in enumerate(order)}
     rows.sort(key=lambda r: key[(r.model, r.batch, r.sampler, r.weights)])
-    return {"rows": rows, "invariance": invariance, "serving": serving, "tests": tests}
+    return {"rows": rows, "invariance": invariance, "serving": serving, "tests": tests, "adaptive": adaptive}
 
 
 def run(

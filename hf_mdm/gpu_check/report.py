@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from ..fileio import write_atomic
+from .adaptive import interleaved_lines
 from .invariance import Invariance
 from .limits import PEAK_BANDWIDTH, PEAK_FLOPS
 from .published import published_lines
@@ -82,6 +83,7 @@ def markdown(env: dict[str, Any], done: dict[str, Any], settings: dict[str, Any]
             f"{_cell(r.ms_per_forward, 2)} | {_limit_cells(r)} | {r.nfe if r.nfe is not None else '-'} | "
             f"{_cell(r.peak_memory_gib, 2)} | {equal} | {r.note} |"
         )
+    lines += interleaved_lines(done.get("adaptive", []))
     lines += invariance_lines(done["invariance"]) + serving_lines(list(done["serving"]))
     return "\n".join(lines + published_lines(done["rows"])) + "\n"
 
@@ -117,6 +119,7 @@ def write_report(
     ]
     payload = {"environment": env, "cuda_tests": done["tests"], "settings": settings, "rows": records}
     payload["plan"] = {"budget_s": schedule.budget_s, "total_s": schedule.total_s, "parts": plan}
+    payload["threshold_vs_confidence"] = [dataclasses.asdict(r) for r in done.get("adaptive", [])]
     payload["batch_invariance"] = [dataclasses.asdict(r) for r in done["invariance"]]
     payload["serving"] = [dataclasses.asdict(r) for r in done["serving"]]
     paths = {"json": output_dir / "gpu_check.json", "markdown": output_dir / "gpu_check.md"}

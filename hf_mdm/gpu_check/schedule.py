@@ -1,6 +1,7 @@
 """The plan of ``make gpu-check``: what it runs, in which order, and how long each part should take on one H200.
 
-The work, in order (`plan`): every model's eager rows at batch 1, then at the other batch sizes, then the eager
+The work, in order (`plan`): every model's eager rows at batch 1 (`TARGET_MODEL`'s followed by threshold decoding
+against confidence decoding, interleaved: `hf_mdm.gpu_check.adaptive`), then at the other batch sizes, then the eager
 quantized rows, then the compiled rows that carry the targets (`TARGET_MODEL`'s at batch 1: CUDA graphs for each
 cache, bf16 and quantized), batch invariance, serving, and last the other costly rows, whose forwards compile (CUDA
 graphs, transformers' static cache), then the CUDA tests. A compiled row keeps its model built for the compiled
@@ -31,6 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .adaptive import ROUNDS
 from .limits import ModelSize, forward_work, limits_ms, model_size, positions
 from .serving import SERVED_MODELS
 from .shapes import Shape
@@ -69,6 +71,7 @@ ASSUMED_CUDA_TESTS_S = 90.0  # the first run stopped them at 90 s (cold caches);
 #: The model whose batch-1 compiled rows carry issue 54's targets (dual cache with CUDA graphs <= 6 ms a forward, no
 #: cache <= 13 ms, int4 dual faster than bf16): they run right after the eager rows, before invariance and serving.
 TARGET_MODEL = "LLaDA-8B"
+ADAPTIVE_ROWS = ("confidence, no cache", "threshold 0.9 (adaptive: depends on the weights)")  # the table's names
 LLADA2_FORWARDS = 256  # its published settings: 32 steps for each of 8 blocks; random weights rarely reach 0.95
 
 
@@ -77,7 +80,8 @@ class Item:
     """A part of the check: a table row (``spec``), one model's batch invariance, serving ``count`` concurrent
     requests of one model, or the CUDA tests."""
 
-    kind: str  # "row", "invariance", "serving", "cuda tests"
+    kind: str  # "row", "adaptive" (threshold against confidence: `hf_mdm.gpu_check.adaptive`), "invariance",
+    # "serving", "cuda tests"
     model: str = ""
     spec: Optional[RowSpec] = None
     count: int = 0
@@ -92,6 +96,8 @@ class Item:
         return (self.spec.model, self.spec.weights) if self.spec is not None else None
 
     def label(self) -> str:
+        if self.kind == "adaptive":
+            return f"{self.model}, batch 1, threshold 0.9 against confidence, interleaved ({ROUNDS} rounds)"
         if self.spec is not None:
             weights = "" if self.spec.weights == "none" else f", {self.spec.weights}"
             return f"{self.spec.model}, batch {self.spec.batch}, {self.spec.sampler}{weights}"
@@ -152,7 +158,11 @@ def items(shapes: list[Shape], settings: Settings, cuda: bool) -> list[Item]:
     compiled = sorted((s for s in specs if s.compiled), key=lambda s: (order[s.model], s.weights != "none", s.batch))
     targets = [s for s in compiled if s.model == TARGET_MODEL and s.batch == settings.batches[0]]
     counts = (1, 3) if settings.prompt < 256 else (1, 8, 32)
-    parts = [Item("row", s.model, s) for s in first + rest + quantized + targets]
+    parts = [Item("row", s.model, s) for s in first]
+    if any(shape.name == TARGET_MODEL for shape in shapes):  # after its batch-1 rows: the model is still built
+        at = max(n for n, part in enumerate(parts) if part.model == TARGET_MODEL) + 1
+        parts.insert(at, Item("adaptive", TARGET_MODEL, RowSpec(TARGET_MODEL, 1, "confidence, no cache")))
+    parts += [Item("row", s.model, s) for s in rest + quantized + targets]
     parts += [Item("invariance", shape.name) for shape in shapes if shape.kind == "diffusion"]
     parts += [Item("serving", shape.name, count=n) for shape in shapes if shape.name in SERVED_MODELS for n in counts]
     parts += [Item("row", s.model, s) for s in compiled if s not in targets]
@@ -244,6 +254,10 @@ def estimate(
     quantized = item.spec is not None and item.spec.weights != "none"
     per_billion = ASSUMED_BUILD_S_PER_BILLION + (ASSUMED_QUANTIZE_S_PER_BILLION if quantized else 0.0)
     build = per_billion * size.parameters / 1e9 if builds else 0.0
+    if item.kind == "adaptive":  # a warm-up call of one step a block, then the rounds, of each sampler
+        ms = [MEASURED.get((item.model, name), _eager_ms(item.model, name)) for name in ADAPTIVE_ROWS]
+        blocks = settings.new_tokens // settings.block
+        return build + sum((blocks + ROUNDS * settings.steps) * m for m in ms) / 1000, "measured ms/forward"
     if item.spec is None:
         return build + _section_seconds(item, size, settings), "estimate"
     seconds, basis = _row_seconds(item.spec, size, kinds[item.model], settings)

@@ -31,6 +31,7 @@ from .shapes import Shape
 
 __all__ = [
     "Settings",
+    "diffusion_call",
     "Row",
     "RowSpec",
     "table_rows",
@@ -179,7 +180,7 @@ def _calls(network, shape: Shape, spec: RowSpec, prompt: torch.Tensor, settings:
     if spec.sampler in LLADA2_ROWS:
         call = _llada2_call(network, prompt, settings, loop=LLADA2_ROWS[spec.sampler] == "loop")
         return call, call
-    generate = _diffusion_call(network, shape, prompt, settings)
+    generate = diffusion_call(network, shape, prompt, settings)
     if spec.compiled:
         graphs = CompileConfig(backend="inductor", mode="reduce-overhead", dynamic=False)
         call = generate(kv_cache=spec.cache, compile_forward=True, compile_config=graphs)
@@ -207,7 +208,7 @@ def _check_tokens(row: Row, spec: RowSpec, done: list, eos: Optional[int]) -> No
         row.tokens_equal = cut_at_eos(row.tokens, eos) == cut_at_eos(same.tokens, eos)
 
 
-def _diffusion_call(network, shape: Shape, prompt: torch.Tensor, settings: Settings):
+def diffusion_call(network, shape: Shape, prompt: torch.Tensor, settings: Settings):
     """``generate(**sampler)``: a call that runs the sampler on ``prompt`` and returns (new tokens, NFE)."""
     base = dict(max_new_tokens=settings.new_tokens, steps=settings.steps, block_length=settings.block, seed=0)
     base.update(stop_at_eos=False, **dict(shape.token_ids))

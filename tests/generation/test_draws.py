@@ -53,3 +53,19 @@ def test_sampled_proposals_are_softmax_and_multinomial(need_probs):
     assert torch.equal(got.tokens, tokens) and not (tokens == mask).any()
     assert torch.equal(got.confidence, probs.gather(1, tokens[:, None]).squeeze(1))
     assert (got.probs is None) if not need_probs else torch.equal(got.probs, probs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_confidence_is_the_published_softmax(dtype):
+    """At temperature 0 the confidence is LLaDA's ``softmax(logits).gather(argmax)`` bit for bit (Dream's
+    ``softmax(logits).max``): the argmax with [MASK] left out, its probability under the softmax of all logits."""
+    vocab, mask = 1031, 1030
+    logits = (torch.randn(48, vocab, generator=torch.Generator().manual_seed(3)) * 3).to(dtype)
+    logits[:8, mask] += 20.0  # [MASK] the largest logit of some rows: never proposed, still in the normaliser
+    got = Proposer(mask, 0.0, LogitsProcessorList(), LogitsProcessorList())(logits.clone(), ProcessorIds())
+    without_mask = logits.clone()
+    without_mask[:, mask] = -float("inf")
+    tokens = without_mask.argmax(-1)
+    assert torch.equal(got.tokens, tokens) and not (tokens == mask).any()
+    assert torch.equal(got.confidence, torch.softmax(logits, -1).gather(1, tokens[:, None]).squeeze(1))
+    assert got.confidence.dtype == dtype and bool((got.confidence[:8] < 0.01).all())

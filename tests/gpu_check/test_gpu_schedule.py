@@ -35,7 +35,15 @@ def test_the_plan_fits_eight_minutes_with_every_models_rows_and_the_costly_ones_
     target = [e.item.costly and e.item.model == TARGET_MODEL and e.item.spec.batch == 1 for e in schedule.entries]
     kinds = [("target" if t else "costly" if e.item.costly else e.item.kind) for t, e in zip(target, schedule.entries)]
     first_target, first_costly = kinds.index("target"), kinds.index("costly")
-    assert set(kinds[:first_target]) == {"row"}  # every eager row first, then the target rows, cheap work after them
+    assert set(kinds[:first_target]) == {
+        "row",
+        "adaptive",
+    }  # every eager row first, then the target rows, cheap work after
+    # threshold against confidence, interleaved, right after LLaDA-8B's batch-1 rows (its model still built), planned
+    (at,) = [n for n, e in enumerate(schedule.entries) if e.item.kind == "adaptive"]
+    before, after = schedule.entries[at - 1].item, schedule.entries[at + 1].item
+    assert schedule.entries[at].planned and schedule.entries[at].item.model == before.model == TARGET_MODEL
+    assert before.spec.batch == 1 and after.model != TARGET_MODEL
     assert kinds[first_target:].count("target") == kinds.count("target") >= 3
     assert all(k in ("costly", "cuda tests") for k in kinds[first_costly:])  # nothing cheap after the other costly
     assert kinds.count("costly") >= 12
