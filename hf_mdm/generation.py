@@ -428,8 +428,7 @@ class MaskedDiffusionGenerationMixin:
         except OSError:  # no generation_config.json: keep the one built from the model config
             pass
 
-    @outside_autograd
-    def generate(
+    def generate(  # diffusion_generate runs it outside autograd (`outside_autograd`)
         self,
         input_ids: Optional[torch.LongTensor] = None,
         attention_mask: Optional[torch.Tensor] = None,

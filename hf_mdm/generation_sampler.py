@@ -26,7 +26,7 @@ import torch
 
 from .generation_denoiser import Denoiser, Rows
 from .generation_processors import ScoreRecorder
-from .generation_random import RowGenerators, only_rows, select_rows
+from .generation_random import only_rows, select_rows
 from .generation_stopping import stops_inside_block
 from .generation_strategy import Proposals, Proposer, Strategy, choose, get_strategy
 from .generation_transfer import Transfer, reveal_steps
@@ -240,9 +240,7 @@ def _step(
     masked when the host knows it: the model is then asked for logits, and proposals drawn, only at each row's
     still-masked positions (`still_masked_positions`). A row whose count is 0 draws nothing (alone it skips the
     step)."""
-    if counts is None or not isinstance(sampler.generator, RowGenerators):
-        return _reveal_step(sampler, rows, block_mask, keep, counts, steps_left, most, width)
-    with sampler.drawing_for(drawing=counts > 0):  # one generator per row: the rows that reveal nothing skip
+    with sampler.drawing_for(drawing=None if counts is None else counts > 0):
         _reveal_step(sampler, rows, block_mask, keep, counts, steps_left, most, width)
 
 

@@ -55,8 +55,9 @@ def deterministic_counts(
 
     floor(m0 * (alpha(s) - alpha(t))) per step, the remainder m0 - sum given one each to the earliest steps.
     For the linear schedule this is LLaDA's rule: m0 // S per step plus one on the first m0 % S steps.
-    ``shares``: `step_shares` when the caller keeps them. Counted on the host (float64, as torch would), once per
-    distinct m0: a block's table is a few dozen integers, and tensor operations on them cost more than the numbers.
+    ``shares``: `step_shares`, when the caller keeps them (a call's blocks share them). Counted on the host (float64,
+    as torch would), once per distinct m0: a block's table is a few dozen integers, and tensor operations on them
+    cost more than the numbers.
     """
     shares = step_shares(schedule, num_steps) if shares is None else shares
     masked, tables = num_masked.tolist(), {}  # the one read (the table is the host's from here on)
@@ -290,10 +291,10 @@ class DeterministicTransfer(Transfer):
     name = "deterministic"
 
     def __init__(self) -> None:
-        self._shares: dict[tuple[int, int], list[float]] = {}  # a call's blocks share them
+        self._shares: dict[tuple[int, int], list[float]] = {}  # (schedule, steps) -> `step_shares`, for the call
 
     def count_table(self, schedule: Any, num_steps: int, m0: torch.Tensor, generator) -> Optional[torch.Tensor]:
-        key = (id(schedule), num_steps)
+        key = (id(schedule), num_steps)  # the call's schedule: the same object for all its blocks
         if key not in self._shares:
             self._shares[key] = step_shares(schedule, num_steps)
         return deterministic_counts(m0, num_steps, schedule, self._shares[key])

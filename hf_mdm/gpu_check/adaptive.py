@@ -17,14 +17,14 @@ from typing import Any
 import torch
 
 from ..timer import Stopwatch
-from .table import Settings, diffusion_call
+from .table import SAMPLERS, Settings, diffusion_call
 
 __all__ = ["Interleaved", "measure_interleaved", "interleaved_lines", "ROUNDS", "COMPARED"]
 
 ROUNDS = 3
-COMPARED: dict[str, dict[str, Any]] = {  # no cache both, the confidence order both
-    "confidence": dict(kv_cache="none"),
-    "threshold 0.9": dict(transfer="threshold", threshold=0.9, kv_cache="none"),
+#: the table's two rows compared (no cache both, the confidence order both), by their names there
+COMPARED: dict[str, dict[str, Any]] = {
+    name: SAMPLERS[name] for name in ("confidence, no cache", "threshold 0.9 (adaptive: depends on the weights)")
 }
 
 
@@ -71,10 +71,11 @@ def interleaved_lines(measured: list[Interleaved]) -> list[str]:
         "| model | sampler | NFE | ms / forward, each round | median | threshold / confidence |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    confidence, threshold = COMPARED
     for m in measured:
-        ratio = m.median_ms("threshold 0.9") / m.median_ms("confidence")
+        ratio = m.median_ms(threshold) / m.median_ms(confidence)
         for name in COMPARED:
             rounds = ", ".join(f"{ms:.2f}" for ms in m.ms_per_forward[name])
-            last = f"{ratio:.2f}" if name == "threshold 0.9" else ""
+            last = f"{ratio:.2f}" if name == threshold else ""
             lines.append(f"| {m.model} | {name} | {m.nfe[name]} | {rounds} | {m.median_ms(name):.2f} | {last} |")
     return lines

@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .adaptive import ROUNDS
+from .adaptive import COMPARED, ROUNDS
 from .limits import ModelSize, forward_work, limits_ms, model_size, positions
 from .serving import SERVED_MODELS
 from .shapes import Shape
@@ -71,7 +71,6 @@ ASSUMED_CUDA_TESTS_S = 90.0  # the first run stopped them at 90 s (cold caches);
 #: The model whose batch-1 compiled rows carry issue 54's targets (dual cache with CUDA graphs <= 6 ms a forward, no
 #: cache <= 13 ms, int4 dual faster than bf16): they run right after the eager rows, before invariance and serving.
 TARGET_MODEL = "LLaDA-8B"
-ADAPTIVE_ROWS = ("confidence, no cache", "threshold 0.9 (adaptive: depends on the weights)")  # the table's names
 LLADA2_FORWARDS = 256  # its published settings: 32 steps for each of 8 blocks; random weights rarely reach 0.95
 
 
@@ -255,7 +254,7 @@ def estimate(
     per_billion = ASSUMED_BUILD_S_PER_BILLION + (ASSUMED_QUANTIZE_S_PER_BILLION if quantized else 0.0)
     build = per_billion * size.parameters / 1e9 if builds else 0.0
     if item.kind == "adaptive":  # a warm-up call of one step a block, then the rounds, of each sampler
-        ms = [MEASURED.get((item.model, name), _eager_ms(item.model, name)) for name in ADAPTIVE_ROWS]
+        ms = [_eager_ms(item.model, name) for name in COMPARED]
         blocks = settings.new_tokens // settings.block
         return build + sum((blocks + ROUNDS * settings.steps) * m for m in ms) / 1000, "measured ms/forward"
     if item.spec is None:

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
+import transformers
 
 from hf_mdm.cli import main
+from hf_mdm.cli_finetune import check_bf16
 from hf_mdm.finetune import load_pairs, tokenize_pairs
 
 
@@ -95,13 +96,17 @@ def test_sft_on_an_autoregressive_model_points_to_a2d(tiny, tmp_path, capsys):
     assert "126336" not in line
 
 
-@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.is_bf16_supported(), reason="bf16 runs here")
-def test_sft_bf16_without_a_bf16_gpu_gives_this_clis_advice(tiny, tmp_path, capsys):
+def test_sft_bf16_without_a_bf16_gpu_gives_this_clis_advice(tiny, tmp_path, capsys, monkeypatch):
+    """No GPU with bfloat16 (so on any machine: transformers' answer set to no), and --bf16 is refused up front."""
+    monkeypatch.setattr(transformers.utils, "is_torch_bf16_gpu_available", lambda: False)
+    monkeypatch.setattr(transformers.utils, "is_torch_xla_available", lambda: False)
     data = pairs(tmp_path / "pairs.jsonl", [])
     assert sft(tiny["mdm"], data, tmp_path / "out", "--bf16") == 2
     line = last_error(capsys)
     assert "--bf16" in line and "without --bf16" in line and "use_cpu" not in line
     assert not (tmp_path / "out").exists()  # refused before loading anything
+    monkeypatch.setattr(transformers.utils, "is_torch_bf16_gpu_available", lambda: True)
+    check_bf16(True)  # with such a GPU it passes
 
 
 def test_a2d_on_a_model_it_cannot_convert_says_what_it_takes_in_one_line(tiny, tmp_path, capsys):

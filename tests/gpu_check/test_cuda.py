@@ -1,7 +1,7 @@
-"""On CUDA (``pytest -m cuda``, run by ``make gpu-check``; skipped without a GPU): every model class in bfloat16 on
-the GPU against float32 on the CPU, each attention implementation, the caches token-exact, compiled forwards and
-CUDA graphs equal to eager, LLaDA2's experts implementations, rows alone in bfloat16 (``batch_invariant``), and a
-two-process lm-eval run where two GPUs are present.
+"""On CUDA (``make test-cuda``; ``make gpu-check`` runs them last, when its budget reaches them; skipped without a
+GPU): every model class in bfloat16 on the GPU against float32 on the CPU, each attention implementation, the caches
+token-exact, compiled forwards and CUDA graphs equal to eager, LLaDA2's experts implementations, rows alone in
+bfloat16 (``batch_invariant``), and a two-process lm-eval run where two GPUs are present.
 
 Tolerance of bfloat16 against float32: logits within 0.1 absolute + 5% relative (bfloat16 keeps 8 bits of
 mantissa; these tiny random models' logits are of order 1), and the argmax equal at 95% of positions at least."""
@@ -24,7 +24,7 @@ from hf_mdm.gpu_check.shapes import shapes
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: run `make gpu-check` on a GPU"),
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: on a GPU, run `make test-cuda`"),
 ]
 
 DIFFUSION = {s.name: s for s in shapes(tiny=True) if s.kind == "diffusion"}
