@@ -40,6 +40,7 @@ import functools
 from typing import Any, Callable, Optional, Union
 
 import torch
+from torch.utils._pytree import tree_map_only
 from transformers import GenerationConfig
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import StoppingCriteriaList
@@ -137,19 +138,8 @@ def outside_autograd(function: Callable) -> Callable:
 
 def normal_tensors(value: Any) -> Any:
     """``value`` with every tensor made in inference mode cloned into a normal one (outside inference mode), through
-    a model output's fields, dicts, lists and tuples; anything else as it is."""
-    if isinstance(value, torch.Tensor):
-        return value.clone() if value.is_inference() else value
-    if isinstance(value, dict):  # ModelOutput too: its fields are its items
-        for key in list(value.keys()):
-            value[key] = normal_tensors(value[key])
-        return value
-    if isinstance(value, list):
-        return [normal_tensors(item) for item in value]
-    if isinstance(value, tuple):
-        items = [normal_tensors(item) for item in value]
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    return value
+    whatever torch's pytree walks (model outputs, dicts, lists, tuples); anything else as it is."""
+    return tree_map_only(torch.Tensor, lambda t: t.clone() if t.is_inference() else t, value)
 
 
 @outside_autograd

@@ -313,10 +313,8 @@ class Proposer:
             return ProcessorIds(), None
         bsz, k = positions.shape
         rows = torch.arange(bsz, device=x.device).repeat_interleave(k)
-        return self.processor_ids(x, rows, positions.reshape(-1)), (
-            rows,
-            None if drawing is None else drawing.flatten(),
-        )
+        drawn = (rows, None if drawing is None else drawing.flatten())
+        return self.processor_ids(x, rows, positions.reshape(-1)), drawn
 
     def processor_ids(self, x: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> ProcessorIds:
         """What the processors read for the scored positions (``rows``, ``cols``) (N,) of the canvas ``x``."""

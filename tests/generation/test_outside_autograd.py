@@ -8,9 +8,8 @@ import pytest
 import torch
 from tiny_mdm import tiny_mdm
 from transformers import LogitsProcessor, LogitsProcessorList
-from transformers.utils import ModelOutput
 
-from hf_mdm.generation import diffusion_generate, normal_tensors
+from hf_mdm.generation import MaskedDiffusionGenerateOutput, diffusion_generate, normal_tensors
 
 SETTINGS = dict(max_new_tokens=8, steps=4, block_length=4, seed=0)
 
@@ -69,5 +68,5 @@ def test_normal_tensors_walks_containers() -> None:
     assert not out["x"][0].is_inference() and not out["x"][1][0].is_inference()
     assert isinstance(out["x"][1][1], Pair) and out["x"][1][1].second == 7 and not out["x"][1][1].first.is_inference()
     assert torch.equal(out["x"][1][1].first, c) and out["y"] is normal and out["z"] == "text"
-    output = normal_tensors(ModelOutput(sequences=a))
-    assert not output.sequences.is_inference() and not output[0].is_inference()
+    output = normal_tensors(MaskedDiffusionGenerateOutput(sequences=a, nfe=3))
+    assert not output.sequences.is_inference() and not output[0].is_inference() and output.nfe == 3
